@@ -1,0 +1,39 @@
+# Every target that needs the environment depends on $(STAMP): the first use
+# creates .venv and installs everything; later uses cost nothing.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# Without a CUDA driver take the CPU build of torch (it lies on this machine's
+# disk); with one, pip's default build.  Override: make install TORCH='torch==X'.
+TORCH   ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
+JOBS    ?= 2
+
+.PHONY: install test lint bias-study bias-study-quick report bench train-demo clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(JOBS) -p no:cacheprovider
+
+lint: $(STAMP)
+	$(BIN)/ruff check seco_lab experiments tests
+
+bias-study: $(STAMP)
+	$(BIN)/python -m experiments.bias_study --jobs $(JOBS)
+	$(BIN)/python -m seco_lab.report bias
+
+bias-study-quick: $(STAMP)
+	$(BIN)/python -m experiments.bias_study --quick --jobs $(JOBS)
+
+report: $(STAMP)
+	$(BIN)/python -m seco_lab.report bias
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

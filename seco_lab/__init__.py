@@ -1,0 +1,37 @@
+"""seco_lab: chunk-wise long-context training (SeCO / SpaCO) and exact verification
+of its gradient estimators.  Data flows model -> chunk engine -> estimators ->
+analysis -> reports; see README.md and SPEC.md."""
+
+from .engine import accumulate_grads, dense_grad, seco_grad, seco_step
+from .enumeration import Expectation, enumerate_expectation
+from .estimators import ChainBasis, HopStrata, chain_basis, flatten, hop_strata, spaco_grad, unflatten
+from .model import TinyConfig, TinyTransformer
+from .protocol import ChunkModel, ChunkOutput
+from .schemes import SCHEME_NAMES, Sampler, Scheme, get_scheme, make_scheme
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SCHEME_NAMES",
+    "ChainBasis",
+    "ChunkModel",
+    "ChunkOutput",
+    "Expectation",
+    "HopStrata",
+    "Sampler",
+    "Scheme",
+    "TinyConfig",
+    "TinyTransformer",
+    "accumulate_grads",
+    "chain_basis",
+    "dense_grad",
+    "enumerate_expectation",
+    "flatten",
+    "get_scheme",
+    "hop_strata",
+    "make_scheme",
+    "seco_grad",
+    "seco_step",
+    "spaco_grad",
+    "unflatten",
+]

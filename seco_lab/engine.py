@@ -1,0 +1,290 @@
+"""Dense and SeCO gradients, and the chunk sweep every estimator is built on.
+
+SeCO (SPEC section 2).  Pass 1 runs every chunk under ``no_grad`` and keeps its
+KV cache as leaf tensors m'_j.  Pass 2 visits chunks j = k..1 in decreasing
+order, rebuilds chunk j from the leaves m'_{<j} and backprops
+
+    J_j + <m_j, G_j>,        G_j = gradient already accumulated on m'_j,
+
+which accumulates grad_Theta and the earlier leaves' gradients.  Exact: equal to
+dense backprop up to rounding.  Only one chunk's graph is alive at a time.
+
+:func:`backward_sweep` is the general form used by every engine in the package:
+relayed gradients are *labelled* (one label for SeCO, one per hop count for the
+hop strata and hop-dependent SpaCO schemes, one per chain for the chain basis)
+and each hop multiplies them by a factor chosen from the label.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Hashable, Sequence
+
+import torch
+
+from .protocol import ChunkCache, ChunkModel, flat_cache, unflat_cache
+
+GradDict = dict[str, torch.Tensor]
+
+
+@dataclass
+class ChunkedBatch:
+    """Validated tokens/targets split into k chunks of ``chunk_size`` (last may be shorter)."""
+
+    tokens: torch.Tensor  # (B, n) integer
+    targets: torch.Tensor  # (B, n) integer, ignore_index allowed
+    chunk_size: int
+    ignore_index: int
+    n_targets: int  # number of non-ignored targets: the loss normaliser
+
+    @property
+    def length(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def num_chunks(self) -> int:
+        return -(-self.length // self.chunk_size)
+
+    def chunk(self, j: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        s = j * self.chunk_size
+        e = min(s + self.chunk_size, self.length)
+        return self.tokens[:, s:e], self.targets[:, s:e], s
+
+
+def _as_2d(x, what: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() == 1:
+        x = x.unsqueeze(0)
+    if x.dim() != 2:
+        raise ValueError(f"{what} must have shape (batch, length) or (length,), got {tuple(x.shape)}")
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        raise TypeError(f"{what} must be an integer tensor of token ids, got dtype {x.dtype}")
+    return x
+
+
+def check_model(model) -> None:
+    """Raise unless ``model`` implements the chunk-model protocol with one floating dtype."""
+    if not callable(getattr(model, "chunk_forward", None)) or not callable(getattr(model, "named_parameters", None)):
+        raise TypeError(
+            f"{type(model).__name__} does not implement the chunk-model protocol: it needs "
+            "chunk_forward(tokens, targets, past, start, ignore_index) and named_parameters() "
+            "(see seco_lab.protocol.ChunkModel)"
+        )
+    dtypes = {p.dtype for p in model.parameters()}
+    if len(dtypes) > 1:
+        raise TypeError(f"model parameters have mixed dtypes {sorted(map(str, dtypes))}; cast the model to one dtype")
+    if dtypes and not next(iter(dtypes)).is_floating_point:
+        raise TypeError(f"model parameters must be floating point, got {dtypes.pop()}")
+    if not getattr(model, "deterministic", True):
+        raise ValueError(
+            "the model is not deterministic (dropout is active in training mode): a chunk rebuild "
+            "would not reproduce its first pass and the gradient would be wrong; call model.eval() "
+            "or set dropout=0"
+        )
+
+
+def prepare(model, tokens, targets, chunk_size: int | None = None, ignore_index: int = -100) -> ChunkedBatch:
+    """Validate the inputs of any engine; every error says what was wrong."""
+    check_model(model)
+    tokens = _as_2d(tokens, "tokens")
+    targets = _as_2d(targets, "targets")
+    if tokens.shape != targets.shape:
+        raise ValueError(f"targets shape {tuple(targets.shape)} does not match tokens shape {tuple(tokens.shape)}")
+    b, n = tokens.shape
+    if b == 0 or n == 0:
+        raise ValueError(f"empty input: tokens have shape {tuple(tokens.shape)}")
+    if chunk_size is None:
+        chunk_size = n
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+    max_pos = getattr(model, "max_positions", None)
+    if max_pos is not None and n > max_pos:
+        raise ValueError(f"sequence length {n} exceeds the model's maximum positions {max_pos}")
+    vocab = getattr(model, "vocab_size", None)
+    if vocab is not None:
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"token ids must lie in [0, {vocab}), got range [{lo}, {hi}]")
+        valid = targets[targets != ignore_index]
+        if valid.numel() and (int(valid.min()) < 0 or int(valid.max()) >= vocab):
+            raise ValueError(f"target ids must lie in [0, {vocab}) or equal ignore_index={ignore_index}")
+    n_targets = int((targets != ignore_index).sum())
+    if n_targets == 0:
+        raise ValueError(f"every target equals ignore_index={ignore_index}: there is no loss to differentiate")
+    device = next(iter(model.parameters())).device
+    return ChunkedBatch(tokens.to(device), targets.to(device), chunk_size, ignore_index, n_targets)
+
+
+def trainable(model) -> list[tuple[str, torch.nn.Parameter]]:
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("no parameter of the model requires grad")
+    return params
+
+
+@torch.no_grad()
+def cache_leaves(model: ChunkModel, batch: ChunkedBatch) -> tuple[list[ChunkCache], torch.Tensor]:
+    """Pass 1: forward every chunk without a graph; return the caches as leaves and the mean loss."""
+    leaves: list[ChunkCache] = []
+    total = 0.0
+    for j in range(batch.num_chunks):
+        tok, tgt, start = batch.chunk(j)
+        out = model.chunk_forward(tok, tgt, leaves, start, batch.ignore_index)
+        total = total + out.loss_sum
+        leaves.append(unflat_cache([t.detach().requires_grad_(True) for t in flat_cache(out.cache)]))
+    return leaves, total / batch.n_targets
+
+
+Relay = Callable[[Hashable, int, int], "tuple[Hashable, float] | None"]
+Collect = Callable[[Hashable, int, Sequence[torch.Tensor]], None]
+
+
+def backward_sweep(
+    model: ChunkModel,
+    batch: ChunkedBatch,
+    leaves: Sequence[ChunkCache],
+    params: Sequence[torch.Tensor],
+    visit: Sequence[int],
+    *,
+    direct_label: Callable[[int], Hashable],
+    direct_scale: float,
+    relay: Relay,
+    collect: Collect,
+) -> None:
+    """Pass 2, generalised.  Visits ``visit`` in decreasing order; at chunk j backprops
+
+        direct_scale * J_j / N  (under label direct_label(j))
+        + sum_labels <m_j, G_j[label]>
+
+    with one vector-Jacobian product per distinct label (batched when several).
+    ``collect(label, j, param_grads)`` receives the parameter gradient of each label.
+    The gradient a label's seed puts on an earlier visited leaf m'_i is added to
+    G_i[new_label] * factor, where ``relay(label, j, i) -> (new_label, factor)``;
+    ``None`` drops it.  Chunks outside ``visit`` are never rebuilt and receive nothing.
+    """
+    order = sorted(set(int(j) for j in visit), reverse=True)
+    visited = set(order)
+    buffers: dict[int, dict[Hashable, list[torch.Tensor]]] = defaultdict(dict)
+    for j in order:
+        tok, tgt, start = batch.chunk(j)
+        sources = [i for i in range(j) if i in visited]
+        src_leaves = [t for i in sources for t in flat_cache(leaves[i])]
+        with torch.enable_grad():
+            out = model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index)
+        outputs = [out.loss_sum] + flat_cache(out.cache)
+        # Seeds: one per label; the direct term joins its label's relayed seed.
+        seeds: dict[Hashable, list] = {}
+        lab = direct_label(j)
+        seeds[lab] = [out.loss_sum.new_tensor(direct_scale / batch.n_targets), None]
+        for lab, g in buffers.pop(j, {}).items():
+            seeds.setdefault(lab, [out.loss_sum.new_zeros(()), None])[1] = g
+        labels = list(seeds)
+        grads = _vjp(outputs, [seeds[lab] for lab in labels], list(params) + src_leaves)
+        n_par = len(params)
+        for s, lab in enumerate(labels):
+            collect(lab, j, [g[s] for g in grads[:n_par]])
+            for pos, i in enumerate(sources):
+                routed = relay(lab, j, i)
+                if routed is None:
+                    continue
+                new_lab, factor = routed
+                n_kv = len(flat_cache(leaves[i]))
+                part = [grads[n_par + pos * n_kv + r][s] * factor for r in range(n_kv)]
+                buf = buffers[i].get(new_lab)
+                buffers[i][new_lab] = part if buf is None else [a + b for a, b in zip(buf, part)]
+        del out, outputs, grads
+
+
+def _vjp(outputs: list[torch.Tensor], seeds: list[list], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Vector-Jacobian products of ``outputs`` for several seeds at once.
+
+    Each seed is [loss_coefficient, cache_grads or None]; returns, for every
+    input, a tensor with a leading seed dimension (zeros where unreachable).
+    """
+    n = len(seeds)
+
+    def stacked(idx: int) -> torch.Tensor:
+        if idx == 0:
+            return torch.stack([s[0] for s in seeds])
+        ref = outputs[idx]
+        return torch.stack([ref.new_zeros(ref.shape) if s[1] is None else s[1][idx - 1] for s in seeds])
+
+    grad_outputs = [stacked(i) for i in range(len(outputs))]
+    if n == 1:
+        res = torch.autograd.grad(
+            outputs, inputs, [g[0] for g in grad_outputs], retain_graph=False, allow_unused=True, materialize_grads=True
+        )
+        return [r.unsqueeze(0) for r in res]
+    res = torch.autograd.grad(
+        outputs, inputs, grad_outputs, is_grads_batched=True, allow_unused=True, materialize_grads=True
+    )
+    return list(res)
+
+
+def _named(params: Sequence[tuple[str, torch.Tensor]], grads: Sequence[torch.Tensor]) -> GradDict:
+    return {name: g for (name, _), g in zip(params, grads)}
+
+
+def dense_grad(model: ChunkModel, tokens, targets, ignore_index: int = -100) -> tuple[torch.Tensor, GradDict]:
+    """Reference gradient: backprop through the whole sequence at once.
+
+    Returns (loss, grads) with loss = sum of token losses / number of targets.
+    """
+    batch = prepare(model, tokens, targets, None, ignore_index)
+    params = trainable(model)
+    with torch.enable_grad():
+        out = model.chunk_forward(batch.tokens, batch.targets, (), 0, ignore_index)
+        loss = out.loss_sum / batch.n_targets
+        grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True, materialize_grads=True)
+    return loss.detach(), _named(params, grads)
+
+
+def _accumulate_into(acc: list[torch.Tensor]) -> Collect:
+    def collect(_label, _j, grads):
+        for a, g in zip(acc, grads):
+            a.add_(g)
+
+    return collect
+
+
+def seco_grad(
+    model: ChunkModel, tokens, targets, chunk_size: int, ignore_index: int = -100
+) -> tuple[torch.Tensor, GradDict]:
+    """Exact gradient by sequential chunk-wise optimisation (SeCO, SPEC section 2)."""
+    batch = prepare(model, tokens, targets, chunk_size, ignore_index)
+    params = trainable(model)
+    acc = [torch.zeros_like(p) for _, p in params]
+    leaves, loss = cache_leaves(model, batch)
+    backward_sweep(
+        model,
+        batch,
+        leaves,
+        [p for _, p in params],
+        range(batch.num_chunks),
+        direct_label=lambda j: 0,
+        direct_scale=1.0,
+        relay=lambda lab, j, i: (0, 1.0),
+        collect=_accumulate_into(acc),
+    )
+    return loss, _named(params, acc)
+
+
+def accumulate_grads(model, grads: GradDict, scale: float = 1.0) -> None:
+    """Add ``scale * grads`` into ``.grad`` of the named parameters (creating it when absent)."""
+    params = dict(model.named_parameters())
+    for name, g in grads.items():
+        p = params[name]
+        if p.grad is None:
+            p.grad = (g * scale).clone() if scale != 1.0 else g.clone()
+        else:
+            p.grad.add_(g, alpha=scale)
+
+
+def seco_step(model: ChunkModel, tokens, targets, chunk_size: int, ignore_index: int = -100, scale: float = 1.0):
+    """SeCO as a training step: accumulate the exact gradient into ``.grad`` of trainable
+    parameters (frozen ones stay untouched) and return the loss."""
+    loss, grads = seco_grad(model, tokens, targets, chunk_size, ignore_index)
+    accumulate_grads(model, grads, scale)
+    return loss

@@ -1,0 +1,231 @@
+"""SpaCO: the sparse engine, the hop strata and the chain basis (SPEC sections 2, 3, 5).
+
+* :func:`spaco_grad` visits only the drawn chunks I (decreasing order) and backprops
+  ``c_0 J_j + sum_q c_q <m_j, G_j(q)>``.  Schemes whose c_q does not depend on q
+  use a single relay buffer; the others keep one buffer per hop count.
+* :func:`hop_strata` returns g(p), p = 0..P: the gradient grouped by the number of
+  KV-cache hops of its chain (optionally restricted to a drawn set, g_I(p)).
+  Every scheme sharing a sampler is a reweighting of the same strata:
+  ``g_hat_s(I) = sum_p W_s(p) g_I(p)``.
+* :func:`chain_basis` splits the gradient further, into one vector per chain
+  j = i_0 > i_1 > ... > i_p.  The estimate of any scheme on any draw is then
+  ``sum_{chains c subset of I} W(p_c) v_c`` -- the Monte Carlo study's fast path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .engine import GradDict, _accumulate_into, _named, backward_sweep, cache_leaves, prepare, trainable
+from .schemes import Scheme, check_budget, get_scheme
+
+
+def flatten(grads: GradDict) -> torch.Tensor:
+    return torch.cat([g.reshape(-1) for g in grads.values()])
+
+
+def unflatten(vec: torch.Tensor, like: GradDict) -> GradDict:
+    out, pos = {}, 0
+    for name, g in like.items():
+        out[name] = vec[pos : pos + g.numel()].view_as(g)
+        pos += g.numel()
+    return out
+
+
+def _check_subset(subset, k: int, t: int, scheme: Scheme) -> tuple[int, ...]:
+    s = tuple(sorted(int(j) for j in subset))
+    if len(set(s)) != len(s):
+        raise ValueError(f"subset {tuple(subset)} repeats a chunk")
+    if s and (s[0] < 0 or s[-1] >= k):
+        raise ValueError(f"subset {tuple(subset)} has chunk indices outside [0, {k})")
+    if scheme.sampler.kind == "uniform" and len(s) != t:
+        raise ValueError(f"scheme {scheme.name!r} draws exactly t={t} chunks; the subset has {len(s)}")
+    return s
+
+
+def spaco_grad(
+    model,
+    tokens,
+    targets,
+    chunk_size: int,
+    scheme: str | Scheme = "falling-factorial",
+    budget: int = 1,
+    subset=None,
+    generator: np.random.Generator | int | None = None,
+    ignore_index: int = -100,
+) -> tuple[torch.Tensor, GradDict]:
+    """Sparse chunk-wise gradient estimate for one drawn set I (SPEC section 3).
+
+    ``subset`` fixes I (0-based chunk indices); otherwise it is drawn from the
+    scheme's sampler with ``generator`` (a numpy Generator or a seed).  Returns
+    (full-sequence loss from the forward pass, gradient estimate).
+    """
+    batch = prepare(model, tokens, targets, chunk_size, ignore_index)
+    scheme = get_scheme(scheme)
+    k, t = batch.num_chunks, budget
+    check_budget(k, t)
+    if subset is None:
+        subset = scheme.sampler.draw(k, t, generator)
+    subset = _check_subset(subset, k, t, scheme)
+    params = trainable(model)
+    acc = [torch.zeros_like(p) for _, p in params]
+    leaves, loss = cache_leaves(model, batch)
+    P = max(len(subset) - 1, 0)
+    c = scheme.factors(k, t, P)
+    if scheme.constant_relay(k, t):
+        relay_factor = float(c[1]) if P >= 1 else 0.0
+
+        def relay(lab, j, i):
+            return 0, relay_factor
+    else:
+
+        def relay(q, j, i):
+            return (q + 1, float(c[q + 1])) if q + 1 <= P else None
+
+    backward_sweep(
+        model, batch, leaves, [p for _, p in params], subset,
+        direct_label=lambda j: 0, direct_scale=float(c[0]), relay=relay, collect=_accumulate_into(acc),
+    )
+    return loss, _named(params, acc)
+
+
+@dataclass
+class HopStrata:
+    """g(p) for p = 0..P (restricted to ``subset`` when one was given)."""
+
+    loss: torch.Tensor
+    strata: list[GradDict]
+    num_chunks: int
+    subset: tuple[int, ...] | None
+
+    @property
+    def max_hops(self) -> int:
+        return len(self.strata) - 1
+
+    def total(self) -> GradDict:
+        return self.combine(np.ones(len(self.strata)))
+
+    def combine(self, weights) -> GradDict:
+        """sum_p weights[p] g(p); weights beyond P are ignored, missing ones count as 0."""
+        out = {n: torch.zeros_like(g) for n, g in self.strata[0].items()}
+        for w, g in zip(weights, self.strata):
+            if w:
+                for n in out:
+                    out[n].add_(g[n], alpha=float(w))
+        return out
+
+    def estimate(self, scheme: str | Scheme, budget: int) -> GradDict:
+        """The scheme's sparse estimate for this draw: sum_p W(p) g_I(p)."""
+        scheme = get_scheme(scheme)
+        return self.combine(scheme.chain_weights(self.num_chunks, budget, self.max_hops))
+
+    def norms(self) -> np.ndarray:
+        return np.array([float(flatten(g).norm()) for g in self.strata])
+
+
+def hop_strata(
+    model, tokens, targets, chunk_size: int, max_hops: int | None = None, subset=None, ignore_index: int = -100
+) -> HopStrata:
+    """One stratified pass: relay buffers per hop count, chunk j's loss seeds stratum 0
+    and the gradient it receives in stratum q is relayed to stratum q+1 of earlier chunks.
+
+    ``max_hops`` defaults to k-1, so nothing is dropped and sum_p g(p) is the exact gradient;
+    a smaller P drops the strata above it.
+    """
+    batch = prepare(model, tokens, targets, chunk_size, ignore_index)
+    k = batch.num_chunks
+    if max_hops is None:
+        max_hops = k - 1
+    if isinstance(max_hops, bool) or not isinstance(max_hops, (int, np.integer)) or max_hops < 0:
+        raise ValueError(f"max_hops P must be an integer >= 0, got {max_hops!r}")
+    visit = range(k) if subset is None else sorted(set(int(j) for j in subset))
+    if subset is not None and any(j < 0 or j >= k for j in visit):
+        raise ValueError(f"subset {tuple(subset)} has chunk indices outside [0, {k})")
+    params = trainable(model)
+    strata = [[torch.zeros_like(p) for _, p in params] for _ in range(max_hops + 1)]
+    leaves, loss = cache_leaves(model, batch)
+
+    def collect(q, j, grads):
+        for a, g in zip(strata[q], grads):
+            a.add_(g)
+
+    backward_sweep(
+        model, batch, leaves, [p for _, p in params], visit,
+        direct_label=lambda j: 0, direct_scale=1.0,
+        relay=lambda q, j, i: (q + 1, 1.0) if q + 1 <= max_hops else None, collect=collect,
+    )
+    return HopStrata(loss, [_named(params, s) for s in strata], k, None if subset is None else tuple(visit))
+
+
+@dataclass
+class ChainBasis:
+    """One gradient vector per chain j = i_0 > ... > i_p (p <= P), flattened over parameters.
+
+    ``chains[c]`` is the chunk tuple, ``hops[c] = p``, ``masks[c]`` the chunk set as a bitmask,
+    ``vectors[c]`` its contribution v_c, so that g(p) = sum_{hops[c] = p} v_c and a scheme's
+    estimate on draw I is sum_{c subset of I} W(hops[c]) v_c.
+    """
+
+    chains: list[tuple[int, ...]]
+    hops: np.ndarray
+    masks: np.ndarray
+    vectors: torch.Tensor
+    num_chunks: int
+    max_hops: int
+    loss: float
+    like: GradDict
+
+    def strata(self) -> torch.Tensor:
+        """(P+1, d) matrix of g(p)."""
+        out = self.vectors.new_zeros(self.max_hops + 1, self.vectors.shape[1])
+        out.index_add_(0, torch.as_tensor(self.hops), self.vectors)
+        return out
+
+    def contained(self, subset) -> np.ndarray:
+        m = sum(1 << int(j) for j in subset)
+        return (self.masks & ~np.int64(m)) == 0
+
+    def estimate(self, subset, chain_weights) -> torch.Tensor:
+        """sum over chains inside ``subset`` of W(p) v_c (flat)."""
+        coef = np.where(self.contained(subset), np.asarray(chain_weights)[self.hops], 0.0)
+        return torch.as_tensor(coef, dtype=self.vectors.dtype) @ self.vectors
+
+
+def chain_basis(model, tokens, targets, chunk_size: int, max_hops: int, ignore_index: int = -100) -> ChainBasis:
+    """Decompose the gradient into per-chain vectors, chains of at most ``max_hops`` hops.
+
+    Each chain's seed is relayed separately (labels are chain tuples); all seeds
+    that reach a chunk share one rebuild and one batched vector-Jacobian product.
+    """
+    batch = prepare(model, tokens, targets, chunk_size, ignore_index)
+    k = batch.num_chunks
+    if k > 62:
+        raise ValueError(f"chain_basis stores chunk sets as 64-bit masks: k={k} chunks is too many (max 62)")
+    if isinstance(max_hops, bool) or not isinstance(max_hops, (int, np.integer)) or max_hops < 0:
+        raise ValueError(f"max_hops P must be an integer >= 0, got {max_hops!r}")
+    params = trainable(model)
+    leaves, loss = cache_leaves(model, batch)
+    found: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def collect(chain, j, grads):
+        found[chain] = torch.cat([g.reshape(-1) for g in grads])
+
+    backward_sweep(
+        model, batch, leaves, [p for _, p in params], range(k),
+        direct_label=lambda j: (j,), direct_scale=1.0,
+        relay=lambda chain, j, i: (chain + (i,), 1.0) if len(chain) <= max_hops else None, collect=collect,
+    )
+    chains = sorted(found, key=lambda c: (len(c), c))
+    return ChainBasis(
+        chains=chains,
+        hops=np.array([len(c) - 1 for c in chains], dtype=np.int64),
+        masks=np.array([sum(1 << j for j in c) for c in chains], dtype=np.int64),
+        vectors=torch.stack([found[c] for c in chains]),
+        num_chunks=k,
+        max_hops=max_hops,
+        loss=float(loss),
+        like={n: p.detach() for n, p in params},
+    )

@@ -1,0 +1,219 @@
+"""A tiny Llama-style causal transformer that runs chunk by chunk.
+
+Token embedding -> L x [RMSNorm -> attention (RoPE at *global* positions,
+grouped KV heads) -> residual -> RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm
+-> output head.  Small enough to run thousands of times on a CPU in float64,
+and built from ``nn.Linear`` so LoRA libraries can target its projections.
+
+It implements :class:`seco_lab.protocol.ChunkModel`: ``chunk_forward`` takes the
+previous chunks' caches and the chunk's global start position and returns the
+chunk's summed loss and its own keys/values (keys already rotated, as in HF).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .protocol import ChunkCache, ChunkOutput
+
+
+@dataclass
+class TinyConfig:
+    vocab_size: int = 64
+    d_model: int = 32
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None: same as n_heads (no grouping)
+    d_ff: int = 64
+    max_positions: int = 4096
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        positive = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_positions")
+        for name in positive:
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"TinyConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        if (self.d_model // self.n_heads) % 2:
+            raise ValueError("head dimension d_model/n_heads must be even for rotary embeddings")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotary(x: torch.Tensor, start: int, theta: float) -> torch.Tensor:
+    """Rotate pairs (x[..., :h/2], x[..., h/2:]) by angle pos * theta^(-2i/h), pos = start + offset."""
+    t, h = x.shape[-2], x.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, h, 2, dtype=x.dtype, device=x.device) / h)
+    pos = torch.arange(start, start + t, dtype=x.dtype, device=x.device)
+    ang = torch.outer(pos, inv_freq)  # (t, h/2)
+    cos, sin = ang.cos(), ang.sin()
+    x1, x2 = x[..., : h // 2], x[..., h // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TinyConfig):
+        super().__init__()
+        self.cfg = cfg
+        hd = cfg.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, past_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], start: int):
+        cfg = self.cfg
+        b, t, _ = x.shape
+        hd = cfg.head_dim
+        q = self.q_proj(x).view(b, t, cfg.n_heads, hd).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, cfg.n_kv_heads, hd).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, cfg.n_kv_heads, hd).transpose(1, 2)
+        q, k = rotary(q, start, cfg.rope_theta), rotary(k, start, cfg.rope_theta)
+        keys = torch.cat([pk for pk, _ in past_kv] + [k], dim=2)
+        values = torch.cat([pv for _, pv in past_kv] + [v], dim=2)
+        rep = cfg.n_heads // cfg.n_kv_heads
+        if rep > 1:
+            keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
+        n_past = keys.shape[2] - t
+        scores = q @ keys.transpose(-1, -2) / math.sqrt(hd)
+        # Query i of this chunk sits at global position start+i and sees every past
+        # key plus keys 0..i of its own chunk.
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        mask = torch.cat([torch.ones(t, n_past, dtype=torch.bool, device=x.device), causal], dim=1)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        att = self.drop(torch.softmax(scores, dim=-1))
+        out = (att @ values).transpose(1, 2).reshape(b, t, cfg.n_heads * hd)
+        return self.o_proj(out), (k, v)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: TinyConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TinyConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, past_kv, start):
+        a, kv = self.attn(self.attn_norm(x), past_kv, start)
+        x = x + self.drop(a)
+        x = x + self.drop(self.mlp(self.mlp_norm(x)))
+        return x, kv
+
+
+class TinyTransformer(nn.Module):
+    """Llama-style decoder implementing the chunk-model protocol.
+
+    ``TinyTransformer(config, seed=0, dtype=torch.float64)`` initialises every
+    weight from ``torch.Generator().manual_seed(seed)``: linear weights
+    ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norm gains 1.
+    """
+
+    def __init__(self, config: TinyConfig, seed: int = 0, dtype: torch.dtype = torch.float32, device=None):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.reset_parameters(seed)
+        self.to(device=device, dtype=dtype)
+
+    @property
+    def max_positions(self) -> int:
+        return self.config.max_positions
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def deterministic(self) -> bool:
+        """False when dropout is active: a chunk rebuild would then differ from its first pass."""
+        return not (self.training and self.config.dropout > 0)
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int) -> None:
+        gen = torch.Generator().manual_seed(int(seed))
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif p.dim() == 2 and "embed" not in name:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) / math.sqrt(p.shape[1]))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
+
+    def logits_from_hidden(self, h):
+        h = self.norm(h)
+        return h @ self.embed.weight.T if self.lm_head is None else self.lm_head(h)
+
+    def chunk_hidden(self, tokens, past: Sequence[ChunkCache], start: int):
+        x = self.embed(tokens)
+        cache = []
+        for layer, block in enumerate(self.blocks):
+            x, kv = block(x, [c[layer] for c in past], start)
+            cache.append(kv)
+        return x, tuple(cache)
+
+    def chunk_forward(self, tokens, targets, past: Sequence[ChunkCache] = (), start: int = 0, ignore_index: int = -100):
+        h, cache = self.chunk_hidden(tokens, past, start)
+        if targets is None:
+            loss = h.new_zeros(())
+        else:
+            logits = self.logits_from_hidden(h)
+            loss = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index, reduction="sum"
+            )
+        return ChunkOutput(loss, cache)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Full-sequence logits (B, T, V): the ordinary, non-chunked forward."""
+        h, _ = self.chunk_hidden(tokens, (), 0)
+        return self.logits_from_hidden(h)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

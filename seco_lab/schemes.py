@@ -1,0 +1,351 @@
+"""Chunk samplers and SpaCO compensation schemes (SPEC section 3).
+
+A sparse step draws a set I of chunks and backprops, for every j in I (in
+decreasing order), ``c_0 J_j + sum_q c_q <m_j, G_j(q)>``.  A chain of p hops
+carries the weight W(p) = c_0 c_1 ... c_p and survives with probability
+
+    uniform t of k (no replacement):  pi(p) = (t)_{p+1} / (k)_{p+1}
+    Bernoulli with rate rho:          pi(p) = rho^{p+1}
+
+so E[g_hat] = sum_p w(p) g(p) with w(p) = W(p) pi(p).  A :class:`Scheme` is a
+small value: a sampler, a direct factor c_0, per-hop factors c_q and an
+optional cap.  All factors are computed in exact rational arithmetic
+(``fractions.Fraction``) and converted to float only where they are used.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from typing import Callable, Iterator, Literal, Union
+
+import numpy as np
+
+Num = Union[Fraction, int]
+
+
+def falling(a: Num, m: int) -> Num:
+    """Falling factorial (a)_m = a (a-1) ... (a-m+1); (a)_0 = 1."""
+    out: Num = 1
+    for i in range(m):
+        out *= a - i
+    return out
+
+
+def check_budget(k: int, t: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"number of chunks k must be an integer >= 1, got {k!r}")
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+        raise ValueError(f"budget t must be an integer, got {t!r}")
+    if t < 1:
+        raise ValueError(f"budget t must be >= 1, got t={t}")
+    if t > k:
+        raise ValueError(f"budget t={t} exceeds the number of chunks k={k}")
+
+
+def _check_hops(max_hops: int) -> None:
+    if isinstance(max_hops, bool) or not isinstance(max_hops, (int, np.integer)) or max_hops < 0:
+        raise ValueError(f"max_hops P must be an integer >= 0, got {max_hops!r}")
+
+
+# --------------------------------------------------------------------------- samplers
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """How the set I of backpropagated chunks is drawn.
+
+    ``uniform``: exactly t distinct chunks, uniformly.  ``bernoulli``: each chunk
+    independently with probability rho (default t/k, so t is the mean budget).
+    """
+
+    kind: Literal["uniform", "bernoulli"] = "uniform"
+    rho: float | None = None
+
+    def __post_init__(self):
+        if self.kind not in ("uniform", "bernoulli"):
+            raise ValueError(f"unknown sampler kind {self.kind!r}; use 'uniform' or 'bernoulli'")
+        if self.rho is not None:
+            if self.kind != "bernoulli":
+                raise ValueError("rho applies to the bernoulli sampler only")
+            if not 0.0 < float(self.rho) <= 1.0:
+                raise ValueError(f"Bernoulli inclusion probability rho must lie in (0, 1], got {self.rho}")
+
+    def rate(self, k: int, t: int) -> Fraction:
+        """rho as an exact fraction (t/k unless set)."""
+        check_budget(k, t)
+        return Fraction(t, k) if self.rho is None else Fraction(self.rho)
+
+    def inclusion(self, k: int, t: int, m: int) -> Fraction:
+        """Probability that m given distinct chunks are all drawn."""
+        check_budget(k, t)
+        if self.kind == "uniform":
+            return Fraction(falling(t, m), falling(k, m)) if m <= t else Fraction(0)
+        return self.rate(k, t) ** m
+
+    def draw_indicator(self, k: int, t: int, n: int, rng: np.random.Generator) -> np.ndarray:
+        """n independent draws as a (n, k) boolean matrix (row r: is chunk j in I_r)."""
+        check_budget(k, t)
+        u = rng.random((n, k))
+        if self.kind == "bernoulli":
+            return u < float(self.rate(k, t))
+        out = np.zeros((n, k), dtype=bool)
+        # the t smallest of k iid uniforms are a uniform t-subset
+        idx = np.argpartition(u, t - 1, axis=1)[:, :t] if t < k else np.broadcast_to(np.arange(k), (n, k))
+        np.put_along_axis(out, idx, True, axis=1)
+        return out
+
+    def draw(self, k: int, t: int, rng: np.random.Generator | int | None) -> tuple[int, ...]:
+        """One draw: the sorted chunk indices of I."""
+        rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        return tuple(int(j) for j in np.flatnonzero(self.draw_indicator(k, t, 1, rng)[0]))
+
+    def max_hops(self, k: int, t: int) -> int:
+        """The longest chain that can survive a draw: t-1 hops (uniform) or k-1 (Bernoulli)."""
+        check_budget(k, t)
+        return t - 1 if self.kind == "uniform" else k - 1
+
+    def num_subsets(self, k: int, t: int) -> int:
+        check_budget(k, t)
+        return math.comb(k, t) if self.kind == "uniform" else 2**k
+
+    def subsets(self, k: int, t: int) -> Iterator[tuple[tuple[int, ...], Fraction]]:
+        """Every possible I with its exact probability."""
+        check_budget(k, t)
+        if self.kind == "uniform":
+            p = Fraction(1, math.comb(k, t))
+            for s in itertools.combinations(range(k), t):
+                yield s, p
+        else:
+            rho = self.rate(k, t)
+            for size in range(k + 1):
+                p = rho**size * (1 - rho) ** (k - size)
+                for s in itertools.combinations(range(k), size):
+                    yield s, p
+
+
+UNIFORM = Sampler("uniform")
+BERNOULLI = Sampler("bernoulli")
+
+# --------------------------------------------------------------------------- schemes
+
+Direct = Callable[[int, int, Fraction], Num]  # c_0(k, t, rho)
+Hop = Callable[[int, int, int, Fraction], Num]  # c_q(q, k, t, rho), q >= 1
+ClosedForm = Callable[["Scheme", int, int, int], Fraction]  # w(p)(scheme, k, t, p)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A SpaCO compensation scheme: sampler + c_0 + c_q (+ cap), and its expected weights.
+
+    ``cap_on='hop'`` caps each factor: c_q <- min(c_q, C).
+    ``cap_on='chain'`` caps the chain product: W(p) = c_0 min(c_1...c_p, C).
+    """
+
+    name: str
+    sampler: Sampler
+    direct: Direct
+    hop: Hop
+    cap: Fraction | None = None
+    cap_on: Literal["hop", "chain"] = "hop"
+    closed_form: ClosedForm | None = field(default=None, compare=False)
+    description: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        if self.cap is not None:
+            if not float(self.cap) > 0:
+                raise ValueError(f"cap must be > 0, got {self.cap}")
+            object.__setattr__(self, "cap", Fraction(self.cap))
+        if self.cap_on not in ("hop", "chain"):
+            raise ValueError(f"cap_on must be 'hop' or 'chain', got {self.cap_on!r}")
+
+    # -- factors ---------------------------------------------------------------
+    def factors_exact(self, k: int, t: int, max_hops: int) -> list[Fraction]:
+        """[c_0, c_1, ..., c_P] as exact fractions, caps applied."""
+        _check_hops(max_hops)
+        rho = self.sampler.rate(k, t)
+        c0 = Fraction(self.direct(k, t, rho))
+        raw = [Fraction(self.hop(q, k, t, rho)) for q in range(1, max_hops + 1)]
+        if self.cap is None:
+            return [c0] + raw
+        if self.cap_on == "hop":
+            return [c0] + [min(c, self.cap) for c in raw]
+        out, prod, prev = [c0], Fraction(1), Fraction(1)
+        for c in raw:
+            prod *= c
+            capped = min(prod, self.cap)
+            out.append(capped / prev if prev else Fraction(0))
+            prev = capped
+        return out
+
+    def factors(self, k: int, t: int, max_hops: int) -> np.ndarray:
+        return np.array([float(c) for c in self.factors_exact(k, t, max_hops)])
+
+    def chain_weights_exact(self, k: int, t: int, max_hops: int) -> list[Fraction]:
+        """W(p) = c_0 c_1 ... c_p for p = 0..P."""
+        return list(itertools.accumulate(self.factors_exact(k, t, max_hops), lambda a, b: a * b))
+
+    def chain_weights(self, k: int, t: int, max_hops: int) -> np.ndarray:
+        return np.array([float(w) for w in self.chain_weights_exact(k, t, max_hops)])
+
+    def constant_relay(self, k: int, t: int) -> bool:
+        """True when c_q does not depend on q (for the hops that can occur), so one relay buffer suffices."""
+        c = self.factors_exact(k, t, self.sampler.max_hops(k, t))[1:]
+        return all(x == c[0] for x in c)
+
+    # -- expectations ----------------------------------------------------------
+    def expected_weights_exact(self, k: int, t: int, max_hops: int) -> list[Fraction]:
+        """w(p) = W(p) pi(p), p = 0..P; the closed form of SPEC's table when the scheme has one."""
+        _check_hops(max_hops)
+        if self.closed_form is not None:
+            return [Fraction(self.closed_form(self, k, t, p)) for p in range(max_hops + 1)]
+        return self.direct_expected_weights(k, t, max_hops)
+
+    def direct_expected_weights(self, k: int, t: int, max_hops: int) -> list[Fraction]:
+        """w(p) computed generically as chain weight times survival probability."""
+        W = self.chain_weights_exact(k, t, max_hops)
+        return [W[p] * self.sampler.inclusion(k, t, p + 1) for p in range(max_hops + 1)]
+
+    def expected_weights(self, k: int, t: int, max_hops: int) -> np.ndarray:
+        return np.array([float(w) for w in self.expected_weights_exact(k, t, max_hops)])
+
+    def with_params(self, **params) -> Scheme:
+        return _with_params(self, params)
+
+
+def _with_params(scheme: Scheme, params: dict) -> Scheme:
+    out = scheme
+    for key, value in params.items():
+        if key == "cap":
+            if scheme.cap is None:
+                raise ValueError(f"scheme {scheme.name!r} has no cap; capped schemes: {capped_names()}")
+            if value is None or not float(value) > 0:
+                raise ValueError(f"cap must be > 0, got {value}")
+            out = replace(out, cap=Fraction(value))
+        elif key == "rho":
+            if scheme.sampler.kind != "bernoulli":
+                raise ValueError(f"scheme {scheme.name!r} samples without replacement; rho needs a bernoulli scheme")
+            out = replace(out, sampler=Sampler("bernoulli", None if value is None else float(value)))
+        else:
+            raise ValueError(f"unknown scheme parameter {key!r}; schemes take cap= or rho=")
+    return out
+
+
+def make_scheme(
+    name: str,
+    direct: Num | float | Direct,
+    hop: Num | float | Hop,
+    sampler: Sampler | str = "uniform",
+    cap: float | None = None,
+    cap_on: Literal["hop", "chain"] = "hop",
+) -> Scheme:
+    """A user-defined scheme.  ``direct`` is c_0 or ``f(k, t, rho)``; ``hop`` is c_q or ``f(q, k, t, rho)``.
+
+    Its expected weights come for free from W(p) pi(p).
+    """
+    d = direct if callable(direct) else (lambda k, t, rho, _c=Fraction(direct): _c)
+    h = hop if callable(hop) else (lambda q, k, t, rho, _c=Fraction(hop): _c)
+    s = sampler if isinstance(sampler, Sampler) else Sampler(sampler)
+    return Scheme(name, s, d, h, None if cap is None else Fraction(cap), cap_on)
+
+
+# Built-in factors (module-level functions, so schemes pickle across processes).
+def _one(k, t, rho):
+    return Fraction(1)
+
+
+def _one_hop(q, k, t, rho):
+    return Fraction(1)
+
+
+def _k_over_t(k, t, rho):
+    return Fraction(k, t)
+
+
+def _k_over_t_hop(q, k, t, rho):
+    return Fraction(k, t)
+
+
+def _inv_rho(k, t, rho):
+    return 1 / rho
+
+
+def _inv_rho_hop(q, k, t, rho):
+    return 1 / rho
+
+
+def _falling_hop(q, k, t, rho):
+    # (k-q)/(t-q); a chain with q >= t hops cannot survive, so its factor is moot: use 0.
+    return Fraction(k - q, t - q) if q < t else Fraction(0)
+
+
+def _survive(k, t, p) -> Fraction:
+    return Fraction(falling(t, p + 1), falling(k, p + 1)) if p + 1 <= t else Fraction(0)
+
+
+# Closed forms of SPEC section 3's table.
+def _w_paper(s, k, t, p):
+    return Fraction(k, t) ** p * _survive(k, t, p)
+
+
+def _w_paper_capped(s, k, t, p):
+    return min(Fraction(k, t), s.cap) ** p * _survive(k, t, p)
+
+
+def _w_paper_chain_capped(s, k, t, p):
+    return min(Fraction(k, t) ** p, s.cap) * _survive(k, t, p)
+
+
+def _w_released(s, k, t, p):
+    return Fraction(k, t) * _survive(k, t, p)
+
+
+def _w_released_unbiased(s, k, t, p):
+    return Fraction(k, t) ** (p + 1) * _survive(k, t, p)
+
+
+def _w_falling(s, k, t, p):
+    return Fraction(1) if p < t else Fraction(0)
+
+
+def _w_bernoulli(s, k, t, p):
+    return Fraction(1)
+
+
+_BUILTIN: dict[str, Scheme] = {
+    s.name: s
+    for s in [
+        Scheme("paper", UNIFORM, _one, _k_over_t_hop, closed_form=_w_paper,
+               description="Paper, Alg. 2 / Eq. 9: c_0 = 1, c_q = k/t"),
+        Scheme("paper-capped", UNIFORM, _one, _k_over_t_hop, cap=Fraction(2), cap_on="hop",
+               closed_form=_w_paper_capped, description="Paper Sec. 6.4: c_0 = 1, c_q = min(k/t, C)"),
+        Scheme("paper-chain-capped", UNIFORM, _one, _k_over_t_hop, cap=Fraction(2), cap_on="chain",
+               closed_form=_w_paper_chain_capped, description="Review's reading: W(p) = min((k/t)^p, C)"),
+        Scheme("released", UNIFORM, _k_over_t, _one_hop, closed_form=_w_released,
+               description="Public code, default flags: c_0 = k/t, c_q = 1"),
+        Scheme("released-unbiased", UNIFORM, _k_over_t, _k_over_t_hop, closed_form=_w_released_unbiased,
+               description="Public code, --unbiased_estimate: c_0 = c_q = k/t"),
+        Scheme("falling-factorial", UNIFORM, _k_over_t, _falling_hop, closed_form=_w_falling,
+               description="Horvitz-Thompson: c_0 = k/t, c_q = (k-q)/(t-q)"),
+        Scheme("bernoulli", BERNOULLI, _inv_rho, _inv_rho_hop, closed_form=_w_bernoulli,
+               description="Bernoulli(rho = t/k) inclusion: c_0 = c_q = 1/rho"),
+    ]
+}
+
+SCHEME_NAMES: tuple[str, ...] = tuple(_BUILTIN)
+
+
+def capped_names() -> list[str]:
+    return [n for n, s in _BUILTIN.items() if s.cap is not None]
+
+
+def get_scheme(name: str | Scheme, **params) -> Scheme:
+    """A registered scheme by name, with optional parameters (``cap=`` for capped schemes,
+    ``rho=`` for ``bernoulli``).  Passing a :class:`Scheme` returns it (with params applied)."""
+    if isinstance(name, Scheme):
+        return _with_params(name, params)
+    if name not in _BUILTIN:
+        raise ValueError(f"unknown scheme {name!r}; valid schemes: {', '.join(SCHEME_NAMES)}")
+    return _with_params(_BUILTIN[name], params)

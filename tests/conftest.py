@@ -1,0 +1,47 @@
+import os
+
+import torch
+from hypothesis import HealthCheck, settings
+
+from seco_lab import TinyConfig, TinyTransformer
+
+torch.set_num_threads(1)  # tests run in parallel workers; tiny models gain nothing from threads
+
+settings.register_profile(
+    "seco", max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "seco"))
+
+
+def rel_err(a: dict, b: dict, floor: float = 1e-4) -> float:
+    """max over parameters of ||a_i - b_i|| / ||b_i||.
+
+    A parameter whose reference gradient is mathematically zero (e.g. the query
+    projection when every query sees a single key) carries only rounding noise
+    (~1e-17 of the whole gradient) in one engine and an exact 0 in another; its own
+    relative error is meaningless, so the denominator is floored at ``floor * ||b||`` (whole gradient).
+    """
+    total = sum(float(g.norm()) ** 2 for g in b.values()) ** 0.5
+    worst = 0.0
+    for name, ref in b.items():
+        den = max(float(ref.norm()), floor * total)
+        diff = float((a[name] - ref).norm())
+        worst = max(worst, diff / den if den > 0 else diff)
+    return worst
+
+
+def tiny_model(n_layers=2, seed=0, d_model=16, n_heads=4, n_kv_heads=2, d_ff=24, vocab=17, **kw):
+    cfg = TinyConfig(vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                     n_kv_heads=n_kv_heads, d_ff=d_ff, **kw)
+    return TinyTransformer(cfg, seed=seed, dtype=torch.float64)
+
+
+def random_batch(vocab, batch, length, seed=0, ignore_frac=0.0):
+    g = torch.Generator().manual_seed(seed)
+    tok = torch.randint(0, vocab, (batch, length), generator=g)
+    tgt = torch.randint(0, vocab, (batch, length), generator=g)
+    if ignore_frac:
+        drop = torch.rand(batch, length, generator=g) < ignore_frac
+        drop[0, 0] = False  # keep at least one target
+        tgt[drop] = -100
+    return tok, tgt
