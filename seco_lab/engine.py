@@ -18,8 +18,8 @@ and each hop multiplies them by a factor chosen from the label.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Hashable, Sequence
 
 import torch
 

@@ -13,8 +13,8 @@ chunk's summed loss and its own keys/values (keys already rotated, as in HF).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import torch
 import torch.nn as nn

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Callable, Iterator, Literal, Union
+from typing import Literal, Union
 
 import numpy as np
 
@@ -198,6 +199,7 @@ class Scheme:
     # -- expectations ----------------------------------------------------------
     def expected_weights_exact(self, k: int, t: int, max_hops: int) -> list[Fraction]:
         """w(p) = W(p) pi(p), p = 0..P; the closed form of SPEC's table when the scheme has one."""
+        check_budget(k, t)
         _check_hops(max_hops)
         if self.closed_form is not None:
             return [Fraction(self.closed_form(self, k, t, p)) for p in range(max_hops + 1)]

@@ -8,7 +8,11 @@ from seco_lab import TinyConfig, TinyTransformer
 torch.set_num_threads(1)  # tests run in parallel workers; tiny models gain nothing from threads
 
 settings.register_profile(
-    "seco", max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    "seco",
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "seco"))
 
@@ -31,8 +35,9 @@ def rel_err(a: dict, b: dict, floor: float = 1e-4) -> float:
 
 
 def tiny_model(n_layers=2, seed=0, d_model=16, n_heads=4, n_kv_heads=2, d_ff=24, vocab=17, **kw):
-    cfg = TinyConfig(vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                     n_kv_heads=n_kv_heads, d_ff=d_ff, **kw)
+    cfg = TinyConfig(
+        vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, d_ff=d_ff, **kw
+    )
     return TinyTransformer(cfg, seed=seed, dtype=torch.float64)
 
 
