@@ -1,0 +1,130 @@
+"""Training data without downloads: a synthetic long-range task and byte-level text.
+
+Both sources hand out batches deterministically from (seed, split, index), so a
+resumed or distributed run sees exactly the sequences it would have seen.
+
+* :class:`KeyValueTask` -- the first chunk(s) hold key->value pairs; after filler,
+  keys are queried again and the model must produce the value.  The value
+  tokens of the queries are the *far* targets: their loss can only fall by
+  reading information one or more chunks back.
+* :class:`TextCorpus` -- any text files (default: the Python standard library's own
+  sources), tokenised as bytes (vocabulary 256) and cut into fixed-length
+  sequences, with the last ``holdout`` fraction held out for evaluation.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor  # (B, n)
+    targets: torch.Tensor  # (B, n)
+    far: torch.Tensor  # (B, n) bool: targets whose loss needs information from earlier chunks
+
+    def far_targets(self, ignore_index: int = -100) -> torch.Tensor:
+        return torch.where(self.far, self.targets, torch.full_like(self.targets, ignore_index))
+
+    def slice(self, rows) -> Batch:
+        return Batch(self.tokens[rows], self.targets[rows], self.far[rows])
+
+
+class KeyValueTask:
+    """Associative recall across chunks.
+
+    Vocabulary: 0 is the query marker, keys lie in [1, 1+K), values in
+    [1+K, 1+2K) and filler in [1+2K, vocab) with K = (vocab - 1) // 4.  A
+    sequence starts with ``n_pairs`` (key, value) pairs, continues with random
+    filler, and ends with the ``n_pairs`` keys queried again in random order as
+    (0, key, value).  Values appear nowhere else, so the loss on a queried value
+    -- a *far* target -- can only fall by reading the chunk that defined it.
+    """
+
+    name = "synthetic"
+
+    def __init__(self, seq_len: int, vocab_size: int = 64, n_pairs: int = 1, seed: int = 0):
+        if vocab_size < 9:
+            raise ValueError(f"the key-value task needs vocab_size >= 9, got {vocab_size}")
+        self.n_keys = (vocab_size - 1) // 4
+        if not 1 <= n_pairs <= self.n_keys:
+            raise ValueError(f"n_pairs={n_pairs} must lie in [1, {self.n_keys}] for vocab_size={vocab_size}")
+        if seq_len < 8 * n_pairs:
+            raise ValueError(f"seq_len={seq_len} is too short for {n_pairs} key-value pair(s) (need >= {8 * n_pairs})")
+        self.seq_len, self.vocab_size, self.n_pairs, self.seed = seq_len, vocab_size, n_pairs, seed
+
+    def batch(self, split: str, index: int, size: int) -> Batch:
+        rng = np.random.default_rng([self.seed, 0 if split == "train" else 1, index])
+        n, m, K = self.seq_len + 1, self.n_pairs, self.n_keys
+        seqs = rng.integers(1 + 2 * K, self.vocab_size, size=(size, n))
+        far = np.zeros((size, n), dtype=bool)
+        q0 = n - 3 * m
+        for b in range(size):
+            keys = 1 + rng.choice(K, m, replace=False)
+            vals = 1 + K + rng.integers(0, K, m)
+            seqs[b, 0 : 2 * m : 2], seqs[b, 1 : 2 * m : 2] = keys, vals
+            order = rng.permutation(m)
+            seqs[b, q0::3], seqs[b, q0 + 1 :: 3], seqs[b, q0 + 2 :: 3] = 0, keys[order], vals[order]
+            far[b, q0 + 2 :: 3] = True
+        t = torch.as_tensor(seqs, dtype=torch.long)
+        # position i predicts token i+1: a far target sits at i where token i+1 is a queried value
+        return Batch(t[:, :-1], t[:, 1:], torch.as_tensor(far[:, 1:]))
+
+
+def default_text_paths() -> list[Path]:
+    """The Python standard library's own sources: present on every machine with Python."""
+    return [Path(sysconfig.get_paths()["stdlib"])]
+
+
+class TextCorpus:
+    """Byte-level text, packed into sequences of ``seq_len`` + 1 bytes."""
+
+    name = "text"
+    vocab_size = 256
+
+    def __init__(self, seq_len: int, paths=None, holdout: float = 0.05, max_bytes: int = 16 << 20,
+                 pattern: str | None = None, seed: int = 0):
+        # default corpus: the standard library's *.py; a folder the user names: every text file in it
+        pattern = pattern or ("*" if paths else "*.py")
+        paths = [Path(p) for p in (paths or default_text_paths())]
+        missing = [str(p) for p in paths if not p.exists()]
+        if missing:
+            raise FileNotFoundError(f"text path(s) not found: {', '.join(missing)}")
+        if not 0.0 < holdout < 1.0:
+            raise ValueError(f"holdout must lie in (0, 1), got {holdout}")
+        files: list[Path] = []
+        for p in paths:
+            files.extend(sorted(f for f in p.rglob(pattern) if f.is_file()) if p.is_dir() else [p])
+        chunks, total = [], 0
+        for f in files:  # sorted: the corpus is the same on every run
+            data = f.read_bytes()
+            if b"\0" in data[:4096]:  # binary, not text
+                continue
+            chunks.append(data)
+            total += len(data)
+            if total >= max_bytes:
+                break
+        stream = np.frombuffer(b"".join(chunks)[:max_bytes], dtype=np.uint8)
+        n = seq_len + 1
+        n_seq = len(stream) // n
+        n_val = max(1, int(round(n_seq * holdout)))
+        if n_seq - n_val < 1:
+            raise ValueError(
+                f"the text under {', '.join(map(str, paths))} has {len(stream):,} bytes: too few for sequences of "
+                f"{seq_len} tokens with a held-out split (need at least {2 * n:,})"
+            )
+        seqs = torch.as_tensor(stream[: n_seq * n].reshape(n_seq, n).astype(np.int64))
+        self.train, self.val = seqs[: n_seq - n_val], seqs[n_seq - n_val :]
+        self.seq_len, self.seed, self.files, self.num_bytes = seq_len, seed, len(files), len(stream)
+
+    def batch(self, split: str, index: int, size: int) -> Batch:
+        pool = self.train if split == "train" else self.val
+        rng = np.random.default_rng([self.seed, 0 if split == "train" else 1, index])
+        rows = torch.as_tensor(rng.integers(0, len(pool), size))
+        s = pool[rows]
+        return Batch(s[:, :-1], s[:, 1:], torch.zeros(s.shape[0], s.shape[1] - 1, dtype=torch.bool))
