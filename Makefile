@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 TORCH   ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
 JOBS    ?= 2
 
-.PHONY: install test lint bias-study bias-study-quick report bench train-demo clean
+.PHONY: install test lint bias-study bias-study-quick report train-demo train-compare bench clean
 
 install: $(STAMP)
 
@@ -34,6 +34,19 @@ bias-study-quick: $(STAMP)
 
 report: $(STAMP)
 	$(BIN)/python -m seco_lab.report bias
+	@if [ -f reports/training/throughput.csv ]; then $(BIN)/python -m seco_lab.report training; fi
+
+# A few minutes of SeCO on the Python standard library's sources (byte level).
+train-demo: $(STAMP)
+	$(BIN)/seco-lab train --run-dir runs/demo --overwrite --mode seco --data text --seq-len 1024 \
+	  --chunk-size 128 --batch-size 4 --steps 250 --lr 2e-3 --eval-every 50 --ckpt-every 50 \
+	  --d-model 128 --n-layers 4 --n-heads 4 --n-kv-heads 2 --d-ff 384
+	@echo "run directory: runs/demo (metrics.jsonl, loss.png, checkpoints/)"
+
+# Throughput of every mode on the demo configuration, far-token loss on the synthetic task.
+train-compare: $(STAMP)
+	$(BIN)/python -m experiments.train_compare
+	$(BIN)/python -m seco_lab.report training
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

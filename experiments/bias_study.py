@@ -194,7 +194,7 @@ def run_group(cfg: StudyConfig, L: int, k: int, seed: int) -> tuple[pd.DataFrame
                 subset = sampler.draw(k, t, rng_check)
                 if not subset:
                     continue
-                for variant, scheme in schemes:
+                for _, scheme in schemes:
                     if scheme.sampler.kind == kind:
                         _, g_hat = spaco_grad(model, tokens, targets, cfg.chunk_size, scheme, t, subset=subset)
                         g_hat = flatten(g_hat)

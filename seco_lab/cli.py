@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tomllib
 from dataclasses import fields
 from pathlib import Path
+
+import tomllib
 
 from .schemes import SCHEME_NAMES
 from .train import DTYPES, MODES, TrainConfig

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .protocol import ChunkCache, ChunkOutput
 
@@ -160,6 +161,7 @@ class TinyTransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.checkpoint_layers = False  # set True for layer-wise torch.utils.checkpoint
         self.reset_parameters(seed)
         self.to(device=device, dtype=dtype)
 
@@ -195,7 +197,12 @@ class TinyTransformer(nn.Module):
         x = self.embed(tokens)
         cache = []
         for layer, block in enumerate(self.blocks):
-            x, kv = block(x, [c[layer] for c in past], start)
+            past_kv = [c[layer] for c in past]
+            if self.checkpoint_layers and torch.is_grad_enabled():
+                # layer-wise activation checkpointing: the baseline SeCO is compared against
+                x, kv = checkpoint(block, x, past_kv, start, use_reentrant=False)
+            else:
+                x, kv = block(x, past_kv, start)
             cache.append(kv)
         return x, tuple(cache)
 

@@ -149,3 +149,12 @@ def test_readme_example_runs():
     assert blocks, "README.md must contain a python example"
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {})
+
+
+def test_layer_checkpointing_changes_nothing_but_memory():
+    model = tiny_model(n_layers=3)
+    tok, tgt = random_batch(17, 2, 12)
+    _, ref = dense_grad(model, tok, tgt)
+    model.checkpoint_layers = True
+    _, got = dense_grad(model, tok, tgt)
+    assert rel_err(got, ref) <= TOL

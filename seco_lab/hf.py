@@ -1,0 +1,184 @@
+"""Hugging Face ``transformers`` causal LMs as chunk models, LoRA through ``peft``.
+
+:class:`HFChunkModel` wraps any decoder-only causal LM whose attention is full
+causal attention over a key/value cache (Llama, Qwen2, Mistral without sliding
+window, ...).  For chunk j it builds a ``DynamicCache`` from the previous chunks'
+cache *leaves* (concatenated per layer), passes global ``position_ids``, runs the
+model's own forward, and returns the chunk's keys/values -- the last c positions
+of the cache the model filled -- with gradients flowing into the leaves.  Only
+public API is used: the ``DynamicCache`` constructor, the model's forward, and
+its config.
+
+Install with ``pip install seco_lab[hf]`` (``make install`` does).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .protocol import ChunkCache, ChunkOutput
+
+SUPPORTED_ATTENTION = ("eager", "sdpa", "eager_exact")
+
+
+def eager_exact_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' eager attention math with the softmax kept in the input dtype.
+
+    The stock ``eager`` kernel computes the softmax in float32 even for float64
+    inputs (~1e-8 relative error), which hides float64-level agreement; this
+    kernel is registered as ``eager_exact`` through the public AttentionInterface.
+    """
+    rep = query.shape[1] // key.shape[1]
+    if rep > 1:
+        key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    weights = (query @ key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        weights = weights + attention_mask[:, :, :, : key.shape[-2]]
+    weights = torch.softmax(weights, dim=-1)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    return (weights @ value).transpose(1, 2).contiguous(), weights
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register("eager_exact", eager_exact_attention)
+    AttentionMaskInterface.register("eager_exact", AttentionMaskInterface._global_mapping["eager"])
+
+
+def _require_transformers():
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover - the extra is installed by make install and CI
+        raise ImportError("seco_lab.hf needs transformers: pip install 'seco_lab[hf]'") from e
+    _register_attention()
+    return transformers
+
+
+def chunkable_reason(config) -> str | None:
+    """Why a model cannot be driven chunk by chunk (None when it can)."""
+    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if getattr(cfg, "is_encoder_decoder", False):
+        return "encoder-decoder models are not causal decoders"
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if any("sliding" in str(t) or "chunked" in str(t) for t in layer_types):
+        return (f"its layers use {sorted(set(map(str, layer_types)))} attention: a sliding or chunked window drops "
+                "keys the chunk engine relays gradients through, so the gradient would be wrong")
+    window = getattr(cfg, "sliding_window", None)
+    uses_window = getattr(cfg, "use_sliding_window", window is not None)
+    if window is not None and uses_window:
+        return (f"it uses sliding-window attention (window {window}): keys outside the window are dropped from the "
+                "cache, so chunk-wise gradients would differ from full-sequence ones")
+    impl = getattr(cfg, "_attn_implementation", None) or "eager"
+    if impl not in SUPPORTED_ATTENTION:
+        return f"attention implementation {impl!r} is not supported; use one of {', '.join(SUPPORTED_ATTENTION)}"
+    return None
+
+
+class HFChunkModel(nn.Module):
+    """Chunk-model protocol for a transformers causal LM (or a peft model wrapping one)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        _require_transformers()
+        self.model = model
+        self.config = model.config
+        reason = chunkable_reason(self.config)
+        if reason:
+            raise ValueError(f"{type(model).__name__} cannot be driven chunk by chunk: {reason}")
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        params = inspect.signature(base.forward).parameters
+        # transformers renamed `past_key_values` to `cache`; accept either public name
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def max_positions(self) -> int | None:
+        return getattr(self.config.get_text_config(decoder=True), "max_position_embeddings", None)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.get_text_config(decoder=True).vocab_size
+
+    @property
+    def deterministic(self) -> bool:
+        if not self.training:
+            return True
+        dropouts = [m.p for m in self.model.modules() if isinstance(m, nn.Dropout)]
+        cfg = self.config.get_text_config(decoder=True)
+        return not any(p > 0 for p in dropouts) and not getattr(cfg, "attention_dropout", 0.0)
+
+    def chunk_logits(self, tokens, past: Sequence[ChunkCache], start: int):
+        from transformers import DynamicCache
+
+        n_layers = len(past[0]) if past else None
+        if past:
+            data = [(torch.cat([c[l][0] for c in past], dim=2), torch.cat([c[l][1] for c in past], dim=2))
+                    for l in range(n_layers)]
+            cache = DynamicCache(data)
+        else:
+            cache = DynamicCache()
+        b, t = tokens.shape
+        pos = torch.arange(start, start + t, device=tokens.device).unsqueeze(0).expand(b, t)
+        out = self.model(input_ids=tokens, position_ids=pos, use_cache=True, **{self._cache_arg: cache})
+        filled = getattr(out, "cache", None) or out.past_key_values
+        own = tuple((layer.keys[:, :, -t:, :], layer.values[:, :, -t:, :]) for layer in filled.layers)
+        return out.logits, own
+
+    def chunk_forward(self, tokens, targets, past: Sequence[ChunkCache] = (), start: int = 0,
+                      ignore_index: int = -100) -> ChunkOutput:
+        logits, cache = self.chunk_logits(tokens, past, start)
+        if targets is None:
+            return ChunkOutput(logits.new_zeros(()), cache)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index,
+                               reduction="sum")
+        return ChunkOutput(loss, cache)
+
+
+ARCHITECTURES = {
+    # small random-weight configs for tests and studies; override any field
+    "llama": dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=2048),
+    "qwen2": dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=2048, use_sliding_window=False),
+}
+
+
+def build_hf_model(name_or_path: str, overrides: dict | None = None, attn_implementation: str = "sdpa",
+                   dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
+    """A causal LM from a local checkpoint directory, or a named architecture with random weights."""
+    transformers = _require_transformers()
+    if attn_implementation not in SUPPORTED_ATTENTION:
+        raise ValueError(f"attention implementation {attn_implementation!r}: use one of {SUPPORTED_ATTENTION}")
+    torch.manual_seed(seed)
+    if name_or_path in ARCHITECTURES:
+        conf_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[name_or_path]
+        config = conf_cls(**{**ARCHITECTURES[name_or_path], **(overrides or {})})
+        config._attn_implementation = attn_implementation
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    else:
+        from pathlib import Path
+
+        if not Path(name_or_path).is_dir():
+            raise ValueError(f"{name_or_path!r} is neither a known architecture ({', '.join(ARCHITECTURES)}) nor a "
+                             "local checkpoint directory (nothing is downloaded)")
+        model = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, attn_implementation=attn_implementation,
+                                                                  local_files_only=True)
+    return model.to(dtype)
+
+
+def add_lora(model: nn.Module, r: int = 8, alpha: int = 16, targets=("q_proj", "v_proj"), dropout: float = 0.0,
+             init_lora_weights=True) -> nn.Module:
+    """Wrap with peft LoRA adapters on ``targets`` (default: attention q and v, as in the paper);
+    only the adapter weights require grad."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=dropout, bias="none",
+                     task_type="CAUSAL_LM", init_lora_weights=init_lora_weights)
+    return get_peft_model(model, cfg)
