@@ -16,7 +16,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev,hf]"
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -35,6 +35,7 @@ bias-study-quick: $(STAMP)
 report: $(STAMP)
 	$(BIN)/python -m seco_lab.report bias
 	@if [ -f reports/training/throughput.csv ]; then $(BIN)/python -m seco_lab.report training; fi
+	@if [ -f reports/bench/results.csv ]; then $(BIN)/python -m seco_lab.report bench; fi
 
 # A few minutes of SeCO on the Python standard library's sources (byte level).
 train-demo: $(STAMP)
@@ -47,6 +48,11 @@ train-demo: $(STAMP)
 train-compare: $(STAMP)
 	$(BIN)/python -m experiments.train_compare
 	$(BIN)/python -m seco_lab.report training
+
+# Time and memory of every method as sequences grow; report from the stored CSV.
+bench: $(STAMP)
+	$(BIN)/python -m experiments.bench
+	$(BIN)/python -m seco_lab.report bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -46,12 +46,13 @@ class BenchConfig:
     memory_cap_gib: float = 14.0
     dtype: str = "float32"
     seed: int = 0
+    threads: int | None = None  # torch threads per process; None: every core
 
 
 DEFAULT = BenchConfig()
 QUICK = replace(DEFAULT, lengths=(128, 256), chunk_size=64, ratios=(2,),
                 model=dict(vocab_size=256, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=64,
-                           max_positions=4096), rounds=2)
+                           max_positions=4096), rounds=2, threads=1)
 
 
 def methods(cfg: BenchConfig, n: int) -> list[dict]:
@@ -76,6 +77,7 @@ def build(cfg: BenchConfig, n: int, device: str):
 
     from seco_lab import TinyConfig, TinyTransformer
 
+    torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
     model = TinyTransformer(TinyConfig(**cfg.model), seed=cfg.seed, dtype=getattr(torch, cfg.dtype), device=device)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -121,7 +123,6 @@ def memory_child(cfg: BenchConfig, n: int, m: dict, device: str) -> dict:
     """Runs inside a fresh process: peak memory of one step above the post-build baseline."""
     import torch
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
     model, tokens, targets = build(cfg, n, device)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -139,7 +140,6 @@ def memory_child(cfg: BenchConfig, n: int, m: dict, device: str) -> dict:
 
 def timing_child(cfg: BenchConfig, n: int, device: str) -> list[dict]:
     """Runs inside one process per length: every method, interleaved, ``rounds`` times after a warm-up."""
-    import torch
 
     model, tokens, targets = build(cfg, n, device)
     ms = methods(cfg, n)

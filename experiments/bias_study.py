@@ -80,6 +80,7 @@ class StudyConfig:
     max_enumerated_subsets: int = 5000
     engine_check_draws: int = 2
     schemes: tuple[SchemeVariant, ...] = SCHEMES
+    arch: str = "tiny"  # "tiny" (seco_lab's transformer) or "hf-llama" / "hf-qwen2" (transformers, random weights)
 
     def groups(self) -> list[tuple[int, int, int]]:
         # largest first, so parallel workers finish together
@@ -102,9 +103,26 @@ QUICK = replace(DEFAULT, depths=(1, 2), chunk_counts=(4, 8), budgets={4: (1, 2, 
 # ----------------------------------------------------------------------------- one group
 
 
+def build_model(cfg: StudyConfig, L: int, seed: int):
+    """The float64 model of a cell: the tiny transformer, or an HF architecture of the same shape."""
+    if cfg.arch == "tiny":
+        from seco_lab import TinyConfig, TinyTransformer
+
+        return TinyTransformer(TinyConfig(n_layers=L, **cfg.model), seed=seed, dtype=torch.float64)
+    if not cfg.arch.startswith("hf-"):
+        raise ValueError(f"unknown arch {cfg.arch!r}; use 'tiny', 'hf-llama' or 'hf-qwen2'")
+    from seco_lab.hf import HFChunkModel, build_hf_model
+
+    m = cfg.model
+    overrides = dict(vocab_size=m["vocab_size"], hidden_size=m["d_model"], num_hidden_layers=L,
+                     num_attention_heads=m["n_heads"], num_key_value_heads=m["n_kv_heads"],
+                     intermediate_size=m["d_ff"], max_position_embeddings=m["max_positions"])
+    return HFChunkModel(build_hf_model(cfg.arch[3:], overrides, "sdpa", torch.float64, seed))
+
+
 def run_group(cfg: StudyConfig, L: int, k: int, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every cell of one (L, k, seed): tidy metric rows and convergence rows."""
-    from seco_lab import TinyConfig, TinyTransformer, chain_basis, dense_grad, flatten, hop_strata, spaco_grad
+    from seco_lab import chain_basis, dense_grad, flatten, hop_strata, spaco_grad
     from seco_lab.analysis import (
         ChainSpace,
         Inclusion,
@@ -117,7 +135,7 @@ def run_group(cfg: StudyConfig, L: int, k: int, seed: int) -> tuple[pd.DataFrame
 
     torch.set_num_threads(1)
     t_start = time.perf_counter()
-    model = TinyTransformer(TinyConfig(n_layers=L, **cfg.model), seed=1000 * L + seed, dtype=torch.float64)
+    model = build_model(cfg, L, 1000 * L + seed)
     gen = torch.Generator().manual_seed(cfg.base_seed + 7919 * seed + 31 * k + L)
     n = k * cfg.chunk_size
     tokens = torch.randint(0, cfg.model["vocab_size"], (1, n), generator=gen)
@@ -309,15 +327,18 @@ def main(argv=None) -> None:
     ap.add_argument("--draws", type=int, default=None, help="Monte Carlo draws per cell and sampler")
     ap.add_argument("--fresh", action="store_true", help="discard stored results of this folder")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--arch", default="tiny", choices=("tiny", "hf-llama", "hf-qwen2"),
+                    help="model of every cell (HF architectures need the [hf] extra)")
     a = ap.parse_args(argv)
-    cfg = QUICK if a.quick else DEFAULT
+    cfg = replace(QUICK if a.quick else DEFAULT, arch=a.arch)
     if a.draws is not None:
         if a.draws < 2 * cfg.batches:
             ap.error(f"--draws must be at least {2 * cfg.batches}")
         cfg = replace(cfg, draws=a.draws - a.draws % cfg.batches)
     if a.jobs < 1:
         ap.error("--jobs must be >= 1")
-    out = a.out or (ROOT / "reports" / ("_work/bias_study_quick" if a.quick else "bias_study"))
+    name = ("_work/bias_study_quick" if a.quick else "bias_study") + ("" if a.arch == "tiny" else "_" + a.arch)
+    out = a.out or (ROOT / "reports" / name)
     run_study(cfg, out, jobs=a.jobs, fresh=a.fresh, progress=not a.no_progress)
 
 

@@ -44,10 +44,30 @@ def _train_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
     for name in MODEL_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), dest="model." + name, type=int)
+    p.add_argument("--hf-model", dest="hf_model",
+                   help="HF causal LM: a local checkpoint directory or 'llama' / 'qwen2' (random weights)")
+    p.add_argument("--hf-override", dest="hf_overrides", type=_kv, action="append",
+                   help="config field of a named HF architecture, e.g. hidden_size=64 (repeatable)")
+    p.add_argument("--attn", dest="attn_implementation", choices=("eager", "sdpa", "eager_exact"))
+    p.add_argument("--lora", action="store_true", help="train peft LoRA adapters only")
+    p.add_argument("--lora-r", dest="lora_r", type=int)
+    p.add_argument("--lora-alpha", dest="lora_alpha", type=int)
+    p.add_argument("--lora-targets", dest="lora_targets", type=lambda s: s.split(","),
+                   help="comma-separated module names (default q_proj,v_proj)")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
+
+
+def _kv(text: str) -> tuple[str, object]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def load_config_file(path: Path) -> dict:
@@ -62,6 +82,8 @@ def resolve_train_config(ns: dict) -> TrainConfig:
     if "config" in ns:
         base.update(load_config_file(ns.pop("config")))
     model = dict(base.get("model", {}))
+    if "hf_overrides" in ns:
+        ns["hf_overrides"] = {**base.get("hf_overrides", {}), **dict(ns["hf_overrides"])}
     for key, value in ns.items():
         if key.startswith("model."):
             model[key[6:]] = value

@@ -211,15 +211,20 @@ def _vjp(outputs: list[torch.Tensor], seeds: list[list], inputs: list[torch.Tens
         ref = outputs[idx]
         return torch.stack([ref.new_zeros(ref.shape) if s[1] is None else s[1][idx - 1] for s in seeds])
 
-    grad_outputs = [stacked(i) for i in range(len(outputs))]
+    # outputs that no trainable parameter or leaf reaches (e.g. layer-0 keys when only LoRA
+    # adapters on q/v train) carry no graph: they contribute nothing and are left out
+    live = [i for i, o in enumerate(outputs) if o.requires_grad]
+    if not live:
+        return [x.new_zeros((n, *x.shape)) for x in inputs]
+    outs = [outputs[i] for i in live]
+    grad_outputs = [stacked(i) for i in live]
     if n == 1:
         res = torch.autograd.grad(
-            outputs, inputs, [g[0] for g in grad_outputs], retain_graph=False, allow_unused=True, materialize_grads=True
+            outs, inputs, [g[0] for g in grad_outputs], retain_graph=False, allow_unused=True, materialize_grads=True
         )
         return [r.unsqueeze(0) for r in res]
-    res = torch.autograd.grad(
-        outputs, inputs, grad_outputs, is_grads_batched=True, allow_unused=True, materialize_grads=True
-    )
+    res = torch.autograd.grad(outs, inputs, grad_outputs, is_grads_batched=True, allow_unused=True,
+                              materialize_grads=True)
     return list(res)
 
 

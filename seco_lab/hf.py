@@ -15,7 +15,7 @@ Install with ``pip install seco_lab[hf]`` (``make install`` does).
 from __future__ import annotations
 
 import inspect
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -80,6 +80,29 @@ def chunkable_reason(config) -> str | None:
     if impl not in SUPPORTED_ATTENTION:
         return f"attention implementation {impl!r} is not supported; use one of {', '.join(SUPPORTED_ATTENTION)}"
     return None
+
+
+def _rmsnorm_in_input_dtype(self, hidden_states):
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def exact_float64(model: nn.Module) -> nn.Module:
+    """Make a float64 HF model compute its RMSNorms in float64.
+
+    transformers' Llama/Qwen2 RMSNorm casts its input to float32 (meant for half
+    precision), which rounds every gradient passing through it to float32.  Dense
+    and SeCO round the same total gradient and still agree, but hop strata and
+    sparse estimates split the gradient into parts rounded separately (~1e-8
+    relative).  This rebinds each RMSNorm's forward to the same formula without
+    the cast; parameters and names are unchanged.
+    """
+    import types
+
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+            module.forward = types.MethodType(_rmsnorm_in_input_dtype, module)
+    return model
 
 
 class HFChunkModel(nn.Module):
@@ -170,7 +193,8 @@ def build_hf_model(name_or_path: str, overrides: dict | None = None, attn_implem
                              "local checkpoint directory (nothing is downloaded)")
         model = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, attn_implementation=attn_implementation,
                                                                   local_files_only=True)
-    return model.to(dtype)
+    model = model.to(dtype)
+    return exact_float64(model) if dtype == torch.float64 else model
 
 
 def add_lora(model: nn.Module, r: int = 8, alpha: int = 16, targets=("q_proj", "v_proj"), dropout: float = 0.0,

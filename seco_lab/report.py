@@ -41,11 +41,23 @@ def _style(name):
     return SCHEME_STYLE.get(name, ("gray", ":"))
 
 
+def _require(folder: Path, names: tuple[str, ...], target: str) -> None:
+    missing = [f for f in names if not (folder / f).exists()]
+    if missing:
+        raise SystemExit(f"{folder} lacks {', '.join(missing)}: run `make {target}` first")
+
+
+def _write_markdown(lines: list[str], out_md: Path) -> Path:
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_md.with_name(out_md.name + ".tmp")
+    tmp.write_text("\n".join(lines))
+    os.replace(tmp, out_md)
+    return out_md
+
+
 def load_bias(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
     folder = Path(folder)
-    missing = [f for f in ("results.csv", "convergence.csv", "study.json") if not (folder / f).exists()]
-    if missing:
-        raise SystemExit(f"{folder} lacks {', '.join(missing)}: run `make bias-study` first")
+    _require(folder, ("results.csv", "convergence.csv", "study.json"), "bias-study")
     res = pd.read_csv(folder / "results.csv")
     conv = pd.read_csv(folder / "convergence.csv")
     meta = json.loads((folder / "study.json").read_text())
@@ -459,19 +471,13 @@ def bias_report(folder: Path, out_md: Path) -> Path:
         "set I gives every scheme's estimate as Σ_{chains ⊆ I} W(p) v_c — identical to running the sparse engine "
         "(checked above on real draws) — so exact expectations, covariances (via pairwise inclusion probabilities) "
         "and Monte Carlo sums are quadratic forms in the chains' Gram matrix.\n")
-    out_md.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_md.with_name(out_md.name + ".tmp")
-    tmp.write_text("\n".join(md))
-    os.replace(tmp, out_md)
-    return out_md
+    return _write_markdown(md, out_md)
 
 
 def training_report(folder: Path, out_md: Path) -> Path:
     """reports/training.md from experiments/train_compare.py's stored results."""
     folder = Path(folder)
-    missing = [f for f in ("throughput.csv", "far_loss.csv", "training.json") if not (folder / f).exists()]
-    if missing:
-        raise SystemExit(f"{folder} lacks {', '.join(missing)}: run `make train-compare` first")
+    _require(folder, ("throughput.csv", "far_loss.csv", "training.json"), "train-compare")
     tp = pd.read_csv(folder / "throughput.csv")
     far = pd.read_csv(folder / "far_loss.csv")
     meta = json.loads((folder / "training.json").read_text())
@@ -516,10 +522,7 @@ def training_report(folder: Path, out_md: Path) -> Path:
               + "\n")
     md.append(f"![far-token loss]({rel}/{f_far})\n")
     md.append(f"Software: Python {sw['python']}, torch {sw['torch']}; {sw['platform']}.\n")
-    tmp = out_md.with_name(out_md.name + ".tmp")
-    tmp.write_text("\n".join(md))
-    os.replace(tmp, out_md)
-    return out_md
+    return _write_markdown(md, out_md)
 
 
 def kv_cache_mib(cfg: dict, n: int) -> float:
@@ -533,8 +536,7 @@ def kv_cache_mib(cfg: dict, n: int) -> float:
 def bench_report(folder: Path, out_md: Path) -> Path:
     """reports/benchmarks.md from experiments/bench.py's stored results."""
     folder = Path(folder)
-    if not (folder / "results.csv").exists():
-        raise SystemExit(f"{folder} lacks results.csv: run `make bench` first")
+    _require(folder, ("results.csv", "bench.json"), "bench")
     df = pd.read_csv(folder / "results.csv")
     meta = json.loads((folder / "bench.json").read_text())
     cfg = meta["config"]
@@ -549,7 +551,8 @@ def bench_report(folder: Path, out_md: Path) -> Path:
     def col_style(c):
         if c.startswith("spaco"):
             r = int(c.split("1/")[-1])
-            return ("tab:blue" if cfg["stratified_scheme"] in c else "tab:green"), ("-" if r == 16 else ":"), 0.4 + r / 32
+            colour = "tab:blue" if cfg["stratified_scheme"] in c else "tab:green"
+            return colour, ("-" if r == 16 else ":"), 0.4 + r / 32
         return {"forward": ("k", "--", 1), "dense": ("tab:red", "-", 1), "checkpoint": ("tab:orange", "-", 1),
                 "seco": ("tab:purple", "-", 1)}.get(c, ("gray", "-", 1))
 
@@ -651,10 +654,7 @@ def bench_report(folder: Path, out_md: Path) -> Path:
                   f" {_fmt(b)}× faster than SeCO (target ≥ 2.5: {'met' if b >= 2.5 else 'not met'}).")
     sw = meta["software"]
     md.append(f"\nSoftware: Python {sw['python']}, torch {sw['torch']}; {sw['platform']}.\n")
-    tmp = out_md.with_name(out_md.name + ".tmp")
-    tmp.write_text("\n".join(md))
-    os.replace(tmp, out_md)
-    return out_md
+    return _write_markdown(md, out_md)
 
 
 def main(argv=None):

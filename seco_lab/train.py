@@ -63,6 +63,15 @@ class TrainConfig:
     seed: int = 0
     n_pairs: int = 1
     model: dict = field(default_factory=lambda: dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128))
+    # Hugging Face model instead of the tiny transformer: a local checkpoint directory, or an architecture
+    # name ("llama", "qwen2") built with random weights from `hf_overrides`
+    hf_model: str | None = None
+    hf_overrides: dict = field(default_factory=dict)
+    attn_implementation: str = "sdpa"
+    lora: bool = False
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
     stop_at: int | None = None  # stop (after checkpointing) at this step; the schedule still spans `steps`
     resume: bool = False
     overwrite: bool = False
@@ -158,14 +167,7 @@ class Trainer:
         self.device = pick_device(cfg.device)
         self.dtype = DTYPES[cfg.dtype]
         self.data = data or self._build_data()
-        vocab = self.data.vocab_size
-        arch = {k: v for k, v in cfg.model.items() if k != "vocab_size"}
-        if cfg.model.get("vocab_size", vocab) != vocab:
-            raise ValueError(f"model vocab_size={cfg.model['vocab_size']} does not match the data's vocabulary {vocab}")
-        self.model = model or TinyTransformer(
-            TinyConfig(vocab_size=vocab, max_positions=max(cfg.seq_len, 16), **arch),
-            seed=cfg.seed, dtype=self.dtype, device=self.device,
-        )
+        self.model = model or self._build_model()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, cfg))
@@ -176,6 +178,38 @@ class Trainer:
         self.scheme = cfg.build_scheme() if cfg.mode == "spaco" else None
 
     # ------------------------------------------------------------------ setup
+    def _build_model(self):
+        cfg, vocab = self.cfg, self.data.vocab_size
+        if cfg.hf_model:
+            from .hf import HFChunkModel, add_lora, build_hf_model
+
+            overrides = dict(cfg.hf_overrides)
+            if cfg.hf_model in ("llama", "qwen2"):
+                overrides.setdefault("vocab_size", vocab)
+                overrides.setdefault("max_position_embeddings", max(cfg.seq_len, 16))
+            hf = build_hf_model(cfg.hf_model, overrides, cfg.attn_implementation, self.dtype, cfg.seed)
+            if hf.config.vocab_size < vocab:
+                raise ValueError(f"{cfg.hf_model} has vocab_size {hf.config.vocab_size} < the data's {vocab}")
+            if cfg.lora:
+                hf = add_lora(hf, cfg.lora_r, cfg.lora_alpha, cfg.lora_targets)
+            return HFChunkModel(hf).to(self.device)
+        if cfg.lora:
+            raise ValueError("--lora needs an HF model (--hf-model); the tiny transformer trains all weights")
+        arch = {k: v for k, v in cfg.model.items() if k != "vocab_size"}
+        if cfg.model.get("vocab_size", vocab) != vocab:
+            raise ValueError(f"model vocab_size={cfg.model['vocab_size']} does not match the data's vocabulary {vocab}")
+        return TinyTransformer(TinyConfig(vocab_size=vocab, max_positions=max(cfg.seq_len, 16), **arch),
+                               seed=cfg.seed, dtype=self.dtype, device=self.device)
+
+    def save_adapter(self) -> Path | None:
+        """peft's own adapter format, under run_dir/adapter (LoRA runs only)."""
+        inner = getattr(self.model, "model", None)
+        if not self.cfg.lora or inner is None or not hasattr(inner, "save_pretrained"):
+            return None
+        out = self.run_dir / "adapter"
+        inner.save_pretrained(str(out))
+        return out
+
     def _build_data(self):
         c = self.cfg
         if c.data == "synthetic":
@@ -392,6 +426,7 @@ class Trainer:
         self._barrier()
         if self.rank == 0 and self.step == c.steps:
             plot_run(self.run_dir)
+            self.save_adapter()
         return last
 
     def _log(self, rec: dict) -> None:

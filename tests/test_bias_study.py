@@ -105,3 +105,15 @@ def test_changed_definition_is_refused_without_fresh(tmp_path):
     run_study(replace(QUICK, depths=(1,), chunk_counts=(4,), seeds=(0,), draws=100), tmp_path, progress=False)
     with pytest.raises(SystemExit, match="different study definition"):
         run_study(replace(QUICK, depths=(1,), chunk_counts=(4,), seeds=(0,), draws=200), tmp_path, progress=False)
+
+
+def test_an_hf_architecture_can_be_the_model_of_a_cell():
+    from experiments.bias_study import run_group
+
+    cfg = replace(QUICK, arch="hf-llama", budgets={4: (2,)}, draws=100, batches=10)
+    res, _ = run_group(cfg, 2, 4, 0)
+    checks = res[res.scheme.str.startswith("*")].groupby("metric").value.max()
+    assert checks["check_chain_sum_vs_dense"] < 1e-12
+    assert checks["check_engine_vs_chain_basis"] < 1e-12
+    assert checks["check_strata_beyond_depth"] < 1e-13
+    assert set(res.scheme) >= {"paper", "falling-factorial", "bernoulli"}

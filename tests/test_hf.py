@@ -1,0 +1,108 @@
+"""Hugging Face transformers models through the chunk adapter, LoRA through peft (float64, random weights)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import rel_err
+
+from seco_lab import dense_grad, enumerate_expectation, flatten, get_scheme, hop_strata, seco_grad
+from seco_lab.hf import HFChunkModel, add_lora, build_hf_model
+from seco_lab.train import TrainConfig, Trainer
+
+TOL = 1e-10
+VOCAB = 64
+
+
+def tokens(batch=2, length=21, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (batch, length), generator=g), torch.randint(0, VOCAB, (batch, length), generator=g)
+
+
+def hf_reference(model, tok, tgt):
+    """The HF model's own full-sequence forward and backward, with seco_lab's loss normalisation."""
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    logits = model(input_ids=tok).logits
+    loss = F.cross_entropy(logits.reshape(-1, VOCAB), tgt.reshape(-1), reduction="sum") / tgt.numel()
+    grads = torch.autograd.grad(loss, [p for _, p in params])
+    return logits.detach(), {"model." + n: g for (n, _), g in zip(params, grads)}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager_exact", "eager"])
+@pytest.mark.parametrize("chunk", [4, 7])
+def test_chunked_forward_reproduces_hf_logits(arch, attn, chunk):
+    model = build_hf_model(arch, attn_implementation=attn, dtype=torch.float64)
+    adapter = HFChunkModel(model)
+    tok, _ = tokens()
+    with torch.no_grad():
+        full = model(input_ids=tok).logits
+        past, pieces = [], []
+        for s in range(0, tok.shape[1], chunk):
+            logits, cache = adapter.chunk_logits(tok[:, s : s + chunk], past, s)
+            pieces.append(logits)
+            past.append(cache)
+    err = float((torch.cat(pieces, 1) - full).norm() / full.norm())
+    # transformers' stock eager kernel computes the softmax in float32 even for float64
+    # inputs, so it agrees with itself only to float32 rounding; eager_exact is the same
+    # math kept in float64.
+    assert err <= (1e-6 if attn == "eager" else TOL)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager_exact"])
+@pytest.mark.parametrize("lora", [False, True])
+def test_seco_through_adapter_equals_hf_backward(arch, attn, lora):
+    model = build_hf_model(arch, attn_implementation=attn, dtype=torch.float64)
+    if lora:
+        # random B (peft's default is B = 0, which makes every gradient of A vanish)
+        model = add_lora(model, r=4, alpha=8, init_lora_weights=False).double()
+    adapter = HFChunkModel(model)
+    tok, tgt = tokens()
+    _, ref = hf_reference(model, tok, tgt)
+    _, got = seco_grad(adapter, tok, tgt, chunk_size=4)
+    assert set(got) == set(ref)
+    if lora:
+        assert got and all("lora_" in n for n in got)
+    assert rel_err(got, ref) <= TOL
+
+
+@pytest.mark.parametrize("scheme", ["paper", "falling-factorial"])
+@pytest.mark.parametrize("budget", [2, 3])
+def test_enumeration_equals_analytic_expectation_on_hf_llama(scheme, budget):
+    model = build_hf_model("llama", {"num_hidden_layers": 2}, attn_implementation="sdpa", dtype=torch.float64)
+    adapter = HFChunkModel(model)
+    tok, tgt = tokens(batch=1, length=10)
+    strata = hop_strata(adapter, tok, tgt, chunk_size=2)
+    w = get_scheme(scheme).expected_weights(5, budget, 4)
+    exact = enumerate_expectation(adapter, tok, tgt, chunk_size=2, scheme=scheme, budget=budget)
+    analytic = flatten(strata.combine(w))
+    assert float((flatten(exact.mean) - analytic).norm() / analytic.norm()) <= 1e-12
+    assert rel_err(strata.total(), dense_grad(adapter, tok, tgt)[1]) <= 1e-12
+    assert max(strata.norms()[3:]) <= 1e-13 * float(flatten(strata.total()).norm())
+
+
+def test_sliding_window_models_are_refused():
+    with pytest.raises(ValueError, match="sliding"):
+        HFChunkModel(build_hf_model("qwen2", {"use_sliding_window": True, "sliding_window": 8}))
+
+
+def test_lora_training_saves_an_adapter_that_peft_loads_back(tmp_path):
+    from peft import PeftModel
+
+    cfg = TrainConfig(run_dir=str(tmp_path / "lora"), mode="seco", data="text", seq_len=64, chunk_size=16,
+                      batch_size=2, steps=3, lr=1e-2, warmup=1, eval_every=3, eval_batches=1, ckpt_every=3,
+                      dtype="float64", device="cpu", hf_model="llama", lora=True, lora_r=4, progress=False)
+    trainer = Trainer(cfg)
+    trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    last = trainer.fit()
+    after = dict(trainer.model.named_parameters())
+    assert all(torch.equal(before[n], after[n].detach()) for n in before if n not in trainable)  # base frozen
+    assert any(not torch.equal(before[n], after[n].detach()) for n in trainable)
+    assert (tmp_path / "lora" / "adapter" / "adapter_config.json").exists()
+
+    base = build_hf_model("llama", {"vocab_size": 256, "max_position_embeddings": 64}, "sdpa", torch.float64, seed=0)
+    loaded = HFChunkModel(PeftModel.from_pretrained(base, str(tmp_path / "lora" / "adapter"), is_trainable=True))
+    again = Trainer(TrainConfig(**{**cfg.__dict__, "run_dir": str(tmp_path / "eval")}), model=loaded.double())
+    assert again.evaluate()["eval_loss"] == pytest.approx(last["eval_loss"], rel=1e-12)
