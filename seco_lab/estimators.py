@@ -56,12 +56,18 @@ def spaco_grad(
     subset=None,
     generator: np.random.Generator | int | None = None,
     ignore_index: int = -100,
+    max_hops: int | None = None,
 ) -> tuple[torch.Tensor, GradDict]:
     """Sparse chunk-wise gradient estimate for one drawn set I (SPEC section 3).
 
     ``subset`` fixes I (0-based chunk indices); otherwise it is drawn from the
     scheme's sampler with ``generator`` (a numpy Generator or a seed).  Returns
     (full-sequence loss from the forward pass, gradient estimate).
+
+    Hop-dependent schemes keep one relay buffer per hop count q = 1..P.  P defaults
+    to min(|I| - 1, L), L = number of cache layers: a chain crosses at most L caches
+    (SPEC section 2, checked by the tier-1 tests), so deeper strata are exactly zero.
+    Pass ``max_hops=len(subset) - 1`` for a model without that property.
     """
     batch = prepare(model, tokens, targets, chunk_size, ignore_index)
     scheme = get_scheme(scheme)
@@ -73,7 +79,10 @@ def spaco_grad(
     params = trainable(model)
     acc = [torch.zeros_like(p) for _, p in params]
     leaves, loss = cache_leaves(model, batch)
-    P = max(len(subset) - 1, 0)
+    if max_hops is not None and (isinstance(max_hops, bool) or int(max_hops) < 0):
+        raise ValueError(f"max_hops P must be an integer >= 0, got {max_hops!r}")
+    depth = len(leaves[0])  # cache layers
+    P = min(max(len(subset) - 1, 0), depth if max_hops is None else int(max_hops))
     c = scheme.factors(k, t, P)
     if scheme.constant_relay(k, t):
         relay_factor = float(c[1]) if P >= 1 else 0.0
