@@ -126,7 +126,13 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"seco-lab train: error: {e}", file=sys.stderr)
         return 2
-    last = trainer.fit()
+    try:
+        last = trainer.fit()
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
     if trainer.rank == 0:
         print(json.dumps({"run_dir": cfg.run_dir, **last}))
     return 0
