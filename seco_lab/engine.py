@@ -282,7 +282,7 @@ def accumulate_grads(model, grads: GradDict, scale: float = 1.0) -> None:
     for name, g in grads.items():
         p = params[name]
         if p.grad is None:
-            p.grad = (g * scale).clone() if scale != 1.0 else g.clone()
+            p.grad = g * scale
         else:
             p.grad.add_(g, alpha=scale)
 
