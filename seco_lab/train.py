@@ -175,6 +175,7 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         self.allreduce_calls = 0
         self._prepared = False
+        self._step_batch: Batch | None = None
         self.scheme = cfg.build_scheme() if cfg.mode == "spaco" else None
 
     # ------------------------------------------------------------------ setup
@@ -300,11 +301,11 @@ class Trainer:
             os.replace(tmp, mpath)
 
     # ------------------------------------------------------------------ one step
-    def _micro_batch(self, step: int, micro: int) -> Batch:
+    def _micro_batch(self, full: Batch, micro: int) -> Batch:
+        """This rank's ``micro``-th slice of the global batch (the same global batch on every rank)."""
         c = self.cfg
         per_rank = c.batch_size // self.world
         per_micro = per_rank // c.grad_accum
-        full = self.data.batch("train", step, c.batch_size)  # the same global batch on every rank
         start = self.rank * per_rank + micro * per_micro
         return full.slice(slice(start, start + per_micro))
 
@@ -339,10 +340,11 @@ class Trainer:
         named = dict(self.model.named_parameters())
         for p in self.params:
             p.grad = None
+        self._step_batch = self.data.batch("train", self.step, c.batch_size)  # built once per step
         t0 = time.perf_counter()
         loss_sum, chunks = 0.0, 0
         for micro in range(c.grad_accum):
-            batch = self._micro_batch(self.step, micro)
+            batch = self._micro_batch(self._step_batch, micro)
             loss, grads, n_chunks = self._grads(batch, self.step, micro)
             loss_sum += float(loss)
             chunks += n_chunks
@@ -393,7 +395,7 @@ class Trainer:
         return out
 
     def _far_train_loss(self) -> float | None:
-        b = self.data.batch("train", self.step - 1, self.cfg.batch_size)
+        b = self._step_batch  # the global batch of the step just taken
         if not b.far.any():
             return None
         return float(self.forward_loss(b.tokens.to(self.device), b.far_targets().to(self.device)))
