@@ -14,16 +14,24 @@ settings.register_profile(
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+# "explore": random examples, to probe tolerances over many --hypothesis-seed values once
+settings.register_profile("explore", parent=settings.get_profile("seco"), derandomize=False, max_examples=400)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "seco"))
 
 
-def rel_err(a: dict, b: dict, floor: float = 1e-4) -> float:
-    """max over parameters of ||a_i - b_i|| / ||b_i||.
+def rel_err(a: dict, b: dict, floor: float = 1e-2) -> float:
+    """max over parameters of ||a_i - b_i|| / max(||b_i||, floor * ||b||).
 
-    A parameter whose reference gradient is mathematically zero (e.g. the query
-    projection when every query sees a single key) carries only rounding noise
-    (~1e-17 of the whole gradient) in one engine and an exact 0 in another; its own
-    relative error is meaningless, so the denominator is floored at ``floor * ||b||`` (whole gradient).
+    Why the floor: float64 rounding in a gradient is relative to the magnitude of the
+    terms summed, i.e. to the whole gradient ||b||, not to one parameter's own norm.  A
+    parameter whose true gradient is (near) zero -- e.g. the query projection when every
+    query sees a single key -- holds ~1e-17 * ||b|| of rounding noise in one engine and an
+    exact 0 (or other noise) in another, so its own relative error is noise over noise.
+    With ``floor = 1e-2`` and a tolerance of 1e-12, a parameter may differ by at most
+    max(1e-12 * ||b_i||, 1e-14 * ||b||): still ~45 ulp of the whole gradient, while every
+    parameter carrying >= 1% of the gradient is held to 1e-12 of its own norm.
+    (The earlier floor of 1e-4 left 1e-16 * ||b|| for such parameters, below what the
+    order of summation alone can change; pytest-xdist layouts tripped it.)
     """
     total = sum(float(g.norm()) ** 2 for g in b.values()) ** 0.5
     worst = 0.0
