@@ -1,4 +1,4 @@
-"""Tiers 1-3 for the SpaCO estimator family (SPEC sections 3-5)."""
+"""Tiers 1-3 for the SpaCO estimator family (docs/estimators.md §3, §5)."""
 
 import math
 import re
@@ -256,8 +256,10 @@ def test_monte_carlo_mean_of_unbiased_scheme_lies_in_confidence_region():
     "call, message",
     [
         (lambda: get_scheme("nope"), "valid schemes: paper, paper-capped"),
-        (lambda: get_scheme("paper-capped", cap=0), "cap must be > 0"),
-        (lambda: get_scheme("paper-capped", cap=-1), "cap must be > 0"),
+        (lambda: get_scheme("paper-capped", cap=0), "cap must be a finite number > 0"),
+        (lambda: get_scheme("paper-capped", cap=-1), "cap must be a finite number > 0"),
+        (lambda: get_scheme("paper-capped", cap=float("inf")), "cap must be a finite number > 0"),
+        (lambda: get_scheme("paper-capped", cap=float("nan")), "cap must be a finite number > 0"),
         (lambda: get_scheme("paper", cap=2), "has no cap"),
         (lambda: get_scheme("bernoulli", rho=0.0), "rho must lie in (0, 1]"),
         (lambda: get_scheme("bernoulli", rho=1.5), "rho must lie in (0, 1]"),
