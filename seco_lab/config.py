@@ -134,6 +134,11 @@ class TrainConfig:
                              f"directory ({self.hf_model})")
         return self
 
+    @classmethod
+    def from_file(cls, path) -> TrainConfig:
+        """A checked TrainConfig from a JSON or TOML file (e.g. ``configs/demo.toml``)."""
+        return cls.from_dict(load_config_file(path), source=f"config file {path}").validate()
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["betas"] = list(self.betas)
