@@ -132,15 +132,16 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
 
     ns = dict(ns)
     run_names = {f.name for f in fields(RunControl)}
-    file = load_config_file(ns.pop("config")) if "config" in ns else {}
     source = str(ns.get("config", "")) or "config"
+    file = load_config_file(ns.pop("config")) if "config" in ns else {}
     run = {k: v for k, v in {**file, **ns}.items() if k in run_names}
     file = {k: v for k, v in file.items() if k not in run_names}
     if file:  # types and ranges of the file alone, so that its errors name the file
-        cfg_file = TrainConfig.from_dict(file, source=f"config file {source}")
         try:
-            check_fields(cfg_file)
+            check_fields(TrainConfig.from_dict(file, source=f"config file {source}"))
         except ValueError as e:
+            if str(e).startswith("config file"):
+                raise
             raise UserError(f"config file {source}: {e}") from None
     run = RunControl(**run).validate()
     base = {}

@@ -229,7 +229,7 @@ def parse_device(name: str) -> torch.device:
             raise ValueError(f"device {name}: only {torch.cuda.device_count()} CUDA device(s)")
     elif dev.type != "cpu":
         raise ValueError(f"device {name!r} is not supported; use auto, cpu, cuda or cuda:N")
-    return dev
+    return torch.device("cpu") if dev.type == "cpu" else dev  # cpu:0 is the CPU
 
 
 def _type_ok(value, hint) -> bool:

@@ -149,7 +149,7 @@ class Trainer:
         if diff:
             raise RunDirError(f"--resume: the config differs from the run in {self.run_dir.path} in: "
                               + ", ".join(diff) + "; resume with the saved settings or start a new --run-dir")
-        state = self.run_dir.load_checkpoint(map_location=self.device)
+        state = self.run_dir.load_checkpoint(map_location="cpu")  # load_state_dict moves it to the model
         if state is not None:
             if state["step"] > self.cfg.steps:
                 raise RunDirError(f"--steps {self.cfg.steps} is below the run's step {state['step']}; a run can "
