@@ -357,12 +357,18 @@ def check_hf_overrides(architecture: str, overrides: dict) -> None:
     """Refuse fields the architecture's transformers config does not have (it would store them unused)."""
     import transformers
 
+    from .hf import ARCHITECTURES
+
     conf_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[architecture]
     known = set(conf_cls().to_dict())
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ValueError(f"--hf-override: {architecture} has no config field(s) {', '.join(unknown)}; e.g. "
                          "hidden_size, num_hidden_layers, num_attention_heads, intermediate_size")
+    try:
+        conf_cls(**{**ARCHITECTURES[architecture], **overrides})
+    except Exception as e:  # noqa: BLE001 -- transformers' validation errors share no base class
+        raise ValueError(f"--hf-override {overrides}: {str(e).splitlines()[-1].strip()}") from None
 
 
 def init_distributed_from_env() -> bool:

@@ -55,6 +55,10 @@ def run_cli(capsys, *args):
         (["--mode", "spaco", "--scheme", "paper-capped", "--cap", "inf"], "cap must be finite"),
         (["--hf-override", "hidden_size=64"], "hf_overrides needs an HF model"),
         (["--hf-model", "llama", "--hf-override", "bogus_field=3"], "llama has no config field(s) bogus_field"),
+        (["--hf-model", "llama", "--hf-override", "hidden_size=abc"], "--hf-override"),
+        (["--hf-model", "llama", "--hf-override", "max_position_embeddings=16"], "max_position_embeddings 16 < "),
+        (["--hf-model", "llama", "--d-model", "8"], "with --hf-model use --hf-override"),
+        (["--lora"], "lora needs an HF model"),
         (["--mode", "sparse"], "invalid choice: 'sparse'"),
         (["--mode", "spaco", "--scheme", "nope"], "invalid choice: 'nope'"),
         (["--mode", "spaco", "--budget", "9"], "budget t=9 must lie in [1, k]"),
@@ -233,3 +237,27 @@ def test_streamed_reading_equals_reading_whole_files(tmp_path):
             if total >= budget:
                 break
         assert read_text_bytes(files, budget) == b"".join(expect)[:budget], budget
+
+
+def test_hf_run_records_the_hf_model_and_prints_the_trainable_count(tmp_path, capsys):
+    run = tmp_path / "hf"
+    rc, out, err = run_cli(capsys, "train", "--run-dir", str(run), *RUN, "--steps", "1", "--hf-model", "llama",
+                           "--hf-override", "hidden_size=16", "--hf-override", "intermediate_size=16", "--lora",
+                           "--lora-r", "2", "--mode", "dense")
+    assert rc == 0, err
+    saved = json.loads((run / "config.json").read_text())["model"]
+    assert saved["hf_model"] == "llama" and saved["config"]["hidden_size"] == 16 and "d_model" not in saved
+    head = out.splitlines()[0]
+    total, trainable = (int(x.replace(",", "")) for x in head.split(", ")[1].replace(" parameters (", " ").split()[:2])
+    assert "HF llama + LoRA" in head and 0 < trainable < total
+
+
+def test_tensorboard_logging_or_a_clear_error(tmp_path, capsys):
+    import importlib.util
+
+    run = tmp_path / "tb"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *SMALL, "--steps", "1", "--tensorboard")
+    if importlib.util.find_spec("tensorboard") is None:
+        assert rc == 2 and "needs the tensorboard package" in err and not run.exists()
+    else:
+        assert rc == 0 and any((run / "tensorboard").iterdir())

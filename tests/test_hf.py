@@ -89,8 +89,9 @@ def test_sliding_window_models_are_refused():
 def test_lora_training_saves_an_adapter_that_peft_loads_back(tmp_path):
     from peft import PeftModel
 
-    cfg = TrainConfig(mode="seco", data="text", seq_len=64, chunk_size=16, batch_size=2, steps=3, lr=1e-2, warmup=1,
-                      eval_every=3, eval_batches=1, ckpt_every=3, dtype="float64", hf_model="llama", lora=True, lora_r=4)
+    cfg = TrainConfig(mode="seco", data="text", seq_len=64, chunk_size=16, batch_size=2, steps=3, lr=1e-2,
+                      warmup=1, eval_every=3, eval_batches=1, ckpt_every=3, dtype="float64", hf_model="llama",
+                      lora=True, lora_r=4)
     trainer = Trainer(cfg, RunControl(run_dir=str(tmp_path / "lora"), device="cpu", progress=False))
     trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
