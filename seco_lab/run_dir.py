@@ -183,7 +183,7 @@ def read_config(run_dir) -> dict:
 
 def read_metrics(run_dir) -> list[dict]:
     """The records of ``metrics.jsonl``; a torn last line is dropped with a warning, damage elsewhere raises."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(getattr(run_dir, "path", run_dir)) / "metrics.jsonl"  # a path or a RunDir
     if not path.exists():
         return []
     lines = path.read_text().split("\n")
