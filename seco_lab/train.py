@@ -108,6 +108,14 @@ class Trainer:
         self.logger: MetricLogger | None = None
         self._stop_requested = False
 
+    @classmethod
+    def resume(cls, run_dir, **run) -> Trainer:
+        """Continue the run in ``run_dir`` with its saved experiment (``run``: other RunControl fields)."""
+        from .run_dir import read_config
+
+        cfg = experiment_from_record(read_config(run_dir), str(run_dir))
+        return cls(cfg, RunControl(run_dir=str(run_dir), resume=True, **run))
+
     def describe(self) -> dict:
         """Model kind, parameter counts, tokens per step, chunks k and budget t."""
         c = self.cfg
