@@ -162,6 +162,9 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
     merged["model"] = tiny_config_from_dict(model, "model flags")
     if merged.get("hf_model") is not None and any(k.startswith("model.") for k in ns):
         raise UserError("model flags (--d-model, ...) shape the tiny transformer; with --hf-model use --hf-override")
+    spaco_only = sorted(k for k in ("scheme", "budget", "cap") if k in flags)
+    if merged.get("mode", "seco") != "spaco" and spaco_only:
+        raise UserError(f"--{', --'.join(spaco_only)} applies to --mode spaco only; add --mode spaco or drop it")
     return TrainConfig.from_dict(merged).validate(), run
 
 
@@ -170,47 +173,58 @@ def train_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     if extras:
         parser.error(suggest(parser, extras))
     from .run_dir import RunDirError
-    from .train import NonFiniteLoss, Trainer, TrainingInterrupted, init_distributed_from_env
+    from .train import Trainer, init_distributed_from_env
 
-    ns = vars(ns)
     try:
-        cfg, run = resolve_train_config(ns)
+        cfg, run = resolve_train_config(vars(ns))
         init_distributed_from_env()
         trainer = Trainer(cfg, run)
         trainer.prepare()
-    except (ValueError, FileNotFoundError, FileExistsError, RunDirError) as e:
+    except (ValueError, OSError, RunDirError) as e:  # bad input, unreadable files: a message, not a traceback
         return fail("train", e)
-    info = trainer.describe()
+    try:
+        return run_training(trainer, cfg, run)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
+    """Fit a prepared trainer, turning its ends into messages and exit statuses."""
+    from .train import NonFiniteLoss, TrainingInterrupted
+
+    lead = trainer.rank == 0
     if trainer.step >= cfg.steps:
         trainer.close()
-        print(f"seco-lab train: {run.run_dir} is already complete at step {trainer.step}; pass a larger --steps "
-              "to extend it")
+        if lead:
+            print(f"seco-lab train: {run.run_dir} is already complete at step {trainer.step}; pass a larger "
+                  "--steps to extend it")
         return 0
-    if trainer.rank == 0:
+    info = trainer.describe()
+    if lead:
         print(f"seco-lab train: {info['model']}, {info['parameters']:,} parameters ({info['trainable']:,} trainable), "
               f"{info['tokens_per_step']:,} tokens per step, k={info['num_chunks']} chunks, "
-              f"budget t={info['budget']}, {cfg.mode} on {trainer.device}, run dir {run.run_dir}", flush=True)
+              f"budget t={info['budget']}{'' if cfg.mode == 'spaco' else ' (all)'}, {cfg.mode} on {trainer.device}, "
+              f"run dir {run.run_dir}", flush=True)
     try:
         last = trainer.fit()
     except NonFiniteLoss as e:
         print(f"seco-lab train: error: {e}", file=sys.stderr)
         return 1
     except TrainingInterrupted as e:
-        print(f"seco-lab train: interrupted; checkpoint at step {e.step} saved, resume with "
-              f"`seco-lab train --run-dir {run.run_dir} --resume`", file=sys.stderr)
+        if lead:
+            print(f"seco-lab train: interrupted; checkpoint at step {e.step} saved, resume with "
+                  f"`seco-lab train --run-dir {run.run_dir} --resume`", file=sys.stderr)
         return 130
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    if trainer.rank == 0:
+    if lead:
         print(json.dumps({"run_dir": run.run_dir, **last}))
     return 0
 
 
 def fail(command: str, e: Exception) -> int:
-    msg = e.args[0] if isinstance(e, (FileNotFoundError, FileExistsError)) and e.args else e
+    msg = e if not isinstance(e, OSError) or not e.strerror else f"{e.filename}: {e.strerror}"
     print(f"seco-lab {command}: error: {msg}", file=sys.stderr)
     return 2
 

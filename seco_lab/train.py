@@ -30,7 +30,7 @@ from .data import Batch, KeyValueTask, TextCorpus
 from .engine import accumulate_grads
 from .metric_log import MetricLogger
 from .model import TinyTransformer
-from .run_dir import RunDir, RunDirError, check_usable, read_metrics
+from .run_dir import RunDir, RunDirError, check_usable, read_config, read_metrics
 from .run_plots import plot_run
 from .step import allreduce_mean, chunk_grads, forward_loss, lr_factor
 
@@ -111,8 +111,6 @@ class Trainer:
     @classmethod
     def resume(cls, run_dir, **run) -> Trainer:
         """Continue the run in ``run_dir`` with its saved experiment (``run``: other RunControl fields)."""
-        from .run_dir import read_config
-
         cfg = experiment_from_record(read_config(run_dir), str(run_dir))
         return cls(cfg, RunControl(run_dir=str(run_dir), resume=True, **run))
 
