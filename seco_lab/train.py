@@ -62,7 +62,8 @@ def experiment_record(cfg: TrainConfig, model) -> dict:
 
 
 def experiment_from_record(d: dict, source: str) -> TrainConfig:
-    d = dict(d)
+    # run directories written before RunControl existed stored its fields in config.json too
+    d = {k: v for k, v in d.items() if k not in RunControl.__dataclass_fields__}
     if d.get("hf_model") is not None:
         d.pop("model", None)
     return TrainConfig.from_dict(d, source=source)

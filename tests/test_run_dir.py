@@ -1,8 +1,10 @@
 """Run directories: one trainer at a time, recovery from torn metrics and damaged checkpoints."""
 
+import json
 import os
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -81,9 +83,13 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, unin
     ckpt = tmp_path / damage / "checkpoints" / "step_000004.pt"
     data = ckpt.read_bytes()
     ckpt.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"")
-    with pytest.warns(UserWarning, match="step_000004.pt is damaged"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         t = Trainer(CFG, replace(run, resume=True))
         t.prepare()
+    said = [str(w.message) for w in caught]
+    assert any("step_000004.pt is damaged" in m for m in said)
+    assert any("resuming from step_000002.pt (step 2) instead of damaged step_000004.pt" in m for m in said)
     assert t.step == 2  # resumed from the intact step-2 checkpoint
     assert max(r["step"] for r in read_metrics(t.run_dir.path)) == 2
     t.fit()
@@ -112,6 +118,18 @@ def test_open_refuses_a_file_and_an_occupied_directory_without_creating_anything
     with pytest.raises(RunDirError, match="holds no run"):
         RunDir(tmp_path / "none").open(resume=True, overwrite=False)
     assert not (tmp_path / "none").exists()
+
+
+def test_a_run_directory_of_the_former_format_resumes(tmp_path):
+    run = run_for(tmp_path, "old")
+    Trainer(CFG, replace(run, stop_at=2)).fit()
+    path = tmp_path / "old" / "config.json"
+    old = {**json.loads(path.read_text()), "run_dir": "elsewhere", "device": "auto", "resume": False,
+           "overwrite": False, "progress": True, "stop_at": None}
+    path.write_text(json.dumps(old))
+    t = Trainer.resume(tmp_path / "old", device="cpu", progress=False)
+    t.fit()
+    assert t.step == CFG.steps
 
 
 def test_checkpoints_are_written_atomically_and_read_back(tmp_path):
