@@ -268,6 +268,10 @@ def main(argv=None) -> int:
         return plot_main(argv[1:])
     if argv and argv[0] == "train":
         return train_main(train, argv[1:])
+    commands = ("train", "plot", "bias-study", "report")
+    close = difflib.get_close_matches(argv[0], commands, n=1) if argv and not argv[0].startswith("-") else []
+    if close:
+        ap.error(f"unknown command {argv[0]!r}; did you mean {close[0]}?")
     ap.parse_args(argv)  # --help, --version, or a usage error naming the commands
     return 2
 

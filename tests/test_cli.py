@@ -127,6 +127,8 @@ def test_help_is_grouped_and_a_typo_gets_a_suggestion(capsys):
     assert rc == 2 and "did you mean --chunk-size?" in err
     rc, out, _ = run_cli(capsys, "--help")
     assert rc == 0 and "chunk-wise long-context training" in out
+    rc, _, err = run_cli(capsys, "trian")
+    assert rc == 2 and "did you mean train?" in err
     rc, out, _ = run_cli(capsys, "--version")
     assert rc == 0 and out.startswith("seco-lab ")
 
