@@ -37,11 +37,10 @@ report: $(STAMP)
 	@if [ -f reports/training/throughput.csv ]; then $(BIN)/python -m seco_lab.report training; fi
 	@if [ -f reports/bench/results.csv ]; then $(BIN)/python -m seco_lab.report bench; fi
 
-# A few minutes of SeCO on the Python standard library's sources (byte level).
+# A few minutes of SeCO on the Python standard library's sources (byte level);
+# the configuration is configs/demo.toml.  `make train-demo STEPS=20` shortens it.
 train-demo: $(STAMP)
-	$(BIN)/seco-lab train --run-dir runs/demo --overwrite --mode seco --data text --seq-len 1024 \
-	  --chunk-size 128 --batch-size 4 --steps 250 --lr 2e-3 --eval-every 50 --ckpt-every 50 \
-	  --d-model 128 --n-layers 4 --n-heads 4 --n-kv-heads 2 --d-ff 384
+	$(BIN)/seco-lab train --config configs/demo.toml --run-dir runs/demo --overwrite $(if $(STEPS),--steps $(STEPS))
 	@echo "run directory: runs/demo (metrics.jsonl, loss.png, checkpoints/)"
 
 # Throughput of every mode on the demo configuration, far-token loss on the synthetic task.

@@ -1,63 +1,46 @@
-"""The ``seco-lab`` command.
+"""seco-lab: chunk-wise long-context training (SeCO exact, SpaCO sparse) and exact
+verification of the SpaCO gradient estimators.
 
-    seco-lab train [--config run.json|run.toml] [--mode seco] [--scheme ...] [--budget T] ...
-    seco-lab bias-study [--quick] [--jobs 2] ...     (= python -m experiments.bias_study)
-    seco-lab report bias                               (= python -m seco_lab.report bias)
+    seco-lab train --mode spaco --scheme falling-factorial --budget 2 --run-dir runs/x
+    seco-lab train --config configs/demo.toml --steps 20 --run-dir runs/demo
+    seco-lab train --run-dir runs/x --resume             (continue; a larger --steps extends)
+    seco-lab plot runs/a runs/b --out compare.png        (loss curves of several runs)
+    seco-lab bias-study [--quick] ...                    (the exact bias study)
+    seco-lab report bias                                 (reports from stored results)
 
-Settings come from the defaults, then the config file, then the flags given.
-Launch ``seco-lab train`` under ``torchrun --nproc_per_node N`` for data parallelism.
+Settings come from the defaults (or, with --resume, the run's saved config), then the
+config file, then the flags given.  Launch under ``torchrun --nproc_per_node N`` for
+data parallelism.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
-from dataclasses import fields
+import typing
+from dataclasses import MISSING, fields
 from pathlib import Path
 
-import tomllib
+from . import __version__
+from .config import RunControl, TrainConfig, check_fields, load_config_file, tiny_config_from_dict
+from .model import TinyConfig
 
-from .schemes import SCHEME_NAMES
-from .train import DTYPES, MODES, TrainConfig
+GROUPS = ("model", "data", "estimator", "optimisation", "run control", "HF")
+DISTRIBUTED_HELP = ("distributed: launch under `torchrun --nproc_per_node N -m seco_lab.cli train ...`; "
+                    "--batch-size is split over ranks and micro-batches, gradients are all-reduced once per step "
+                    "(gloo on CPU, NCCL on GPU).")
+MODEL_HELP = {"vocab_size": "vocabulary (synthetic data; text data is 256 bytes)", "d_model": "width",
+              "n_layers": "transformer blocks", "n_heads": "attention heads",
+              "n_kv_heads": "key/value heads (grouped-query attention; default: n_heads)", "d_ff": "MLP hidden width",
+              "max_positions": "longest sequence the model accepts", "rope_theta": "RoPE base",
+              "norm_eps": "RMSNorm epsilon", "tie_embeddings": "share input and output embeddings",
+              "dropout": "dropout probability"}
 
-MODEL_FLAGS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff")
 
-
-def _train_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("train", help="train a model with dense / SeCO / SpaCO gradients",
-                       argument_default=argparse.SUPPRESS)
-    p.add_argument("--config", type=Path, help="JSON or TOML file with TrainConfig fields")
-    p.add_argument("--run-dir", dest="run_dir")
-    p.add_argument("--mode", choices=MODES)
-    p.add_argument("--scheme", help=f"SpaCO scheme: {', '.join(SCHEME_NAMES)}")
-    p.add_argument("--budget", type=int, help="SpaCO budget t (chunks backpropagated per sequence)")
-    p.add_argument("--cap", type=float, help="cap C of a capped scheme")
-    p.add_argument("--data", choices=("synthetic", "text"))
-    p.add_argument("--text", dest="text_paths", action="append", help="text file or folder (repeatable)")
-    for name, typ in [("seq_len", int), ("chunk_size", int), ("batch_size", int), ("grad_accum", int),
-                      ("steps", int), ("lr", float), ("weight_decay", float), ("warmup", int),
-                      ("min_lr_ratio", float), ("clip", float), ("eval_every", int), ("eval_batches", int),
-                      ("ckpt_every", int), ("seed", int), ("n_pairs", int), ("stop_at", int)]:
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ)
-    p.add_argument("--dtype", choices=tuple(DTYPES))
-    p.add_argument("--device", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
-    for name in MODEL_FLAGS:
-        p.add_argument("--" + name.replace("_", "-"), dest="model." + name, type=int)
-    p.add_argument("--hf-model", dest="hf_model",
-                   help="HF causal LM: a local checkpoint directory or 'llama' / 'qwen2' (random weights)")
-    p.add_argument("--hf-override", dest="hf_overrides", type=_kv, action="append",
-                   help="config field of a named HF architecture, e.g. hidden_size=64 (repeatable)")
-    p.add_argument("--attn", dest="attn_implementation", choices=("eager", "sdpa", "eager_exact"))
-    p.add_argument("--lora", action="store_true", help="train peft LoRA adapters only")
-    p.add_argument("--lora-r", dest="lora_r", type=int)
-    p.add_argument("--lora-alpha", dest="lora_alpha", type=int)
-    p.add_argument("--lora-targets", dest="lora_targets", type=lambda s: s.split(","),
-                   help="comma-separated module names (default q_proj,v_proj)")
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
-    return p
+class UserError(ValueError):
+    """Bad input from the command line; printed as ``seco-lab CMD: error: ...`` with exit status 2."""
 
 
 def _kv(text: str) -> tuple[str, object]:
@@ -70,37 +53,204 @@ def _kv(text: str) -> tuple[str, object]:
         return key, value
 
 
-def load_config_file(path: Path) -> dict:
-    if not path.exists():
-        raise FileNotFoundError(f"config file not found: {path}")
-    text = path.read_text()
-    return tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+def _float_or_none(text: str) -> float | None:
+    return None if text.lower() == "none" else float(text)
 
 
-def resolve_train_config(ns: dict) -> TrainConfig:
-    base = TrainConfig().to_dict()
-    if "config" in ns:
-        base.update(load_config_file(ns.pop("config")))
-    model = dict(base.get("model", {}))
-    if "hf_overrides" in ns:
-        ns["hf_overrides"] = {**base.get("hf_overrides", {}), **dict(ns["hf_overrides"])}
-    for key, value in ns.items():
-        if key.startswith("model."):
-            model[key[6:]] = value
+def _add_field(group, f, hint, dest: str, default, help_text: str) -> None:
+    flag = "--" + f.metadata.get("flag", f.name.replace("_", "-"))
+    kw: dict = {"dest": dest}
+    optional = type(None) in typing.get_args(hint)
+    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
+    origin = typing.get_origin(base)
+    if base is bool:
+        if default:
+            flag, kw["action"] = "--no-" + flag[2:], "store_false"
         else:
-            base[key] = value
-    base["model"] = model
-    known = {f.name for f in fields(TrainConfig)}
-    unknown = set(base) - known
-    if unknown:
-        raise ValueError(f"unknown config keys: {', '.join(sorted(unknown))}")
-    return TrainConfig.from_dict(base)
+            kw["action"] = "store_true"
+    elif base is int:
+        kw.update(type=int, metavar="N")
+    elif base is float:
+        kw.update(type=_float_or_none if optional else float, metavar="X")
+    elif base is str and "choices" in f.metadata:
+        kw.update(choices=f.metadata["choices"], metavar="{" + ",".join(f.metadata["choices"]) + "}")
+    elif base is str:
+        kw.update(metavar=f.name.split("_")[-1].upper())
+    elif origin is tuple:
+        kw.update(type=float, nargs=2, metavar=("B1", "B2"))
+    elif origin is list and f.name == "text_paths":
+        kw.update(action="append", metavar="PATH")
+    elif origin is list:
+        kw.update(type=lambda s: [x for x in s.split(",") if x], metavar="A,B")
+    elif base is dict:
+        kw.update(type=_kv, action="append", metavar="FIELD=VALUE")
+    shown = "off" if default is None else (",".join(default) if isinstance(default, list) else default)
+    quiet = kw.get("action") in ("store_true", "store_false") or default in ({}, []) or "default:" in help_text
+    suffix = "" if quiet else f" (default: {shown})"
+    group.add_argument(flag, help=help_text + suffix, **kw)
+
+
+def _defaults(cls) -> dict:
+    return {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(cls)}
+
+
+def train_parser(sub) -> argparse.ArgumentParser:
+    """The ``train`` flags, generated from the fields of TrainConfig, TinyConfig and RunControl."""
+    p = sub.add_parser("train", help="train a model with dense / SeCO / SpaCO gradients",
+                       description="Train a chunk model; every flag is a TrainConfig / RunControl field.",
+                       argument_default=argparse.SUPPRESS, epilog=DISTRIBUTED_HELP)
+    groups = {g: p.add_argument_group(g) for g in GROUPS}
+    groups["run control"].add_argument("--config", type=Path, metavar="FILE",
+                                       help="JSON or TOML file of TrainConfig fields (a [model] table for the model)")
+    tiny_defaults = _defaults(TinyConfig)
+    for f in fields(TinyConfig):
+        hint = typing.get_type_hints(TinyConfig)[f.name]
+        _add_field(groups["model"], f, hint, "model." + f.name, tiny_defaults[f.name], MODEL_HELP.get(f.name, f.name))
+    for cls in (TrainConfig, RunControl):
+        hints, defaults = typing.get_type_hints(cls), _defaults(cls)
+        for f in fields(cls):
+            if f.name != "model":
+                _add_field(groups[f.metadata["group"]], f, hints[f.name], f.name, defaults[f.name], f.metadata["help"])
+    return p
+
+
+def suggest(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """'unrecognized arguments: --chunk-sise; did you mean --chunk-size?'"""
+    options = [o for a in parser._actions for o in a.option_strings]
+    msg = f"unrecognized arguments: {' '.join(extras)}"
+    for arg in extras:
+        close = difflib.get_close_matches(arg.split("=", 1)[0], options, n=1, cutoff=0.6)
+        if arg.startswith("-") and close:
+            msg += f"; did you mean {close[0]}?"
+    return msg
+
+
+def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
+    """Defaults (or the resumed run's saved config) <- config file <- flags."""
+    from .run_dir import read_config
+    from .train import experiment_from_record
+
+    ns = dict(ns)
+    run_names = {f.name for f in fields(RunControl)}
+    source = str(ns.get("config", "")) or "config"
+    file = load_config_file(ns.pop("config")) if "config" in ns else {}
+    run = {k: v for k, v in {**file, **ns}.items() if k in run_names}
+    file = {k: v for k, v in file.items() if k not in run_names}
+    if file:  # types and ranges of the file alone, so that its errors name the file
+        try:
+            check_fields(TrainConfig.from_dict(file, source=f"config file {source}"))
+        except ValueError as e:
+            if str(e).startswith("config file"):
+                raise
+            raise UserError(f"config file {source}: {e}") from None
+    run = RunControl(**run).validate()
+    base = {}
+    if run.resume:
+        path = Path(run.run_dir) / "config.json"
+        if not path.is_file():
+            raise UserError(f"--resume: {run.run_dir} holds no run (no config.json); start it without --resume")
+        base = experiment_from_record(read_config(run.run_dir), str(path)).to_dict()
+    flags = {k: v for k, v in ns.items() if k not in run_names and not k.startswith("model.")}
+    if "hf_overrides" in flags:
+        flags["hf_overrides"] = {**base.get("hf_overrides", {}), **file.get("hf_overrides", {}),
+                                 **dict(flags["hf_overrides"])}
+    merged = {**base, **file, **flags}
+    model = {**base.get("model", {}), **file.get("model", {}),
+             **{k[6:]: v for k, v in ns.items() if k.startswith("model.")}}
+    if merged.get("data") == "text" and "vocab_size" not in model:
+        model["vocab_size"] = 256
+    merged["model"] = tiny_config_from_dict(model, "model flags")
+    if merged.get("hf_model") is not None and any(k.startswith("model.") for k in ns):
+        raise UserError("model flags (--d-model, ...) shape the tiny transformer; with --hf-model use --hf-override")
+    spaco_only = sorted(k for k in ("scheme", "budget", "cap") if k in flags)
+    if merged.get("mode", "seco") != "spaco" and spaco_only:
+        raise UserError(f"--{', --'.join(spaco_only)} applies to --mode spaco only; add --mode spaco or drop it")
+    return TrainConfig.from_dict(merged).validate(), run
+
+
+def train_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    ns, extras = parser.parse_known_args(argv)
+    if extras:
+        parser.error(suggest(parser, extras))
+    from .run_dir import RunDirError
+    from .train import Trainer, init_distributed_from_env
+
+    try:
+        cfg, run = resolve_train_config(vars(ns))
+        init_distributed_from_env()
+        trainer = Trainer(cfg, run)
+        trainer.prepare()
+    except (ValueError, OSError, RunDirError) as e:  # bad input, unreadable files: a message, not a traceback
+        return fail("train", e)
+    try:
+        return run_training(trainer, cfg, run)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
+    """Fit a prepared trainer, turning its ends into messages and exit statuses."""
+    from .train import NonFiniteLoss, TrainingInterrupted
+
+    lead = trainer.rank == 0
+    if trainer.step >= cfg.steps:
+        trainer.close()
+        if lead:
+            print(f"seco-lab train: {run.run_dir} is already complete at step {trainer.step}; pass a larger "
+                  "--steps to extend it")
+        return 0
+    info = trainer.describe()
+    if lead:
+        print(f"seco-lab train: {info['model']}, {info['parameters']:,} parameters ({info['trainable']:,} trainable), "
+              f"{info['tokens_per_step']:,} tokens per step, k={info['num_chunks']} chunks, "
+              f"budget t={info['budget']}{'' if cfg.mode == 'spaco' else ' (all)'}, {cfg.mode} on {trainer.device}, "
+              f"run dir {run.run_dir}", flush=True)
+    try:
+        last = trainer.fit()
+    except NonFiniteLoss as e:
+        print(f"seco-lab train: error: {e}", file=sys.stderr)
+        return 1
+    except TrainingInterrupted as e:
+        if lead:
+            print(f"seco-lab train: interrupted; checkpoint at step {e.step} saved, resume with "
+                  f"`seco-lab train --run-dir {run.run_dir} --resume`", file=sys.stderr)
+        return 130
+    if lead:
+        print(json.dumps({"run_dir": run.run_dir, **last}))
+    return 0
+
+
+def fail(command: str, e: Exception) -> int:
+    msg = e if not isinstance(e, OSError) or not e.strerror else f"{e.filename}: {e.strerror}"
+    print(f"seco-lab {command}: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def plot_main(argv: list[str]) -> int:
+    from .run_plots import plot_runs
+
+    ap = argparse.ArgumentParser(prog="seco-lab plot", description="Draw several runs' loss curves on one figure.")
+    ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)")
+    ap.add_argument("--out", type=Path, default=Path("runs_loss.png"), help="output image (default: runs_loss.png)")
+    ns = ap.parse_args(argv)
+    try:
+        out = plot_runs(ns.run_dirs, ns.out)
+    except (ValueError, OSError) as e:
+        return fail("plot", e)
+    print(out)
+    return 0
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="seco-lab", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="command", required=True)
-    _train_parser(sub)
+    ap = argparse.ArgumentParser(prog="seco-lab", description=__doc__.split("\n\n")[0].replace("\n", " "),
+                                 epilog="Run `seco-lab COMMAND --help` for a command's options.")
+    ap.add_argument("--version", action="version", version=f"seco-lab {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    train = train_parser(sub)
+    sub.add_parser("plot", help="draw several runs' loss curves on one figure", add_help=False)
     sub.add_parser("bias-study", help="run the bias study (arguments as experiments.bias_study)", add_help=False)
     sub.add_parser("report", help="generate a report from stored results", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -114,28 +264,16 @@ def main(argv=None) -> int:
 
         report_main(argv[1:])
         return 0
-    ns = vars(ap.parse_args(argv))
-    ns.pop("command")
-    try:
-        cfg = resolve_train_config(ns)
-        from .train import Trainer, init_distributed_from_env
-
-        init_distributed_from_env()
-        trainer = Trainer(cfg)
-        trainer.prepare()
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
-        print(f"seco-lab train: error: {e}", file=sys.stderr)
-        return 2
-    try:
-        last = trainer.fit()
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    if trainer.rank == 0:
-        print(json.dumps({"run_dir": cfg.run_dir, **last}))
-    return 0
+    if argv and argv[0] == "plot":
+        return plot_main(argv[1:])
+    if argv and argv[0] == "train":
+        return train_main(train, argv[1:])
+    commands = ("train", "plot", "bias-study", "report")
+    close = difflib.get_close_matches(argv[0], commands, n=1) if argv and not argv[0].startswith("-") else []
+    if close:
+        ap.error(f"unknown command {argv[0]!r}; did you mean {close[0]}?")
+    ap.parse_args(argv)  # --help, --version, or a usage error naming the commands
+    return 2
 
 
 if __name__ == "__main__":

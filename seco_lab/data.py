@@ -14,6 +14,7 @@ resumed or distributed run sees exactly the sequences it would have seen.
 
 from __future__ import annotations
 
+import stat
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,32 @@ def default_text_paths() -> list[Path]:
     return [Path(sysconfig.get_paths()["stdlib"])]
 
 
+def is_regular_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def read_text_bytes(files, max_bytes: int) -> bytes:
+    """The first ``max_bytes`` bytes of the files' concatenation, skipping binary files (a NUL byte in
+    the first 4 KiB); each file is read only as far as the budget needs."""
+    parts, total = [], 0
+    for f in files:
+        if total >= max_bytes:
+            break
+        try:
+            with open(f, "rb") as fh:
+                head = fh.read(4096)
+                if b"\0" in head:  # binary, not text
+                    continue
+                parts.append(head[: max_bytes - total] + fh.read(max(0, max_bytes - total - len(head))))
+        except OSError as e:
+            raise ValueError(f"cannot read text file {f}: {e.strerror}") from None
+        total += len(parts[-1])
+    return b"".join(parts)
+
+
 class TextCorpus:
     """Byte-level text, packed into sequences of ``seq_len`` + 1 bytes."""
 
@@ -99,17 +126,14 @@ class TextCorpus:
             raise ValueError(f"holdout must lie in (0, 1), got {holdout}")
         files: list[Path] = []
         for p in paths:
-            files.extend(sorted(f for f in p.rglob(pattern) if f.is_file()) if p.is_dir() else [p])
-        chunks, total = [], 0
-        for f in files:  # sorted: the corpus is the same on every run
-            data = f.read_bytes()
-            if b"\0" in data[:4096]:  # binary, not text
-                continue
-            chunks.append(data)
-            total += len(data)
-            if total >= max_bytes:
-                break
-        stream = np.frombuffer(b"".join(chunks)[:max_bytes], dtype=np.uint8)
+            if p.is_dir():  # sorted: the corpus is the same on every run; FIFOs, devices, sockets skipped
+                files.extend(sorted(f for f in p.rglob(pattern) if is_regular_file(f)))
+            elif is_regular_file(p):
+                files.append(p)
+            else:
+                raise ValueError(f"text path {p} is not a regular file or folder (a FIFO, device or socket "
+                                 "cannot be read as a corpus); name text files or folders")
+        stream = np.frombuffer(read_text_bytes(files, max_bytes), dtype=np.uint8)
         n = seq_len + 1
         n_seq = len(stream) // n
         n_val = max(1, int(round(n_seq * holdout)))

@@ -1,383 +1,245 @@
 """A SeCO / SpaCO trainer: AdamW, warm-up + cosine, accumulation, clipping,
 evaluation, checkpoints that resume bit for bit, and data-parallel training.
 
+The loop lives here; its parts are separate: :mod:`seco_lab.config` (what a run is),
+:mod:`seco_lab.run_dir` (lock, checkpoints, metrics), :mod:`seco_lab.metric_log`,
+:mod:`seco_lab.step` (gradient of a micro-batch, all-reduce, schedule) and
+:mod:`seco_lab.run_plots`.
+
 Gradients of one optimizer step come from ``grad_accum`` micro-batches on every
-rank; each micro-batch uses the chosen engine (``dense``, ``seco`` or ``spaco``),
-and ranks all-reduce the accumulated gradient once per optimizer step (a single
+rank; ranks all-reduce the accumulated gradient once per optimizer step (a single
 flat buffer), never per chunk backward.  SpaCO draws its chunk subsets from
 ``numpy.random.default_rng([seed, step, micro, rank])``: every rank draws its own.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import shutil
+import signal
+import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from .config import DTYPES, MODES, RunControl, TrainConfig, parse_device
 from .data import Batch, KeyValueTask, TextCorpus
-from .engine import cache_leaves, dense_grad, prepare, seco_grad
-from .estimators import spaco_grad
-from .model import TinyConfig, TinyTransformer
-from .schemes import SCHEME_NAMES, get_scheme
+from .engine import accumulate_grads
+from .metric_log import MetricLogger
+from .model import TinyTransformer
+from .run_dir import RunDir, RunDirError, check_usable, read_config, read_metrics
+from .run_plots import plot_run
+from .step import allreduce_mean, chunk_grads, forward_loss, lr_factor
 
-MODES = ("dense", "seco", "spaco")
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
-# Fields that may differ between a run and its resumption.
-RESUME_FREE = ("stop_at", "resume", "overwrite", "progress")
-
-
-@dataclass
-class TrainConfig:
-    run_dir: str = "runs/default"
-    mode: str = "seco"
-    scheme: str = "falling-factorial"
-    budget: int = 2
-    cap: float | None = None
-    data: str = "synthetic"  # "synthetic" or "text"
-    text_paths: list[str] = field(default_factory=list)  # empty: the Python standard library
-    seq_len: int = 256
-    chunk_size: int = 32
-    batch_size: int = 8  # sequences per optimizer step, summed over ranks and micro-batches
-    grad_accum: int = 1
-    steps: int = 200
-    lr: float = 3e-3
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    warmup: int = 20
-    min_lr_ratio: float = 0.1
-    clip: float = 1.0
-    eval_every: int = 50
-    eval_batches: int = 2
-    ckpt_every: int = 50
-    dtype: str = "float32"
-    device: str = "auto"
-    seed: int = 0
-    n_pairs: int = 1
-    model: dict = field(default_factory=lambda: dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128))
-    # Hugging Face model instead of the tiny transformer: a local checkpoint directory, or an architecture
-    # name ("llama", "qwen2") built with random weights from `hf_overrides`
-    hf_model: str | None = None
-    hf_overrides: dict = field(default_factory=dict)
-    attn_implementation: str = "sdpa"
-    lora: bool = False
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
-    stop_at: int | None = None  # stop (after checkpointing) at this step; the schedule still spans `steps`
-    resume: bool = False
-    overwrite: bool = False
-    progress: bool = True
-
-    def validate(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
-        if self.mode == "spaco":
-            if self.scheme not in SCHEME_NAMES:
-                raise ValueError(f"unknown scheme {self.scheme!r}; valid schemes: {', '.join(SCHEME_NAMES)}")
-            self.build_scheme()
-        if self.data not in ("synthetic", "text"):
-            raise ValueError(f"unknown data {self.data!r}; choose 'synthetic' or 'text'")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
-        for name in ("seq_len", "chunk_size", "batch_size", "grad_accum", "steps", "eval_batches", "ckpt_every",
-                     "eval_every"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        k = self.num_chunks
-        if self.mode == "spaco" and not 1 <= self.budget <= k:
-            raise ValueError(f"budget t={self.budget} must lie in [1, k] with k = ceil(seq_len / chunk_size) = {k}")
-        if self.stop_at is not None and not 1 <= self.stop_at <= self.steps:
-            raise ValueError(f"stop_at must lie in [1, steps={self.steps}], got {self.stop_at}")
-        for p in self.text_paths:
-            if not Path(p).exists():
-                raise FileNotFoundError(f"text path not found: {p}")
-
-    @property
-    def num_chunks(self) -> int:
-        return -(-self.seq_len // self.chunk_size)
-
-    def build_scheme(self):
-        return get_scheme(self.scheme) if self.cap is None else get_scheme(self.scheme, cap=self.cap)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["betas"] = list(self.betas)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown config keys: {', '.join(sorted(unknown))}")
-        d = dict(d)
-        if "betas" in d:
-            d["betas"] = tuple(d["betas"])
-        return cls(**d)
+__all__ = ["DTYPES", "MODES", "NonFiniteLoss", "RunControl", "TrainConfig", "Trainer", "TrainingInterrupted",
+           "init_distributed_from_env", "read_metrics"]
 
 
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up to 1, then cosine decay to ``min_lr_ratio`` at ``steps``."""
-    if step < cfg.warmup:
-        return (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+class NonFiniteLoss(RuntimeError):
+    """The loss (or gradient norm) of a step is NaN or infinite; the step was not applied."""
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("device cuda requested but CUDA is not available")
-    return torch.device(name)
+class TrainingInterrupted(RuntimeError):
+    """Stopped by SIGINT after checkpointing; ``step`` is the step saved."""
+
+    def __init__(self, step: int):
+        super().__init__(f"interrupted at step {step}")
+        self.step = step
 
 
-def _atomic_torch_save(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+def experiment_record(cfg: TrainConfig, model) -> dict:
+    """What ``config.json`` stores: the experiment; for HF runs the HF model's config, not the tiny one."""
+    d = cfg.to_dict()
+    if cfg.hf_model is not None:
+        inner = getattr(model, "model", None)
+        hf_config = getattr(inner, "config", None)
+        d["model"] = {"hf_model": cfg.hf_model,
+                      "config": hf_config.to_diff_dict() if hasattr(hf_config, "to_diff_dict") else None}
+    return d
+
+
+def experiment_from_record(d: dict, source: str) -> TrainConfig:
+    # run directories written before RunControl existed stored its fields in config.json too
+    d = {k: v for k, v in d.items() if k not in RunControl.__dataclass_fields__}
+    if d.get("hf_model") is not None:
+        d.pop("model", None)
+    return TrainConfig.from_dict(d, source=source)
+
+
+def config_differences(saved: TrainConfig, new: TrainConfig) -> list[str]:
+    """Fields that define the experiment and differ (``steps`` may grow: that extends the run)."""
+    a, b = saved.to_dict(), new.to_dict()
+    out = [f"{k} ({a[k]!r} -> {b[k]!r})" for k in a if k != "steps" and a[k] != b[k]]
+    return out
 
 
 class Trainer:
     """Train a chunk model with dense backprop, SeCO or SpaCO.
 
-    ``Trainer(cfg).fit()`` returns the final metrics; the run directory holds
-    ``config.json``, ``metrics.jsonl``, ``checkpoints/`` and ``loss.png``.
+    ``Trainer(cfg, RunControl(run_dir=...)).fit()`` returns the last step's metrics; the
+    run directory holds ``config.json``, ``metrics.jsonl``, ``checkpoints/`` and ``loss.png``.
     """
 
-    def __init__(self, cfg: TrainConfig, model=None, data=None):
-        cfg.validate()
-        self.cfg = cfg
+    def __init__(self, cfg: TrainConfig, run: RunControl | None = None, model=None, data=None):
+        self.cfg, self.run = cfg.validate(), (run or RunControl()).validate()
         self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         if cfg.batch_size % (self.world * cfg.grad_accum):
-            raise ValueError(
-                f"batch_size={cfg.batch_size} must be divisible by world_size x grad_accum = "
-                f"{self.world} x {cfg.grad_accum}"
-            )
-        self.device = pick_device(cfg.device)
+            raise ValueError(f"batch_size={cfg.batch_size} must be divisible by world_size x grad_accum = "
+                             f"{self.world} x {cfg.grad_accum}")
+        if self.run.stop_at is not None and self.run.stop_at > cfg.steps:
+            raise ValueError(f"stop_at={self.run.stop_at} must lie in [1, steps={cfg.steps}]")
+        self.device = parse_device(self.run.device)
         self.dtype = DTYPES[cfg.dtype]
-        self.data = data or self._build_data()
-        self.model = model or self._build_model()
+        self.data = data or build_data(cfg)
+        self.model = model or build_model(cfg, self.data.vocab_size, self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, cfg))
-        self.step = 0
-        self.run_dir = Path(cfg.run_dir)
-        self.allreduce_calls = 0
-        self._prepared = False
-        self._step_batch: Batch | None = None
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: lr_factor(s, cfg.warmup, cfg.steps, cfg.min_lr_ratio))
         self.scheme = cfg.build_scheme() if cfg.mode == "spaco" else None
+        self.run_dir = RunDir(self.run.run_dir)
+        self.step = 0
+        self.allreduce_calls = 0
+        self.logger: MetricLogger | None = None
+        self._stop_requested = False
 
-    # ------------------------------------------------------------------ setup
-    def _build_model(self):
-        cfg, vocab = self.cfg, self.data.vocab_size
-        if cfg.hf_model:
-            from .hf import HFChunkModel, add_lora, build_hf_model
+    @classmethod
+    def resume(cls, run_dir, **run) -> Trainer:
+        """Continue the run in ``run_dir`` with its saved experiment (``run``: other RunControl fields)."""
+        cfg = experiment_from_record(read_config(run_dir), str(run_dir))
+        return cls(cfg, RunControl(run_dir=str(run_dir), resume=True, **run))
 
-            overrides = dict(cfg.hf_overrides)
-            if cfg.hf_model in ("llama", "qwen2"):
-                overrides.setdefault("vocab_size", vocab)
-                overrides.setdefault("max_position_embeddings", max(cfg.seq_len, 16))
-            hf = build_hf_model(cfg.hf_model, overrides, cfg.attn_implementation, self.dtype, cfg.seed)
-            if hf.config.vocab_size < vocab:
-                raise ValueError(f"{cfg.hf_model} has vocab_size {hf.config.vocab_size} < the data's {vocab}")
-            if cfg.lora:
-                hf = add_lora(hf, cfg.lora_r, cfg.lora_alpha, cfg.lora_targets)
-            return HFChunkModel(hf).to(self.device)
-        if cfg.lora:
-            raise ValueError("--lora needs an HF model (--hf-model); the tiny transformer trains all weights")
-        arch = {k: v for k, v in cfg.model.items() if k != "vocab_size"}
-        if cfg.model.get("vocab_size", vocab) != vocab:
-            raise ValueError(f"model vocab_size={cfg.model['vocab_size']} does not match the data's vocabulary {vocab}")
-        return TinyTransformer(TinyConfig(vocab_size=vocab, max_positions=max(cfg.seq_len, 16), **arch),
-                               seed=cfg.seed, dtype=self.dtype, device=self.device)
+    def describe(self) -> dict:
+        """Model kind, parameter counts, tokens per step, chunks k and budget t."""
+        c = self.cfg
+        kind = f"HF {c.hf_model}" + (" + LoRA" if c.lora else "") if c.hf_model else "tiny transformer"
+        return {"model": kind, "parameters": sum(p.numel() for p in self.model.parameters()),
+                "trainable": sum(p.numel() for p in self.params), "tokens_per_step": c.batch_size * c.seq_len,
+                "num_chunks": c.num_chunks, "budget": c.budget if c.mode == "spaco" else c.num_chunks}
 
-    def save_adapter(self) -> Path | None:
-        """peft's own adapter format, under run_dir/adapter (LoRA runs only)."""
+    # ------------------------------------------------------------------ run directory
+    def prepare(self) -> None:
+        """Lock and create (or reload) the run directory; idempotent.  Errors come before any training."""
+        if self.logger is not None:
+            return
+        check_usable(self.run_dir.path, self.run.resume, self.run.overwrite)  # every rank, before anyone creates
+        self._barrier()
+        err = None
+        if self.rank == 0:
+            try:
+                self.run_dir.open(self.run.resume, self.run.overwrite)
+            except RunDirError as e:
+                err = str(e)
+        if self.world > 1:
+            box = [err]
+            dist.broadcast_object_list(box, src=0)
+            err = box[0]
+        if err:
+            raise RunDirError(err)
+        if self.run.resume:
+            self._resume()
+        elif self.rank == 0:
+            self.run_dir.write_config(experiment_record(self.cfg, self.model))
+        self._barrier()
+        self.logger = MetricLogger(self.run_dir, self.run.tensorboard and self.rank == 0)
+
+    def _resume(self) -> None:
+        source = str(self.run_dir.config_path)
+        saved = experiment_from_record(self.run_dir.read_config(), source)
+        diff = config_differences(saved, self.cfg)
+        if diff:
+            raise RunDirError(f"--resume: the config differs from the run in {self.run_dir.path} in: "
+                              + ", ".join(diff) + "; resume with the saved settings or start a new --run-dir")
+        state = self.run_dir.load_checkpoint(map_location="cpu")  # load_state_dict moves it to the model
+        if state is not None:
+            if state["step"] > self.cfg.steps:
+                raise RunDirError(f"--steps {self.cfg.steps} is below the run's step {state['step']}; a run can "
+                                  "only be extended")
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["optimizer"])
+            self.sched.load_state_dict(state["scheduler"])
+            torch.set_rng_state(state["torch_rng"])
+            np.random.set_state(state["numpy_rng"])
+            self.step = int(state["step"])
+        if self.rank == 0:
+            # metrics logged after the checkpoint belong to the part of the run redone now
+            self.run_dir.truncate_metrics(self.step if state is not None else -1)
+            if saved.steps != self.cfg.steps:
+                self.run_dir.write_config(experiment_record(self.cfg, self.model))
+
+    def save_checkpoint(self) -> None:
+        if self.rank == 0:
+            self.run_dir.save_checkpoint({
+                "step": self.step, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "scheduler": self.sched.state_dict(), "torch_rng": torch.get_rng_state(),
+                "numpy_rng": np.random.get_state(), "config": self.cfg.to_dict()})
+
+    def save_adapter(self):
+        """peft's own adapter format, under run_dir/adapter (LoRA runs only), naming its base model."""
         inner = getattr(self.model, "model", None)
         if not self.cfg.lora or inner is None or not hasattr(inner, "save_pretrained"):
             return None
-        out = self.run_dir / "adapter"
+        for peft_cfg in getattr(inner, "peft_config", {}).values():
+            peft_cfg.base_model_name_or_path = peft_cfg.base_model_name_or_path or self.cfg.hf_model
+        out = self.run_dir.path / "adapter"
         inner.save_pretrained(str(out))
         return out
-
-    def _build_data(self):
-        c = self.cfg
-        if c.data == "synthetic":
-            vocab = int(c.model.get("vocab_size", 64))
-            return KeyValueTask(c.seq_len, vocab_size=vocab, n_pairs=c.n_pairs, seed=c.seed)
-        return TextCorpus(c.seq_len, paths=c.text_paths or None, seed=c.seed)
-
-    def prepare(self) -> None:
-        """Check and create (or reload) the run directory; idempotent.  Errors come before any training."""
-        if not self._prepared:
-            self._prepare_run_dir()
-            self._prepared = True
-
-    def _prepare_run_dir(self) -> None:
-        cfg, d = self.cfg, self.run_dir
-        saved = d / "config.json"
-        if cfg.resume:
-            if not saved.exists():
-                raise FileNotFoundError(f"--resume: {d} holds no run (no config.json)")
-            old = json.loads(saved.read_text())
-            new = cfg.to_dict()
-            diff = sorted(k for k in new if k not in RESUME_FREE and old.get(k) != new[k])
-            if diff:
-                raise ValueError(
-                    f"--resume: the config differs from the run in {d} in: "
-                    + ", ".join(f"{k} ({old.get(k)!r} -> {new[k]!r})" for k in diff)
-                )
-            self._load_latest()
-            return
-        self._barrier()  # every rank looks before rank 0 creates anything
-        occupied = d.exists() and any(d.iterdir())
-        self._barrier()
-        if occupied and not cfg.overwrite:
-            raise FileExistsError(f"run directory {d} exists and is not empty; pass --overwrite or --resume")
-        if self.rank == 0:
-            if occupied:
-                shutil.rmtree(d)
-            (d / "checkpoints").mkdir(parents=True, exist_ok=True)
-            tmp = saved.with_name("config.json.tmp")
-            tmp.write_text(json.dumps(cfg.to_dict(), indent=2))
-            os.replace(tmp, saved)
-        self._barrier()
 
     def _barrier(self):
         if self.world > 1:
             dist.barrier()
 
-    # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self) -> None:
-        if self.rank != 0:
-            return
-        state = {
-            "step": self.step,
-            "model": self.model.state_dict(),
-            "optimizer": self.opt.state_dict(),
-            "scheduler": self.sched.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(),
-            "config": self.cfg.to_dict(),
-        }
-        ckdir = self.run_dir / "checkpoints"
-        ckdir.mkdir(parents=True, exist_ok=True)
-        _atomic_torch_save(state, ckdir / f"step_{self.step:06d}.pt")
-        tmp = ckdir / "latest.tmp"
-        tmp.write_text(f"step_{self.step:06d}.pt")
-        os.replace(tmp, ckdir / "latest")
-
-    def _load_latest(self) -> None:
-        ckdir = self.run_dir / "checkpoints"
-        if not (ckdir / "latest").exists():  # nothing checkpointed yet: start again from step 0
-            if self.rank == 0:
-                (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
-            return
-        state = torch.load(ckdir / (ckdir / "latest").read_text().strip(), map_location=self.device,
-                           weights_only=False)
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"])
-        np.random.set_state(state["numpy_rng"])
-        self.step = int(state["step"])
-        # metrics logged after the checkpoint belong to the lost part of the run: drop them
-        mpath = self.run_dir / "metrics.jsonl"
-        if self.rank == 0 and mpath.exists():
-            keep = [ln for ln in mpath.read_text().splitlines() if ln and json.loads(ln)["step"] <= self.step]
-            tmp = mpath.with_name("metrics.jsonl.tmp")
-            tmp.write_text("".join(ln + "\n" for ln in keep))
-            os.replace(tmp, mpath)
-
     # ------------------------------------------------------------------ one step
-    def _micro_batch(self, full: Batch, micro: int) -> Batch:
-        """This rank's ``micro``-th slice of the global batch (the same global batch on every rank)."""
+    def micro_batches(self, full: Batch) -> list[Batch]:
+        """This rank's ``grad_accum`` slices of the global batch (the same global batch on every rank)."""
         c = self.cfg
         per_rank = c.batch_size // self.world
         per_micro = per_rank // c.grad_accum
-        start = self.rank * per_rank + micro * per_micro
-        return full.slice(slice(start, start + per_micro))
+        starts = [self.rank * per_rank + m * per_micro for m in range(c.grad_accum)]
+        return [full.slice(slice(s, s + per_micro)) for s in starts]
 
-    def _grads(self, batch: Batch, step: int, micro: int):
+    def train_step(self, batch: Batch) -> dict:
+        """One optimizer step on the global ``batch``; raises :class:`NonFiniteLoss` before applying a bad one."""
         c = self.cfg
-        tok, tgt = batch.tokens.to(self.device), batch.targets.to(self.device)
-        if c.mode == "dense":
-            loss, grads = dense_grad(self.model, tok, tgt)
-            chunks = c.num_chunks
-        elif c.mode == "seco":
-            loss, grads = seco_grad(self.model, tok, tgt, chunk_size=c.chunk_size)
-            chunks = c.num_chunks
-        else:
-            rng = np.random.default_rng([c.seed, step, micro, self.rank])
-            subset = self.scheme.sampler.draw(c.num_chunks, c.budget, rng)
-            chunks = len(subset)
-            if chunks:
-                loss, grads = spaco_grad(self.model, tok, tgt, c.chunk_size, self.scheme, c.budget, subset=subset)
-            else:  # an empty Bernoulli draw: forward only, zero gradient
-                loss = self.forward_loss(tok, tgt)
-                grads = {n: torch.zeros_like(p) for n, p in self.model.named_parameters() if p.requires_grad}
-        return loss, grads, chunks
-
-    @torch.no_grad()
-    def forward_loss(self, tokens, targets) -> torch.Tensor:
-        """Mean token loss, chunk by chunk without a graph (works at any length)."""
-        batch = prepare(self.model, tokens, targets, self.cfg.chunk_size)
-        return cache_leaves(self.model, batch)[1]
-
-    def train_step(self) -> dict:
-        c = self.cfg
-        named = dict(self.model.named_parameters())
         for p in self.params:
             p.grad = None
-        self._step_batch = self.data.batch("train", self.step, c.batch_size)  # built once per step
         t0 = time.perf_counter()
         loss_sum, chunks = 0.0, 0
-        for micro in range(c.grad_accum):
-            batch = self._micro_batch(self._step_batch, micro)
-            loss, grads, n_chunks = self._grads(batch, self.step, micro)
+        for micro, mb in enumerate(self.micro_batches(batch)):
+            mb = Batch(mb.tokens.to(self.device), mb.targets.to(self.device), mb.far)
+            rng = np.random.default_rng([c.seed, self.step, micro, self.rank])
+            loss, grads, stats = chunk_grads(self.model, mb, c, rng, self.scheme)
             loss_sum += float(loss)
-            chunks += n_chunks
-            for name, g in grads.items():
-                p = named[name]
-                p.grad = g.clone() if p.grad is None else p.grad.add_(g)
-        # one all-reduce per optimizer step, over one flat buffer (gradients, then loss and chunk count)
-        stats = torch.tensor([loss_sum, float(chunks)], dtype=self.params[0].dtype, device=self.device)
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params] + [stats]) / (c.grad_accum * self.world)
-        if self.world > 1:
-            dist.all_reduce(flat)
-            self.allreduce_calls += 1
-        stats = flat[-2:].double()
-        pos = 0
-        for p in self.params:
-            p.grad.copy_(flat[pos : pos + p.numel()].view_as(p))
-            pos += p.numel()
-        gnorm = float(torch.nn.utils.clip_grad_norm_(self.params, c.clip if c.clip > 0 else float("inf")))
+            chunks += stats["chunks"]
+            accumulate_grads(self.model, grads)
+        stats, calls = allreduce_mean(self.params, {"loss": loss_sum, "chunks": chunks,
+                                                    "stop": float(self._stop_requested)}, c.grad_accum, self.world)
+        self.allreduce_calls += calls
+        self._stop_requested = stats["stop"] > 0  # one rank interrupted: every rank stops after this step
+        max_norm = c.clip if c.clip is not None else float("inf")
+        gnorm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        if not (math.isfinite(stats["loss"]) and math.isfinite(gnorm)):
+            what = "loss" if not math.isfinite(stats["loss"]) else "gradient norm"
+            value = stats["loss"] if what == "loss" else gnorm
+            raise NonFiniteLoss(f"{what} is {value} at step {self.step + 1}; stopped without applying it (the "
+                                f"last checkpoint stays); lower --lr, or train in --dtype float32/float64")
         lr = self.opt.param_groups[0]["lr"]
         self.opt.step()
         self.sched.step()
         elapsed = time.perf_counter() - t0
         self.step += 1
-        tokens = c.batch_size * c.seq_len
-        return {
-            "step": self.step,
-            "loss": float(stats[0]),
-            "lr": lr,
-            "grad_norm": gnorm,
-            "tokens_per_s": tokens / elapsed,
-            "backprop_chunks": float(stats[1]),
-            "seconds": elapsed,
-        }
+        return {"step": self.step, "loss": stats["loss"], "lr": lr, "grad_norm": gnorm,
+                "tokens_per_s": c.batch_size * c.seq_len / elapsed, "backprop_chunks": stats["chunks"],
+                "seconds": elapsed}
+
+    def forward_loss(self, tokens, targets) -> torch.Tensor:
+        return forward_loss(self.model, tokens.to(self.device), targets.to(self.device), self.cfg.chunk_size)
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -385,94 +247,135 @@ class Trainer:
         losses, far = [], []
         for i in range(c.eval_batches):
             b = self.data.batch("val", i, max(1, c.batch_size // self.world))
-            tok, tgt = b.tokens.to(self.device), b.targets.to(self.device)
-            losses.append(float(self.forward_loss(tok, tgt)))
+            losses.append(float(self.forward_loss(b.tokens, b.targets)))
             if b.far.any():
-                far.append(float(self.forward_loss(tok, b.far_targets().to(self.device))))
+                far.append(float(self.forward_loss(b.tokens, b.far_targets())))
         out = {"eval_loss": float(np.mean(losses))}
         if far:
             out["eval_far_loss"] = float(np.mean(far))
         return out
 
-    def _far_train_loss(self) -> float | None:
-        b = self._step_batch  # the global batch of the step just taken
-        if not b.far.any():
-            return None
-        return float(self.forward_loss(b.tokens.to(self.device), b.far_targets().to(self.device)))
-
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict:
+        """Train to ``stop_at`` or ``steps``.  SIGINT finishes the step, checkpoints, plots and
+        raises :class:`TrainingInterrupted`; a non-finite loss raises :class:`NonFiniteLoss`."""
         c = self.cfg
         self.prepare()
-        last = {}
-        if self.step == 0 and self.rank == 0:
-            self._log({"step": 0, **self.evaluate()})
-        stop = c.stop_at or c.steps
+        stop = self.run.stop_at or c.steps
+        restore = self._catch_sigint()
         bar = tqdm(total=stop, initial=self.step, desc=f"{c.mode} train", unit="step",
-                   disable=not c.progress or self.rank != 0)
-        while self.step < stop:
-            rec = self.train_step()
-            far = self._far_train_loss()  # an extra no-grad forward, outside the timed step
-            if far is not None:
-                rec["far_loss"] = far
-            if self.step % c.eval_every == 0 or self.step == c.steps:
-                rec.update(self.evaluate())
-            if self.rank == 0:
-                self._log(rec)
-            if self.step % c.ckpt_every == 0 or self.step == stop:
-                self.save_checkpoint()
-            bar.update()
-            bar.set_postfix(loss=f"{rec['loss']:.3f}", **({"far": f"{far:.3f}"} if far is not None else {}))
-            last = rec
-        bar.close()
-        self._barrier()
-        if self.rank == 0 and self.step == c.steps:
-            plot_run(self.run_dir)
-            self.save_adapter()
+                   disable=not self.run.progress or self.rank != 0)
+        last = {}
+        try:
+            if self.step == 0 and self.rank == 0:
+                self._log({"step": 0, **self.evaluate()})
+            while self.step < stop:
+                last = self._one_step(stop)
+                bar.update()
+                bar.set_postfix(loss=f"{last['loss']:.3f}")
+                if self._stop_requested:
+                    if self.step % c.ckpt_every and self.step != stop:
+                        self.save_checkpoint()
+                    if self.rank == 0:
+                        plot_run(self.run_dir.path)
+                    raise TrainingInterrupted(self.step)
+            self._barrier()
+            if self.rank == 0 and self.step == c.steps:
+                plot_run(self.run_dir.path)
+                self.save_adapter()
+        finally:
+            bar.close()
+            restore()
+            self.close()
         return last
 
+    def _one_step(self, stop: int) -> dict:
+        c = self.cfg
+        batch = self.data.batch("train", self.step, c.batch_size)  # the global batch, built once
+        rec = self.train_step(batch)
+        if batch.far.any():  # an extra no-grad forward, outside the timed step
+            rec["far_loss"] = float(self.forward_loss(batch.tokens, batch.far_targets()))
+        if self.step % c.eval_every == 0 or self.step == c.steps:
+            rec.update(self.evaluate())
+        self._log(rec)
+        if self.step % c.ckpt_every == 0 or self.step == stop:
+            self.save_checkpoint()
+        return rec
+
     def _log(self, rec: dict) -> None:
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(rec) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        if self.rank == 0:
+            self.logger.log(rec)
+
+    def close(self) -> None:
+        """Release the run directory (the lock) and the metric logger."""
+        if self.logger is not None:
+            self.logger.close()
+        self.run_dir.close()
+
+    def _catch_sigint(self):
+        """Turn the first SIGINT into 'stop after this step'; a second one interrupts at once."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = signal.getsignal(signal.SIGINT)
+
+        def handler(signum, frame):
+            self._stop_requested = True
+            signal.signal(signal.SIGINT, previous)
+
+        signal.signal(signal.SIGINT, handler)
+        return lambda: signal.signal(signal.SIGINT, previous)
 
 
-def read_metrics(run_dir) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+def build_data(cfg: TrainConfig):
+    if cfg.data == "synthetic":
+        return KeyValueTask(cfg.seq_len, vocab_size=cfg.model.vocab_size, n_pairs=cfg.n_pairs, seed=cfg.seed)
+    return TextCorpus(cfg.seq_len, paths=cfg.text_paths or None, seed=cfg.seed)
 
 
-def plot_run(run_dir) -> Path:
-    import matplotlib
+def build_model(cfg: TrainConfig, vocab: int, device: torch.device):
+    """The tiny transformer of ``cfg.model``, or the HF model (with LoRA) of ``cfg.hf_model``."""
+    dtype = DTYPES[cfg.dtype]
+    if cfg.hf_model is None:
+        if cfg.model.vocab_size != vocab:
+            raise ValueError(f"model vocab_size={cfg.model.vocab_size} does not match the data's vocabulary {vocab}")
+        return TinyTransformer(cfg.model, seed=cfg.seed, dtype=dtype, device=device)
+    from .hf import HFChunkModel, add_lora, build_hf_model
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    overrides = dict(cfg.hf_overrides)
+    if cfg.hf_model in ("llama", "qwen2"):
+        overrides.setdefault("vocab_size", vocab)
+        overrides.setdefault("max_position_embeddings", max(cfg.seq_len, 16))
+        check_hf_overrides(cfg.hf_model, cfg.hf_overrides)
+    try:
+        hf = build_hf_model(cfg.hf_model, overrides, cfg.attn_implementation, dtype, cfg.seed)
+    except (TypeError, AttributeError) as e:  # a transformers config or layer refusing a value
+        raise ValueError(f"--hf-override {cfg.hf_overrides}: {e}") from None
+    if hf.config.vocab_size < vocab:
+        raise ValueError(f"{cfg.hf_model} has vocab_size {hf.config.vocab_size} < the data's {vocab}")
+    max_pos = getattr(hf.config, "max_position_embeddings", None)
+    if max_pos is not None and max_pos < cfg.seq_len:
+        raise ValueError(f"{cfg.hf_model} has max_position_embeddings {max_pos} < --seq-len {cfg.seq_len}")
+    if cfg.lora:
+        hf = add_lora(hf, cfg.lora_r, cfg.lora_alpha, cfg.lora_targets)
+    return HFChunkModel(hf).to(device)
 
-    rows = read_metrics(run_dir)
-    cfg = json.loads((Path(run_dir) / "config.json").read_text())
-    fig, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
-    tr = [r for r in rows if "loss" in r]
-    ax.plot([r["step"] for r in tr], [r["loss"] for r in tr], lw=1, label="train loss")
-    if any("far_loss" in r for r in tr):
-        ax.plot([r["step"] for r in tr if "far_loss" in r], [r["far_loss"] for r in tr if "far_loss" in r],
-                lw=1, label="train far-token loss")
-    ev = [r for r in rows if "eval_loss" in r]
-    ax.plot([r["step"] for r in ev], [r["eval_loss"] for r in ev], "o-", ms=3, label="eval loss")
-    if any("eval_far_loss" in r for r in ev):
-        ax.plot([r["step"] for r in ev], [r.get("eval_far_loss", np.nan) for r in ev], "s-", ms=3,
-                label="eval far-token loss")
-    mode = cfg["mode"] + (f" / {cfg['scheme']} t={cfg['budget']}" if cfg["mode"] == "spaco" else "")
-    ax.set_title(f"{mode}, {cfg['data']} data, seq {cfg['seq_len']}, chunk {cfg['chunk_size']}", fontsize=9)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (nats / token)")
-    ax.legend(fontsize=8)
-    out = Path(run_dir) / "loss.png"
-    tmp = out.with_name("loss.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, out)
-    return out
+
+def check_hf_overrides(architecture: str, overrides: dict) -> None:
+    """Refuse fields the architecture's transformers config does not have (it would store them unused)."""
+    import transformers
+
+    from .hf import ARCHITECTURES
+
+    conf_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[architecture]
+    known = set(conf_cls().to_dict())
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"--hf-override: {architecture} has no config field(s) {', '.join(unknown)}; e.g. "
+                         "hidden_size, num_hidden_layers, num_attention_heads, intermediate_size")
+    try:
+        conf_cls(**{**ARCHITECTURES[architecture], **overrides})
+    except Exception as e:  # noqa: BLE001 -- transformers' validation errors share no base class
+        raise ValueError(f"--hf-override {overrides}: {str(e).splitlines()[-1].strip()}") from None
 
 
 def init_distributed_from_env() -> bool:
@@ -484,3 +387,4 @@ def init_distributed_from_env() -> bool:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend)
     return True
+

@@ -7,7 +7,7 @@ from conftest import rel_err
 
 from seco_lab import dense_grad, enumerate_expectation, flatten, get_scheme, hop_strata, seco_grad
 from seco_lab.hf import HFChunkModel, add_lora, build_hf_model
-from seco_lab.train import TrainConfig, Trainer
+from seco_lab.train import RunControl, TrainConfig, Trainer
 
 TOL = 1e-10
 VOCAB = 64
@@ -89,10 +89,10 @@ def test_sliding_window_models_are_refused():
 def test_lora_training_saves_an_adapter_that_peft_loads_back(tmp_path):
     from peft import PeftModel
 
-    cfg = TrainConfig(run_dir=str(tmp_path / "lora"), mode="seco", data="text", seq_len=64, chunk_size=16,
-                      batch_size=2, steps=3, lr=1e-2, warmup=1, eval_every=3, eval_batches=1, ckpt_every=3,
-                      dtype="float64", device="cpu", hf_model="llama", lora=True, lora_r=4, progress=False)
-    trainer = Trainer(cfg)
+    cfg = TrainConfig(mode="seco", data="text", seq_len=64, chunk_size=16, batch_size=2, steps=3, lr=1e-2,
+                      warmup=1, eval_every=3, eval_batches=1, ckpt_every=3, dtype="float64", hf_model="llama",
+                      lora=True, lora_r=4)
+    trainer = Trainer(cfg, RunControl(run_dir=str(tmp_path / "lora"), device="cpu", progress=False))
     trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
@@ -104,5 +104,5 @@ def test_lora_training_saves_an_adapter_that_peft_loads_back(tmp_path):
 
     base = build_hf_model("llama", {"vocab_size": 256, "max_position_embeddings": 64}, "sdpa", torch.float64, seed=0)
     loaded = HFChunkModel(PeftModel.from_pretrained(base, str(tmp_path / "lora" / "adapter"), is_trainable=True))
-    again = Trainer(TrainConfig(**{**cfg.__dict__, "run_dir": str(tmp_path / "eval")}), model=loaded.double())
+    again = Trainer(cfg, RunControl(run_dir=str(tmp_path / "eval"), device="cpu"), model=loaded.double())
     assert again.evaluate()["eval_loss"] == pytest.approx(last["eval_loss"], rel=1e-12)

@@ -1,0 +1,298 @@
+"""Training configuration: what defines an experiment (:class:`TrainConfig`, with the
+tiny model as a :class:`~seco_lab.model.TinyConfig`) and how one run of it is driven
+(:class:`RunControl`: run directory, device, stop/resume/overwrite, progress bar).
+
+Every field carries its help text and CLI group in ``metadata``; the ``seco-lab train``
+flags are generated from these fields, so the CLI and the dataclasses cannot drift.
+:meth:`TrainConfig.validate` checks every field's type and range before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+
+import tomllib
+import torch
+
+from .model import TinyConfig
+from .schemes import SCHEME_NAMES, get_scheme
+
+MODES = ("dense", "seco", "spaco")
+DATA = ("synthetic", "text")
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+ATTENTION = ("eager", "sdpa", "eager_exact")
+HF_ARCHITECTURES = ("llama", "qwen2")
+TEXT_VOCAB = 256  # byte-level text
+
+
+def opt(default, help: str, group: str, **meta):
+    """A dataclass field with CLI metadata: ``help``, ``group`` and optional ``choices``,
+    ``min``/``max`` (inclusive), ``positive`` (> 0), ``flag`` (the option name)."""
+    kw = {"default_factory": default} if callable(default) else {"default": default}
+    return field(metadata={"help": help, "group": group, **meta}, **kw)
+
+
+@dataclass
+class TrainConfig:
+    """One experiment: model, data, estimator and optimisation.  Two runs with equal
+    TrainConfigs (and seeds) produce the same numbers."""
+
+    mode: str = opt("seco", "gradient engine: dense backprop, exact SeCO, or sparse SpaCO", "estimator",
+                    choices=MODES)
+    scheme: str = opt("falling-factorial", "SpaCO compensation scheme (--mode spaco only)", "estimator",
+                      choices=SCHEME_NAMES)
+    budget: int = opt(2, "SpaCO budget t: chunks backpropagated per sequence (--mode spaco only)", "estimator", min=1)
+    cap: float | None = opt(None, "cap C of a capped SpaCO scheme (--mode spaco only)", "estimator", positive=True)
+    data: str = opt("synthetic", "synthetic key->value recall across chunks, or byte-level text", "data",
+                    choices=DATA)
+    text_paths: list[str] = opt(list, "text file or folder, repeatable (--data text only; default: the Python "
+                                      "standard library)", "data", flag="text")
+    seq_len: int = opt(256, "tokens per training sequence", "data", min=1)
+    chunk_size: int = opt(32, "tokens per chunk; k = ceil(seq_len / chunk_size) chunks", "data", min=1)
+    n_pairs: int = opt(1, "key->value pairs per sequence (synthetic data)", "data", min=1)
+    batch_size: int = opt(8, "sequences per optimizer step, summed over ranks and micro-batches", "optimisation", min=1)
+    grad_accum: int = opt(1, "micro-batches per optimizer step", "optimisation", min=1)
+    steps: int = opt(200, "optimizer steps (the cosine schedule spans them)", "optimisation", min=1)
+    lr: float = opt(3e-3, "peak learning rate of AdamW", "optimisation", positive=True)
+    weight_decay: float = opt(0.0, "AdamW weight decay", "optimisation", min=0.0)
+    betas: tuple[float, float] = opt((0.9, 0.95), "AdamW betas (two numbers in [0, 1))", "optimisation")
+    warmup: int = opt(20, "linear warm-up steps", "optimisation", min=0)
+    min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of --lr", "optimisation", min=0.0, max=1.0)
+    clip: float | None = opt(1.0, "clip the gradient norm to this value (0 or none: no clipping)", "optimisation",
+                             min=0.0)
+    eval_every: int = opt(50, "evaluate every this many steps", "optimisation", min=1)
+    eval_batches: int = opt(2, "validation batches per evaluation", "optimisation", min=1)
+    ckpt_every: int = opt(50, "checkpoint every this many steps", "optimisation", min=1)
+    dtype: str = opt("float32", "parameter dtype", "optimisation", choices=tuple(DTYPES))
+    seed: int = opt(0, "seed of the weights, the data and the SpaCO draws", "optimisation", min=0)
+    model: TinyConfig = opt(None, "the tiny transformer (ignored with --hf-model); default: TinyConfig() with "
+                                  "the data's vocabulary (256 bytes for text)", "model")
+    hf_model: str | None = opt(None, "HF causal LM: a local checkpoint directory, or 'llama' / 'qwen2' with random "
+                                     "weights", "HF")
+    hf_overrides: dict = opt(dict, "config field of a named HF architecture, FIELD=VALUE (repeatable)", "HF",
+                             flag="hf-override")
+    attn_implementation: str = opt("sdpa", "HF attention implementation", "HF", choices=ATTENTION, flag="attn")
+    lora: bool = opt(False, "train peft LoRA adapters only (HF models)", "HF")
+    lora_r: int = opt(8, "LoRA rank", "HF", min=1)
+    lora_alpha: int = opt(16, "LoRA alpha", "HF", min=1)
+    lora_targets: list[str] = opt(lambda: ["q_proj", "v_proj"], "comma-separated module names LoRA wraps", "HF")
+
+    def __post_init__(self):
+        # the model as a plain table (JSON/TOML) or absent: a TinyConfig, with the text's vocabulary by default
+        if self.model is None or isinstance(self.model, dict):
+            model = dict(self.model or {})
+            if self.data == "text":
+                model.setdefault("vocab_size", TEXT_VOCAB)
+            self.model = tiny_config_from_dict(model)
+
+    @property
+    def num_chunks(self) -> int:
+        return -(-self.seq_len // self.chunk_size)
+
+    def build_scheme(self):
+        return get_scheme(self.scheme) if self.cap is None else get_scheme(self.scheme, cap=self.cap)
+
+    def validate(self) -> TrainConfig:
+        """Check every field's type and range, and the fields against each other; return self."""
+        check_fields(self)
+        check_fields(self.model, prefix="model.")
+        if self.mode != "spaco":
+            for name in ("scheme", "budget", "cap"):
+                if getattr(self, name) != TRAIN_DEFAULTS[name]:
+                    raise ValueError(f"{name} applies to --mode spaco only (mode is {self.mode}); drop --{name}")
+        else:
+            k = self.num_chunks
+            if not self.budget <= k:
+                raise ValueError(f"budget t={self.budget} must lie in [1, k] with k = ceil(seq_len / chunk_size) "
+                                 f"= {k}; lower --budget or raise --seq-len")
+            try:
+                self.build_scheme()
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"scheme {self.scheme!r} with cap={self.cap}: {e}") from None
+        if self.text_paths and self.data != "text":
+            raise ValueError("text paths are only read with --data text; add --data text or drop --text")
+        if self.clip is not None and self.clip == 0:
+            self.clip = None
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
+        if self.model.max_positions < self.seq_len:
+            raise ValueError(f"model.max_positions={self.model.max_positions} < seq_len={self.seq_len}; raise "
+                             "--max-positions")
+        if self.data == "text" and self.hf_model is None and self.model.vocab_size != TEXT_VOCAB:
+            raise ValueError(f"text data is byte-level: the model's vocab_size must be {TEXT_VOCAB}, got "
+                             f"{self.model.vocab_size}")
+        if self.hf_model is None:
+            for name in ("hf_overrides", "lora"):
+                if getattr(self, name) != TRAIN_DEFAULTS[name]:
+                    raise ValueError(f"{name} needs an HF model; add --hf-model llama|qwen2|DIR")
+        elif self.hf_overrides and self.hf_model not in HF_ARCHITECTURES:
+            raise ValueError("--hf-override applies to the named architectures (llama, qwen2), not to a checkpoint "
+                             f"directory ({self.hf_model})")
+        return self
+
+    @classmethod
+    def from_file(cls, path) -> TrainConfig:
+        """A checked TrainConfig from a JSON or TOML file (e.g. ``configs/demo.toml``)."""
+        return cls.from_dict(load_config_file(path), source=f"config file {path}").validate()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "config") -> TrainConfig:
+        """Build from plain values (JSON/TOML); unknown keys and wrong types are refused."""
+        d = dict(d)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"{source}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if isinstance(d.get("model"), dict):
+            model = dict(d["model"])
+            if d.get("data") == "text":
+                model.setdefault("vocab_size", TEXT_VOCAB)
+            d["model"] = tiny_config_from_dict(model, source)
+        if isinstance(d.get("betas"), list):
+            d["betas"] = tuple(d["betas"])
+        return cls(**d)
+
+
+def tiny_config_from_dict(d: dict, source: str = "config") -> TinyConfig:
+    known = {f.name for f in fields(TinyConfig)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"{source}: unknown model key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return _construct(TinyConfig, d, source + ": model")
+
+
+def _construct(cls, d: dict, source: str):
+    probe = cls.__new__(cls)  # type-check before __post_init__ can stumble over a wrong type
+    for f in fields(cls):
+        default = f.default if f.default is not MISSING else f.default_factory()
+        object.__setattr__(probe, f.name, d.get(f.name, default))
+    try:
+        check_fields(probe, skip_ranges=True)
+        return cls(**d)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{source}: {e}") from None
+
+
+@dataclass
+class RunControl:
+    """How one run is driven; none of it changes the numbers a run produces."""
+
+    run_dir: str = opt("runs/default", "run directory (config.json, metrics.jsonl, checkpoints/, loss.png)",
+                       "run control")
+    device: str = opt("auto", "auto (CUDA when present), cpu, cuda, cuda:N", "run control")
+    stop_at: int | None = opt(None, "stop (after checkpointing) at this step; the schedule still spans --steps",
+                              "run control", min=1)
+    resume: bool = opt(False, "continue the run in --run-dir from its last intact checkpoint (its saved config "
+                              "is used; a larger --steps extends it)", "run control")
+    overwrite: bool = opt(False, "replace the run in --run-dir", "run control")
+    progress: bool = opt(True, "show a progress bar", "run control")
+    tensorboard: bool = opt(False, "also log to RUN_DIR/tensorboard (needs the tensorboard package)",
+                            "run control")
+
+    def validate(self) -> RunControl:
+        check_fields(self)
+        if self.resume and self.overwrite:
+            raise ValueError("--resume and --overwrite exclude each other: continue the run, or replace it")
+        parse_device(self.device)
+        if self.tensorboard:
+            try:
+                import torch.utils.tensorboard  # noqa: F401
+            except ImportError:
+                raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+        return self
+
+
+TRAIN_DEFAULTS = {f.name: (f.default if f.default is not MISSING else f.default_factory()) for f in fields(TrainConfig)}
+
+
+def parse_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; otherwise a checked torch device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name} requested but CUDA is not available; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {name}: only {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type != "cpu":
+        raise ValueError(f"device {name!r} is not supported; use auto, cpu, cuda or cuda:N")
+    return torch.device("cpu") if dev.type == "cpu" else dev  # cpu:0 is the CPU
+
+
+def _type_ok(value, hint) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return any(_type_ok(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin in (list, tuple):
+        return isinstance(value, (list, tuple)) and all(_type_ok(v, args[0]) for v in value)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return isinstance(value, hint)
+
+
+def _type_name(hint) -> str:
+    return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+def check_fields(obj, prefix: str = "", skip_ranges: bool = False) -> None:
+    """Type and range of every field of a dataclass instance, from its annotations and metadata."""
+    hints = typing.get_type_hints(type(obj))
+    for f in fields(obj):
+        value, name = getattr(obj, f.name), prefix + f.name
+        if dataclass_type(hints[f.name]):
+            continue
+        if not _type_ok(value, hints[f.name]):
+            raise ValueError(f"{name} must be {_type_name(hints[f.name])}, got {value!r} ({type(value).__name__})")
+        if skip_ranges or value is None or isinstance(value, (bool, str, list, tuple, dict)):
+            if isinstance(value, str) and "choices" in f.metadata and value not in f.metadata["choices"]:
+                raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(f.metadata['choices'])}")
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value}")
+        meta = f.metadata
+        if meta.get("positive") and not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+        if "min" in meta and value < meta["min"]:
+            raise ValueError(f"{name} must be >= {meta['min']}, got {value}")
+        if "max" in meta and value > meta["max"]:
+            raise ValueError(f"{name} must be <= {meta['max']}, got {value}")
+
+
+def dataclass_type(hint) -> bool:
+    return isinstance(hint, type) and hasattr(hint, "__dataclass_fields__")
+
+
+def load_config_file(path: Path) -> dict:
+    """The key/value table of a JSON or TOML file; errors name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file not found: {path}")
+    try:
+        text = path.read_text()
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"config file {path}: cannot parse ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path}: expected a table of settings, got {type(data).__name__}")
+    return data

@@ -1,0 +1,96 @@
+"""The pieces of one optimizer step, as plain functions.
+
+* :func:`chunk_grads` -- the gradient of one micro-batch with the configured engine.
+* :func:`allreduce_mean` -- the mean over micro-batches and ranks of the gradient (one
+  flat buffer in the parameters' dtype) and of the step's statistics (float64, so a
+  bfloat16 run still logs its loss with 16 significant digits).
+* :func:`lr_factor` -- the learning-rate schedule, a function of plain numbers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .data import Batch
+from .engine import cache_leaves, dense_grad, prepare, seco_grad
+from .estimators import spaco_grad
+
+
+def lr_factor(step: int, warmup: int, steps: int, min_lr_ratio: float) -> float:
+    """Linear warm-up, then cosine decay:
+
+        f(s) = (s + 1) / W                                         for s < W
+        f(s) = r + (1 - r) * (1 + cos(pi * min(1, (s - W) / max(1, S - W)))) / 2   otherwise
+
+    with W = ``warmup``, S = ``steps``, r = ``min_lr_ratio``; f(S) = r.
+    """
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+@torch.no_grad()
+def forward_loss(model, tokens, targets, chunk_size: int) -> torch.Tensor:
+    """Mean token loss, chunk by chunk without a graph (works at any length)."""
+    return cache_leaves(model, prepare(model, tokens, targets, chunk_size))[1]
+
+
+def chunk_grads(model, batch: Batch, cfg, rng: np.random.Generator | None, scheme=None):
+    """``(loss, grads, stats)`` of one micro-batch: the mean token loss, the gradient of
+    the trainable parameters by name, and ``{"chunks": chunks backpropagated}``.
+
+    ``cfg`` is a :class:`~seco_lab.config.TrainConfig`; ``rng`` draws the SpaCO chunk
+    subset (unused by ``dense`` and ``seco``); ``scheme`` defaults to ``cfg.build_scheme()``.
+    """
+    tok, tgt = batch.tokens, batch.targets
+    k = cfg.num_chunks
+    if cfg.mode == "dense":
+        loss, grads = dense_grad(model, tok, tgt)
+        return loss, grads, {"chunks": k}
+    if cfg.mode == "seco":
+        loss, grads = seco_grad(model, tok, tgt, chunk_size=cfg.chunk_size)
+        return loss, grads, {"chunks": k}
+    scheme = scheme or cfg.build_scheme()
+    subset = scheme.sampler.draw(k, cfg.budget, rng)
+    if subset:
+        loss, grads = spaco_grad(model, tok, tgt, cfg.chunk_size, scheme, cfg.budget, subset=subset)
+    else:  # an empty Bernoulli draw: forward only, zero gradient
+        loss = forward_loss(model, tok, tgt, cfg.chunk_size)
+        grads = {n: torch.zeros_like(p) for n, p in model.named_parameters() if p.requires_grad}
+    return loss, grads, {"chunks": len(subset)}
+
+
+def allreduce_mean(params, stats: dict[str, float], count: int, world: int) -> tuple[dict[str, float], int]:
+    """Replace each ``p.grad`` by the mean over ``count`` micro-batches and ``world`` ranks
+    (``p.grad`` holds this rank's sum) and return the same mean of ``stats`` (this rank's
+    sums) with the number of all-reduce calls made.
+
+    Gradients travel in one flat buffer of the parameters' dtype; the statistics in
+    float64 -- in the same buffer when the parameters are float64, else in a second one.
+    """
+    names = list(stats)
+    denom = count * world
+    stat_buf = torch.tensor([float(stats[n]) for n in names], dtype=torch.float64) / denom
+    grads = torch.cat([p.grad.reshape(-1) for p in params]) / denom
+    calls = 0
+    if grads.dtype == torch.float64:
+        flat = torch.cat([grads, stat_buf.to(grads.device)])
+        if world > 1:
+            dist.all_reduce(flat)
+            calls = 1
+        grads, stat_buf = flat[: grads.numel()], flat[grads.numel() :].cpu()
+    elif world > 1:
+        stat_buf = stat_buf.to(grads.device)
+        dist.all_reduce(grads)
+        dist.all_reduce(stat_buf)
+        stat_buf, calls = stat_buf.cpu(), 2
+    pos = 0
+    for p in params:
+        p.grad.copy_(grads[pos : pos + p.numel()].view_as(p))
+        pos += p.numel()
+    return dict(zip(names, stat_buf.tolist())), calls
