@@ -22,19 +22,15 @@ import pandas as pd
 from experiments.bias_study import atomic_write_csv, atomic_write_text, software_versions
 from seco_lab.data import KeyValueTask
 from seco_lab.schemes import SCHEME_NAMES
-from seco_lab.train import TrainConfig, Trainer, read_metrics
+from seco_lab.train import RunControl, TrainConfig, Trainer, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # The `make train-demo` configuration: byte-level text, 1024-token sequences, 8 chunks.
-DEMO = TrainConfig(
-    run_dir="runs/demo", mode="seco", data="text", seq_len=1024, chunk_size=128, batch_size=4, steps=250,
-    lr=2e-3, warmup=20, eval_every=50, eval_batches=2, ckpt_every=50, seed=0,
-    model=dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=384),
-)
+DEMO = TrainConfig.from_file(ROOT / "configs" / "demo.toml")
 # The synthetic long-range task: a key-value pair in chunk 0 of 8, queried in chunk 7.
 SYNTHETIC = TrainConfig(
-    run_dir="runs/kv", mode="seco", data="synthetic", seq_len=64, chunk_size=8, batch_size=16, steps=400,
+    mode="seco", data="synthetic", seq_len=64, chunk_size=8, batch_size=16, steps=400,
     lr=3e-3, warmup=20, eval_every=50, eval_batches=4, ckpt_every=400, seed=0,
     model=dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, vocab_size=32),
 )
@@ -50,11 +46,12 @@ def run(out: Path, quick: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
     runs = ROOT / "runs" / "compare"  # run directories (checkpoints) stay out of reports/
     # 1. throughput, one optimizer step timed at a time, on the demo configuration (t/k = 1/4)
-    demo = replace(DEMO, steps=4 if quick else 12, eval_every=1000, ckpt_every=1000, progress=False, overwrite=True)
+    demo = replace(DEMO, steps=4 if quick else 12, eval_every=1000, ckpt_every=1000)
     k = demo.num_chunks
     rows = []
     for label, cfg in modes(demo, k // 4, ["falling-factorial", "paper-capped"]):
-        t = Trainer(replace(cfg, run_dir=str(runs / ("tp_" + label.replace(" ", "_")))))
+        t = Trainer(cfg, RunControl(run_dir=str(runs / ("tp_" + label.replace(" ", "_"))), overwrite=True,
+                                    progress=False))
         t.fit()
         recs = [r for r in read_metrics(t.run_dir) if "tokens_per_s" in r][2:]  # drop warm-up steps
         rows.append({"mode": label, "tokens_per_s": float(np.median([r["tokens_per_s"] for r in recs])),
@@ -64,10 +61,11 @@ def run(out: Path, quick: bool = False) -> None:
     atomic_write_csv(pd.DataFrame(rows), out / "throughput.csv")
 
     # 2. far-token loss on the synthetic task, every mode and scheme at t/k = 1/4
-    syn = replace(SYNTHETIC, steps=60 if quick else SYNTHETIC.steps, progress=False, overwrite=True)
+    syn = replace(SYNTHETIC, steps=60 if quick else SYNTHETIC.steps)
     far = []
     for label, cfg in modes(syn, syn.num_chunks // 4, SCHEME_NAMES):
-        t = Trainer(replace(cfg, run_dir=str(runs / ("kv_" + label.replace(" ", "_")))))
+        t = Trainer(cfg, RunControl(run_dir=str(runs / ("kv_" + label.replace(" ", "_"))), overwrite=True,
+                                    progress=False))
         t.fit()
         m = read_metrics(t.run_dir)
         ev = [r for r in m if "eval_far_loss" in r]
@@ -77,7 +75,7 @@ def run(out: Path, quick: bool = False) -> None:
         print(label, "far loss", ev[0]["eval_far_loss"], "->", ev[-1]["eval_far_loss"], flush=True)
     atomic_write_csv(pd.DataFrame(far), out / "far_loss.csv")
     meta = {"demo": demo.to_dict(), "synthetic": syn.to_dict(), "software": software_versions(),
-            "n_keys": KeyValueTask(syn.seq_len, syn.model["vocab_size"], syn.n_pairs).n_keys, "quick": quick}
+            "n_keys": KeyValueTask(syn.seq_len, syn.model.vocab_size, syn.n_pairs).n_keys, "quick": quick}
     atomic_write_text(json.dumps(meta, indent=2), out / "training.json")
 
 

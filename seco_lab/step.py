@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .data import Batch
-from .engine import cache_leaves, dense_grad, prepare, seco_grad
+from .engine import dense_grad, forward_loss, seco_grad
 from .estimators import spaco_grad
 
 
@@ -32,12 +32,6 @@ def lr_factor(step: int, warmup: int, steps: int, min_lr_ratio: float) -> float:
         return (step + 1) / warmup
     progress = (step - warmup) / max(1, steps - warmup)
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-
-@torch.no_grad()
-def forward_loss(model, tokens, targets, chunk_size: int) -> torch.Tensor:
-    """Mean token loss, chunk by chunk without a graph (works at any length)."""
-    return cache_leaves(model, prepare(model, tokens, targets, chunk_size))[1]
 
 
 def chunk_grads(model, batch: Batch, cfg, rng: np.random.Generator | None, scheme=None):

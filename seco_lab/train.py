@@ -27,12 +27,13 @@ from tqdm.auto import tqdm
 
 from .config import DTYPES, MODES, RunControl, TrainConfig, parse_device
 from .data import Batch, KeyValueTask, TextCorpus
-from .engine import accumulate_grads
+from .engine import forward_loss
+from .grads import accumulate_grads
 from .metric_log import MetricLogger
 from .model import TinyTransformer
 from .run_dir import RunDir, RunDirError, check_usable, read_config, read_metrics
 from .run_plots import plot_run
-from .step import allreduce_mean, chunk_grads, forward_loss, lr_factor
+from .step import allreduce_mean, chunk_grads, lr_factor
 
 __all__ = ["DTYPES", "MODES", "NonFiniteLoss", "RunControl", "TrainConfig", "Trainer", "TrainingInterrupted",
            "init_distributed_from_env", "read_metrics"]
@@ -214,7 +215,13 @@ class Trainer:
         for micro, mb in enumerate(self.micro_batches(batch)):
             mb = Batch(mb.tokens.to(self.device), mb.targets.to(self.device), mb.far)
             rng = np.random.default_rng([c.seed, self.step, micro, self.rank])
-            loss, grads, stats = chunk_grads(self.model, mb, c, rng, self.scheme)
+            try:
+                loss, grads, stats = chunk_grads(self.model, mb, c, rng, self.scheme)
+            except FloatingPointError:
+                # the engine refuses a NaN/inf forward; keep every rank in step (the all-reduce below
+                # still runs) and let the finiteness check name the step
+                loss, stats = float("nan"), {"chunks": 0}
+                grads = {n: torch.zeros_like(p) for n, p in self.model.named_parameters() if p.requires_grad}
             loss_sum += float(loss)
             chunks += stats["chunks"]
             accumulate_grads(self.model, grads)
