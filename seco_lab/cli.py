@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     sub.add_parser("report", help="generate a report from stored results", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bias-study":
-        from experiments.bias_study import main as study_main
+        from .study import main as study_main
 
         study_main(argv[1:])
         return 0
