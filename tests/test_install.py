@@ -9,6 +9,7 @@ inactive, and the fresh environment's own site-packages (holding the wheel) come
 the package under test is the wheel's, which the test asserts.
 """
 
+import ast
 import os
 import shutil
 import subprocess
@@ -59,3 +60,22 @@ def test_wheel_runs_the_study_and_the_report_from_any_directory(tmp_path):
 
     missing = subprocess.run([str(cli), "report", "bias"], cwd=tmp_path, capture_output=True, text=True)
     assert "seco-lab bias-study" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_library_never_imports_the_experiments():
+    """Recipes depend on the library, never the reverse; the entry points import only seco_lab of this project."""
+    for path in (ROOT / "seco_lab").rglob("*.py"):
+        assert "experiments" not in _imported_modules(path), f"{path.relative_to(ROOT)} imports experiments"
+    for path in (ROOT / "experiments").glob("*.py"):
+        assert "experiments" not in _imported_modules(path), f"{path.relative_to(ROOT)} imports experiments"
