@@ -199,3 +199,25 @@ def test_an_hf_architecture_can_be_the_model_of_a_cell():
     assert checks["engine_vs_chain_basis_uniform"] < 1e-12
     assert checks["strata_beyond_depth"] < 1e-13
     assert set(res.results.scheme) >= {"paper", "falling-factorial", "bernoulli"}
+
+
+def test_cli_help_lists_every_option_with_its_default(capsys):
+    from seco_lab.study import build_parser, main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: seco-lab bias-study")
+    for action in build_parser()._actions:
+        assert any(opt in text for opt in action.option_strings)
+    assert "10000" in text and "reports/bias_study" in text and "(default: None)" not in text
+
+
+def test_cli_out_that_is_a_file_is_a_clear_error(tmp_path, capsys):
+    from seco_lab.study import main
+
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SystemExit) as e:
+        main(["--quick", "--out", str(tmp_path / "f")])
+    assert e.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err

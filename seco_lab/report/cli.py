@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..study.driver import DefaultsHelpFormatter
 from .bench import bench_report
 from .bias import bias_report
 from .markdown import MissingResultsError
@@ -21,7 +22,7 @@ REPORTS = {
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="seco-lab report", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="seco-lab report", formatter_class=DefaultsHelpFormatter,
         description="Write a Markdown report and its figures (in figures/ beside it) from stored results; every "
                     "number comes from the stored files. Paths are relative to the current directory.")
     ap.add_argument("which", choices=tuple(REPORTS), help="bias: the bias study; bench: time and memory "

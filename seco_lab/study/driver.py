@@ -45,6 +45,15 @@ SORT_KEYS = {"results": ["L", "k", "seed", "t", "scheme", "metric"], "checks": [
 SINGLE_THREAD_ENV = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except where there is none to show (flags, defaults worked out later)."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False) or "default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 class StudyDefinitionError(ValueError):
     """The output folder holds results of a different study definition."""
 
@@ -156,7 +165,7 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, fresh: bool = False, p
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="seco-lab bias-study", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="seco-lab bias-study", formatter_class=DefaultsHelpFormatter,
         description="The bias study: every SpaCO compensation scheme against the exact gradient, over a grid of "
                     "depths L, chunk counts k, budgets t and seeds. Resumable: a rerun skips finished groups.")
     ap.add_argument("--quick", action="store_true", help="small grid (2 depths, k in {4, 8}, 2 seeds), sub-minute")
