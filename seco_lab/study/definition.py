@@ -43,6 +43,9 @@ class Purpose(IntEnum):
 SAMPLER_CODES = {"uniform": 0, "bernoulli": 1}  # the Monte Carlo stream's extra entropy per sampler kind
 
 IGNORE_INDEX = -100
+# Bumped whenever the seeding rule or the stored tables change, so a folder written by an older
+# study is never resumed as if it were this one (2: one SeedSequence rule, checks.csv, groups.csv).
+STUDY_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,9 @@ class StudyConfig:
         return cls(**d)
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+        """Hash of the definition and of ``STUDY_FORMAT``: equal digests mean resumable results."""
+        spec = {"study_format": STUDY_FORMAT, **self.to_json()}
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
 DEFAULT = StudyConfig()

@@ -31,6 +31,7 @@ from .definition import (
     GROUP_COLUMNS,
     QUICK,
     RESULT_COLUMNS,
+    STUDY_FORMAT,
     StudyConfig,
 )
 from .group import run_group
@@ -108,7 +109,8 @@ def _prepare(cfg: StudyConfig, out: Path, fresh: bool) -> dict:
     if fresh:
         for f in (out / "cells").iterdir():
             f.unlink()
-    manifest = {"digest": digest, "config": cfg.to_json(), "software": software_versions(), "status": "running"}
+    manifest = {"digest": digest, "study_format": STUDY_FORMAT, "config": cfg.to_json(),
+                "software": software_versions(), "status": "running"}
     atomic_write_json(manifest, manifest_path)
     return manifest
 
