@@ -26,16 +26,16 @@ lint: $(STAMP)
 	$(BIN)/ruff check seco_lab experiments tests
 
 bias-study: $(STAMP)
-	$(BIN)/python -m experiments.bias_study --jobs $(JOBS)
-	$(BIN)/python -m seco_lab.report bias
+	$(BIN)/seco-lab bias-study --jobs $(JOBS)
+	$(BIN)/seco-lab report bias
 
 bias-study-quick: $(STAMP)
-	$(BIN)/python -m experiments.bias_study --quick --jobs $(JOBS)
+	$(BIN)/seco-lab bias-study --quick --jobs $(JOBS)
 
 report: $(STAMP)
-	$(BIN)/python -m seco_lab.report bias
-	@if [ -f reports/training/throughput.csv ]; then $(BIN)/python -m seco_lab.report training; fi
-	@if [ -f reports/bench/results.csv ]; then $(BIN)/python -m seco_lab.report bench; fi
+	$(BIN)/seco-lab report bias
+	@if [ -f reports/training/throughput.csv ]; then $(BIN)/seco-lab report training; fi
+	@if [ -f reports/bench/results.csv ]; then $(BIN)/seco-lab report bench; fi
 
 # A few minutes of SeCO on the Python standard library's sources (byte level);
 # the configuration is configs/demo.toml.  `make train-demo STEPS=20` shortens it.
@@ -46,12 +46,12 @@ train-demo: $(STAMP)
 # Throughput of every mode on the demo configuration, far-token loss on the synthetic task.
 train-compare: $(STAMP)
 	$(BIN)/python -m experiments.train_compare
-	$(BIN)/python -m seco_lab.report training
+	$(BIN)/seco-lab report training
 
 # Time and memory of every method as sequences grow; report from the stored CSV.
 bench: $(STAMP)
 	$(BIN)/python -m experiments.bench
-	$(BIN)/python -m seco_lab.report bench
+	$(BIN)/seco-lab report bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

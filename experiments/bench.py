@@ -221,7 +221,7 @@ def run(cfg: BenchConfig, out: Path, device: str, timeout: float = 900.0) -> pd.
             rows.append({"length": n, "label": r["label"], "metric": "time_s", "value": r["time_s"], "note": "",
                          **{k: m.get(k) for k in ("method", "scheme", "budget", "ratio")}})
     df = pd.DataFrame(rows)
-    from experiments.bias_study import atomic_write_csv, atomic_write_text, software_versions
+    from seco_lab.study import atomic_write_csv, atomic_write_text, software_versions
 
     atomic_write_csv(df, out / "results.csv")
     import torch

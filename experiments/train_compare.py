@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.bias_study import atomic_write_csv, atomic_write_text, software_versions
 from seco_lab.data import KeyValueTask
 from seco_lab.schemes import SCHEME_NAMES
+from seco_lab.study import atomic_write_csv, atomic_write_text, software_versions
 from seco_lab.train import RunControl, TrainConfig, Trainer, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -251,19 +251,17 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train = train_parser(sub)
     sub.add_parser("plot", help="draw several runs' loss curves on one figure", add_help=False)
-    sub.add_parser("bias-study", help="run the bias study (arguments as experiments.bias_study)", add_help=False)
+    sub.add_parser("bias-study", help="run the exact bias study of every compensation scheme", add_help=False)
     sub.add_parser("report", help="generate a report from stored results", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bias-study":
-        from experiments.bias_study import main as study_main
+        from .study import main as study_main
 
-        study_main(argv[1:])
-        return 0
+        return study_main(argv[1:])
     if argv and argv[0] == "report":
         from .report import main as report_main
 
-        report_main(argv[1:])
-        return 0
+        return report_main(argv[1:])
     if argv and argv[0] == "plot":
         return plot_main(argv[1:])
     if argv and argv[0] == "train":

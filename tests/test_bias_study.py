@@ -1,4 +1,5 @@
-"""The bias study end to end on its quick grid, its statistics, and its resume logic."""
+"""The bias study end to end on its quick grid, its statistics, its resume logic, its
+determinism, and rebuilding a stored group with ``load_cell``."""
 
 import os
 import signal
@@ -13,10 +14,23 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from experiments.bias_study import QUICK, run_study
-from seco_lab.report import bias_report, load_bias
+from seco_lab import dense_grad, flatten, hop_strata
+from seco_lab.report import bias_report, load_bias, summarize_bias
+from seco_lab.study import (
+    PAPER,
+    QUICK,
+    RESULT_COLUMNS,
+    SCHEMES,
+    Purpose,
+    StudyDefinitionError,
+    load_cell,
+    run_group,
+    run_study,
+    seed_sequence,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
+TABLES = ("results", "checks", "groups", "convergence")
 
 
 @pytest.fixture(scope="module")
@@ -28,22 +42,47 @@ def quick_study(tmp_path_factory):
 
 def test_quick_study_writes_tidy_results_and_report(quick_study):
     res = pd.read_csv(quick_study / "results.csv")
-    assert list(res.columns) == ["L", "k", "seed", "t", "scheme", "metric", "value"]
+    assert tuple(res.columns) == RESULT_COLUMNS
     assert not res.duplicated(["L", "k", "seed", "t", "scheme", "metric"]).any()  # one row per metric
+    assert set(res.scheme) == {v.label for v in SCHEMES}  # no sentinel rows: checks live in checks.csv
+    assert (res.t >= 1).all()
+    assert "seconds" not in set(res.metric)  # timings only in study.json: the tables are reproducible
     md = bias_report(quick_study, quick_study / "report" / "bias_study.md")
     text = md.read_text()
-    assert "## Headline numbers" in text and "Software: Python" in text
+    assert "## Headline numbers" in text and "Software: Python" in text and "seco-lab bias-study" in text
+    assert "docs/estimators.md" in text
     for fig in ["bias_vs_ratio", "variance_mse_vs_ratio", "convergence", "weights", "cap_tradeoff"]:
         assert (md.parent / "figures" / "bias_study" / f"{fig}.png").stat().st_size > 10_000
 
 
+def test_rows_are_sorted_into_a_fixed_order(quick_study):
+    res = pd.read_csv(quick_study / "results.csv")
+    key = ["L", "k", "seed", "t", "scheme", "metric"]
+    assert res[key].equals(res[key].sort_values(key).reset_index(drop=True))
+
+
 def test_quick_study_internal_checks_are_exact(quick_study):
-    cells, checks, _, _ = load_bias(quick_study)
-    by = checks.groupby("metric").value.max()
-    assert by["check_chain_sum_vs_dense"] < 1e-12
-    assert by["check_strata_beyond_depth"] < 1e-13
-    assert by["check_engine_vs_chain_basis"] < 1e-12
-    assert cells.check_enum_vs_analytic.max() < 1e-12
+    study = load_bias(quick_study)
+    by = study.checks.groupby("check").value.max()
+    assert by["chain_sum_vs_dense"] < 1e-12
+    assert by["strata_beyond_depth"] < 1e-13
+    assert by["engine_vs_chain_basis_uniform"] < 1e-12 and by["engine_vs_chain_basis_bernoulli"] < 1e-12
+    assert by["enumerated_vs_analytic"] < 1e-12
+    # every group and budget was checked
+    n_cells = sum(len(QUICK.budgets[k]) for _, k, _ in QUICK.groups())
+    assert (study.checks.check == "engine_vs_chain_basis_uniform").sum() == n_cells
+
+
+def test_summary_numbers_come_from_the_cells(quick_study):
+    """The pure summary step (no matplotlib) against a direct computation from the cell table."""
+    study = load_bias(quick_study)
+    s = summarize_bias(study)
+    cells = study.cells
+    paper = cells[(cells.scheme == PAPER.label) & (cells.k == s["headline"]["k"])
+                  & (cells.t == s["headline"]["t"])]
+    assert s["headline"]["rel_bias"] == pytest.approx(paper.rel_bias.mean(), rel=1e-12)
+    hit, n = s["covered"]
+    assert n == cells.mc_covered.notna().sum() and hit == int(cells.mc_covered.sum())
 
 
 def test_unbiased_intervals_cover_zero_and_paper_intervals_exclude_it(quick_study):
@@ -56,18 +95,55 @@ def test_unbiased_intervals_cover_zero_and_paper_intervals_exclude_it(quick_stud
     Monte Carlo seeds; the seeds are fixed, so it is deterministic.  `paper` is
     biased in every cell with t < k: each of its 95% intervals must exclude 0.
     """
-    cells, _, _, meta = load_bias(quick_study)
+    study = load_bias(quick_study)
+    cells, meta = study.cells, study.meta
     random = cells[cells.t < cells.k]
     unbiased = random[random.rel_bias < 1e-10]
     assert set(unbiased.scheme) == {"bernoulli", "falling-factorial"}
-    assert (unbiased[unbiased.scheme == "falling-factorial"].t >= unbiased[unbiased.scheme == "falling-factorial"].L
-            + 1).all()
+    ff = unbiased[unbiased.scheme == "falling-factorial"]
+    assert (ff.t >= ff.L + 1).all()
     crit = stats.t.isf(0.01 / (2 * len(unbiased)), meta["config"]["batches"] - 1)
     z = unbiased.mc_rel_sq_bias / unbiased.mc_rel_sq_bias_se
     assert np.all(np.abs(z) < crit), unbiased.assign(z=z)[np.abs(z) >= crit]
     paper = random[random.scheme == "paper"]
     assert len(paper) and (paper.mc_rel_sq_bias_ci_low > 0).all()
     assert (paper.rel_bias > 0.1).all()
+
+
+@pytest.mark.parametrize("scheme", ["paper", "released", "falling-factorial"])
+def test_load_cell_recomputes_a_stored_bias(quick_study, scheme):
+    """load_cell rebuilds a group; the exact relative bias stored in results.csv (from the chain basis
+    and inclusion probabilities) is recomputed independently from hop strata: E ĝ = Σ_p w(p) g(p)."""
+    L, k, seed, t = 2, 8, 1, 2
+    cell = load_cell(quick_study, L, k, seed)
+    _, dense = dense_grad(cell.model, cell.tokens, cell.targets)
+    g = flatten(dense)
+    strata = hop_strata(cell.model, cell.tokens, cell.targets, cell.config.chunk_size)
+    variant = next(v for v in cell.config.schemes if v.label == scheme)
+    w = variant.build().expected_weights(k, t, strata.max_hops)
+    expected = sum(float(w[p]) * flatten(gp) for p, gp in enumerate(strata.strata))
+    recomputed = float((expected - g).norm() / g.norm())
+    res = pd.read_csv(quick_study / "results.csv")
+    stored = res[(res.L == L) & (res.k == k) & (res.seed == seed) & (res.t == t) & (res.scheme == scheme)
+                 & (res.metric == "rel_bias")].value
+    assert len(stored) == 1 and recomputed > 0.01
+    assert recomputed == pytest.approx(float(stored.iloc[0]), rel=1e-10)
+    groups = pd.read_csv(quick_study / "groups.csv")
+    g_norm = groups[(groups.L == L) & (groups.k == k) & (groups.seed == seed) & (groups.metric == "g_norm")].value
+    assert float(g.norm()) == pytest.approx(float(g_norm.iloc[0]), rel=1e-13)
+
+
+def test_load_cell_refuses_a_group_outside_the_study(quick_study):
+    with pytest.raises(ValueError, match="not a group of the study"):
+        load_cell(quick_study, 3, 8, 0)
+
+
+def test_seeding_rule_gives_each_purpose_its_own_stream():
+    draws = {p: seed_sequence(QUICK, 2, 8, 0, p).generate_state(2).tolist() for p in Purpose}
+    assert len({tuple(v) for v in draws.values()}) == len(Purpose)
+    # and the rule is the documented SeedSequence over (base, L, k, seed, purpose)
+    ref = np.random.SeedSequence([QUICK.base_seed, 2, 8, 0, int(Purpose.TOKENS)]).generate_state(2).tolist()
+    assert draws[Purpose.TOKENS] == ref
 
 
 def _cli(out, *extra):
@@ -81,15 +157,15 @@ def test_study_resumes_after_being_killed(tmp_path):
     proc = subprocess.Popen(_cli(out), cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
-    while time.time() < deadline and len(list(cells.glob("L*_s?.csv"))) < 2:
+    while time.time() < deadline and len(list(cells.glob("L*.json"))) < 2:
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    finished = sorted(cells.glob("L*_s?.csv"))
+    finished = sorted(cells.glob("L*.json"))
     assert 2 <= len(finished) < 8, "the kill must land mid-study"
-    for f in finished:  # nothing half-written: every stored group is complete
-        df = pd.read_csv(f)
-        assert "seconds" in set(df.metric)
+    for f in finished:  # nothing half-written: every group marked done has all its tables
+        for name in TABLES:
+            assert len(pd.read_csv(f.with_suffix(f".{name}.csv")))
     before = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in finished}
 
     rerun = subprocess.run(_cli(out), cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -97,23 +173,50 @@ def test_study_resumes_after_being_killed(tmp_path):
     assert f"{len(finished)} already done, {8 - len(finished)} to compute" in rerun.stdout
     for f in finished:
         assert (f.stat().st_ino, f.stat().st_mtime_ns) == before[f.name], f"{f.name} was recomputed"
-    assert len(list(cells.glob("L*_s?.csv"))) == 8 and not list(cells.glob("*.tmp*"))
-    assert (out / "results.csv").exists()
+    assert len(list(cells.glob("L*.json"))) == 8 and not list(cells.glob("*.tmp*"))
+    # reproducible run to run: one group recomputed here, in another process, gives the same bytes
+    cfg = replace(QUICK, draws=500)
+    L, k, seed = cfg.groups()[-1]
+    again = run_group(cfg, L, k, seed)
+    for name, df in [("results", again.results), ("checks", again.checks), ("groups", again.facts),
+                     ("convergence", again.convergence)]:
+        stored = (cells / f"L{L}_k{k}_s{seed}.{name}.csv").read_text()
+        assert df.to_csv(index=False) == stored, name
 
 
 def test_changed_definition_is_refused_without_fresh(tmp_path):
     run_study(replace(QUICK, depths=(1,), chunk_counts=(4,), seeds=(0,), draws=100), tmp_path, progress=False)
-    with pytest.raises(SystemExit, match="different study definition"):
+    with pytest.raises(StudyDefinitionError, match="different study definition"):
         run_study(replace(QUICK, depths=(1,), chunk_counts=(4,), seeds=(0,), draws=200), tmp_path, progress=False)
 
 
 def test_an_hf_architecture_can_be_the_model_of_a_cell():
-    from experiments.bias_study import run_group
-
     cfg = replace(QUICK, arch="hf-llama", budgets={4: (2,)}, draws=100, batches=10)
-    res, _ = run_group(cfg, 2, 4, 0)
-    checks = res[res.scheme.str.startswith("*")].groupby("metric").value.max()
-    assert checks["check_chain_sum_vs_dense"] < 1e-12
-    assert checks["check_engine_vs_chain_basis"] < 1e-12
-    assert checks["check_strata_beyond_depth"] < 1e-13
-    assert set(res.scheme) >= {"paper", "falling-factorial", "bernoulli"}
+    res = run_group(cfg, 2, 4, 0)
+    checks = res.checks.groupby("check").value.max()
+    assert checks["chain_sum_vs_dense"] < 1e-12
+    assert checks["engine_vs_chain_basis_uniform"] < 1e-12
+    assert checks["strata_beyond_depth"] < 1e-13
+    assert set(res.results.scheme) >= {"paper", "falling-factorial", "bernoulli"}
+
+
+def test_cli_help_lists_every_option_with_its_default(capsys):
+    from seco_lab.study import build_parser, main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: seco-lab bias-study")
+    for action in build_parser()._actions:
+        assert any(opt in text for opt in action.option_strings)
+    assert "10000" in text and "reports/bias_study" in text and "(default: None)" not in text
+
+
+def test_cli_out_that_is_a_file_is_a_clear_error(tmp_path, capsys):
+    from seco_lab.study import main
+
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SystemExit) as e:
+        main(["--quick", "--out", str(tmp_path / "f")])
+    assert e.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err

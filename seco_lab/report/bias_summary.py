@@ -1,0 +1,165 @@
+"""The bias report's numbers, from the stored study alone (no plotting: testable without matplotlib)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from ..study.definition import (
+    BERNOULLI,
+    FALLING_FACTORIAL,
+    PAPER,
+    PAPER_CAPPED_2,
+    RESULT_COLUMNS,
+)
+from .figures import scheme_order
+from .markdown import MissingResultsError, require
+
+UNBIASED_TOL = 1e-10  # relative bias below this is "exactly unbiased" (float64 rounding is ~1e-15)
+PAPER_RATIO = 16  # the paper's chunks-to-budget ratio k/t (k = 128 chunks of 128 tokens, t = 8)
+OTHER_PAPER_RATIOS = (8, 4)  # the paper's other budgets at k = 128: t = 16, 32
+COVERAGE_BAND = 0.99  # a scheme's count of covering intervals is flagged outside this binomial band
+PRODUCE_BIAS = "`seco-lab bias-study` (in the repository: `make bias-study`)"
+STUDY_FILES = ("results.csv", "checks.csv", "groups.csv", "convergence.csv", "study.json")
+
+
+@dataclass
+class BiasStudy:
+    """The stored study: one row per (L, k, t, seed, scheme) with a column per metric, and the other tables."""
+
+    cells: pd.DataFrame
+    checks: pd.DataFrame
+    groups: pd.DataFrame
+    convergence: pd.DataFrame
+    meta: dict
+
+
+def load_bias(folder: Path) -> BiasStudy:
+    folder = Path(folder)
+    require(folder, STUDY_FILES, PRODUCE_BIAS)
+    meta = json.loads((folder / "study.json").read_text())
+    if meta.get("status") != "complete":
+        raise MissingResultsError(f"{folder}/study.json says the study is {meta.get('status')!r}: rerun it to "
+                                  "completion (it resumes where it stopped)")
+    res = pd.read_csv(folder / "results.csv")
+    if tuple(res.columns) != RESULT_COLUMNS:
+        raise MissingResultsError(f"{folder}/results.csv has columns {list(res.columns)}, not {list(RESULT_COLUMNS)}:"
+                                  " it was written by an older study; rerun the study with --fresh")
+    cells = res.pivot_table(index=["L", "k", "t", "seed", "scheme"], columns="metric", values="value",
+                            dropna=False).reset_index()
+    cells = cells.dropna(subset=["rel_bias"])
+    cells.columns.name = None
+    cells["ratio"] = cells.t / cells.k
+    return BiasStudy(cells, pd.read_csv(folder / "checks.csv"), pd.read_csv(folder / "groups.csv"),
+                     pd.read_csv(folder / "convergence.csv"), meta)
+
+
+def _verdict(unbiased: pd.Series, mask: pd.Series) -> str:
+    return "yes" if unbiased[mask].all() else f"no ({int(unbiased[mask].sum())}/{int(mask.sum())})"
+
+
+def unbiasedness_summary(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per scheme: in how many random cells (t < k) the exact bias vanishes, split at t = L+1."""
+    random = cells[cells.t < cells.k]
+    rows = []
+    for s in scheme_order(cells.scheme):
+        d = random[random.scheme == s]
+        unb = d.rel_bias < UNBIASED_TOL
+        deep = d.t >= d.L + 1
+
+        rows.append({"scheme": s, "unbiased cells (t < k)": f"{int(unb.sum())}/{len(d)}",
+                     "unbiased when t ≥ L+1": _verdict(unb, deep), "unbiased when t < L+1": _verdict(unb, ~deep),
+                     "max rel. bias": float(d.rel_bias.max())})
+    return pd.DataFrame(rows)
+
+
+def coverage_summary(cells: pd.DataFrame, level: float) -> pd.DataFrame:
+    """Per scheme: intervals, how many covered the exact squared bias, and whether that count is plausible."""
+    rows = []
+    tail = (1 - COVERAGE_BAND) / 2
+    for s in scheme_order(cells.scheme):
+        c = cells[cells.scheme == s].mc_covered.dropna()
+        n, hit = len(c), int(c.sum())
+        lo, hi = stats.binom.ppf([tail, 1 - tail], n, level) if n else (np.nan, np.nan)
+        rows.append({"scheme": s, "intervals": n, "covering": hit, "coverage": hit / n if n else np.nan,
+                     f"within {COVERAGE_BAND:.0%} band of nominal": "yes" if lo <= hit <= hi else "**no**"})
+    return pd.DataFrame(rows)
+
+
+def scheme_ratio(mean: pd.DataFrame, a: str, b: str, metric: str) -> pd.Series:
+    """metric(a) / metric(b) per (L, k, t) with t < k, finite values only."""
+    def of(s):
+        return mean[(mean.scheme == s) & (mean.t < mean.k)].set_index(["L", "k", "t"])[metric]
+
+    r = (of(a) / of(b)).dropna()
+    return r[np.isfinite(r)]
+
+
+def by_budget(main: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Schemes x budgets table of one metric."""
+    tab = main.pivot_table(index="scheme", columns="t", values=metric).reindex(scheme_order(main.scheme))
+    tab.columns = [f"t={int(c)}" for c in tab.columns]
+    return tab.reset_index()
+
+
+def headline(mean: pd.DataFrame) -> dict:
+    """The paper formula at the paper's ratio k/t (the largest k reaching it, else the nearest ratio) and
+    at the other paper ratios, at the study's largest k."""
+    kmax = int(mean.k.max())
+    paper = mean[mean.scheme == PAPER.label].assign(r=lambda d: d.k / d.t)
+    r16 = float(paper.loc[(paper.r - PAPER_RATIO).abs().idxmin(), "r"])
+    at16 = paper[paper.r == r16]
+    k16 = int(at16.k.max())
+    at16 = at16[at16.k == k16]
+    others = {}
+    for r in OTHER_PAPER_RATIOS:
+        d = paper[(paper.r == r) & (paper.k == kmax)]
+        if len(d):
+            others[r] = {"k": kmax, "t": kmax // r, "rel_bias": float(d.rel_bias.mean()),
+                         "direction_bias": float(d.direction_bias.mean())}
+    every = paper[(paper.k == kmax) & (paper.t < kmax)]
+    return {"ratio": r16, "k": k16, "t": int(round(k16 / r16)), "rel_bias": float(at16.rel_bias.mean()),
+            "direction_bias": float(at16.direction_bias.mean()),
+            "best_scale_residual": float(at16.best_scale_residual.mean()), "others": others, "kmax": kmax,
+            "range": {m: (float(every[m].min()), float(every[m].max()))
+                      for m in ("rel_bias", "best_scale_residual", "direction_bias")}}
+
+
+def summarize_bias(study: BiasStudy) -> dict:
+    """Every number the bias report prints (besides its figures), from the stored study."""
+    cells, cfg = study.cells, study.meta["config"]
+    mean = cells.groupby(["L", "k", "t", "scheme"], as_index=False).mean(numeric_only=True)
+    kmax, Lmax = int(cells.k.max()), int(cells.L.max())
+    cap_var = scheme_ratio(mean, PAPER_CAPPED_2.label, PAPER.label, "rel_var")
+    cap_bias = scheme_ratio(mean, PAPER_CAPPED_2.label, PAPER.label, "rel_bias")
+    capped = cap_var[cap_var < 1 - 1e-12]
+    unb = unbiasedness_summary(cells)
+    main = mean[(mean.k == kmax) & (mean.L == Lmax)]
+    bern = cells[(cells.scheme == BERNOULLI.label) & (cells.t < cells.k)]
+    checks = study.checks.assign(kind=study.checks.check.str.replace(r"_(uniform|bernoulli)$", "", regex=True))
+    mc_vs_exact = (cells.mc_rel_var - cells.rel_var).abs() / cells.rel_var.where(cells.rel_var > 0)
+    covered = cells.mc_covered.dropna()
+    unbiased_schemes = (FALLING_FACTORIAL.label, BERNOULLI.label)
+    return {
+        "kmax": kmax, "Lmax": Lmax, "level": cfg["ci_level"], "headline": headline(mean),
+        "cap": {"cells": len(cap_var), "binding": len(capped),
+                "var_ratio": capped.describe()[["min", "50%", "max"]].to_dict() if len(capped) else None,
+                "bias_ratio": cap_bias[capped.index].describe()[["min", "50%", "max"]].to_dict() if len(capped)
+                else None},
+        "unbiased": unb,
+        "others_biased": bool(unb[~unb.scheme.isin(unbiased_schemes)]["unbiased cells (t < k)"]
+                              .str.startswith("0/").all()),
+        "ff_var_ratio": scheme_ratio(mean, FALLING_FACTORIAL.label, PAPER.label, "rel_var").describe()[
+            ["min", "50%", "max"]].to_dict(),
+        "bernoulli_cost_spread": float((bern.mc_cost / bern.t - 1).abs().max()) if len(bern) else None,
+        "coverage": coverage_summary(cells, cfg["ci_level"]),
+        "covered": (int(covered.sum()), len(covered)),
+        "tables": {m: by_budget(main, m) for m in ("rel_bias", "direction_bias", "rel_mse")},
+        "checks": checks.groupby("kind").value.max().to_dict(),
+        "mc_vs_exact_var": (float(mc_vs_exact.median()), float(mc_vs_exact.max())),
+    }

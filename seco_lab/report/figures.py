@@ -1,0 +1,59 @@
+"""Shared figure helpers: object-oriented matplotlib (``matplotlib.figure.Figure``, no pyplot
+state, no global backend switch) and one style per scheme variant of the study."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from ..study.definition import (
+    BERNOULLI,
+    FALLING_FACTORIAL,
+    PAPER,
+    PAPER_CAPPED_2,
+    PAPER_CHAIN_CAPPED_2,
+    RELEASED,
+    RELEASED_UNBIASED,
+    SCHEMES,
+)
+
+# colour per scheme family; within a family the first variant is solid, the others dashed
+SCHEME_COLOURS = {PAPER.name: "tab:red", PAPER_CAPPED_2.name: "tab:orange", PAPER_CHAIN_CAPPED_2.name: "tab:brown",
+                  RELEASED.name: "tab:purple", RELEASED_UNBIASED.name: "tab:pink",
+                  FALLING_FACTORIAL.name: "tab:blue", BERNOULLI.name: "tab:green"}
+FIGURE_DPI = 110
+
+
+def scheme_style(label: str) -> tuple[str, str]:
+    """(colour, line style) of a scheme variant by its label; grey dotted for a label the study does not know."""
+    variant = next((v for v in SCHEMES if v.label == label), None)
+    if variant is None:
+        return "gray", ":"
+    first = next(v for v in SCHEMES if v.name == variant.name)
+    return SCHEME_COLOURS.get(variant.name, "gray"), "-" if variant == first else "--"
+
+
+def scheme_order(labels) -> list[str]:
+    """The labels present, in the study's scheme order (unknown labels last, as found)."""
+    present = list(dict.fromkeys(labels))
+    known = [v.label for v in SCHEMES if v.label in present]
+    return known + [s for s in present if s not in known]
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, figsize=(7, 4.8), **subplot_kw) -> tuple[Figure, list]:
+    """A figure and its axes as a 2-D list, laid out by constrained layout."""
+    fig = Figure(figsize=figsize, layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, **subplot_kw)
+    return fig, [list(row) for row in axes]
+
+
+def save_figure(fig: Figure, path: Path) -> str:
+    """Save atomically as PNG and return the file name."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + f".tmp{os.getpid()}.png")
+    fig.savefig(tmp, dpi=FIGURE_DPI, bbox_inches="tight", metadata={"Software": None})
+    os.replace(tmp, path)
+    return path.name

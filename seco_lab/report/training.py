@@ -1,0 +1,80 @@
+"""The training comparison report (``reports/training.md``) from ``experiments/train_compare.py``'s results."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .figures import new_figure, save_figure
+from .markdown import generated_note, require, table, write_markdown
+
+PRODUCE_TRAINING = "`make train-compare` (`python -m experiments.train_compare` in the repository)"
+TRAINING_FILES = ("throughput.csv", "far_loss.csv", "training.json")
+
+
+def load_training(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    folder = Path(folder)
+    require(folder, TRAINING_FILES, PRODUCE_TRAINING)
+    return (pd.read_csv(folder / "throughput.csv"), pd.read_csv(folder / "far_loss.csv"),
+            json.loads((folder / "training.json").read_text()))
+
+
+def summarize_training(throughput: pd.DataFrame, far: pd.DataFrame, meta: dict) -> dict:
+    """Throughput relative to dense and SeCO; far-token loss at the start and at each mode's last step."""
+    tp = throughput.copy()
+    rate = tp.set_index("mode").tokens_per_s
+    tp["vs dense"] = tp.tokens_per_s / float(rate["dense"])
+    tp["vs seco"] = tp.tokens_per_s / float(rate["seco"])
+    final = far.loc[far.groupby("mode", sort=False).step.idxmax(), ["mode", "eval_far_loss", "eval_loss"]]
+    return {"throughput": tp[["mode", "tokens_per_s", "backprop_chunks", "vs dense", "vs seco"]],
+            "final": final.rename(columns={"eval_far_loss": "final far-token loss", "eval_loss": "final loss"}),
+            "start_far_loss": float(far[far.step == 0].eval_far_loss.mean()),
+            "ln_keys": float(np.log(meta["n_keys"])), "k": int(tp.k.iloc[0]),
+            "steps_timed": int(tp.steps_timed.iloc[0])}
+
+
+def fig_far_loss(far: pd.DataFrame, ln_keys: float, out: Path) -> str:
+    fig, axes = new_figure(figsize=(8, 4.6))
+    ax = axes[0][0]
+    for mode, d in far.groupby("mode", sort=False):
+        ax.plot(d.step, d.eval_far_loss, marker="o", ms=3, label=mode)
+    ax.axhline(ln_keys, color="k", ls=":", lw=1, label="ln K: best loss without reading chunk 0")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("held-out far-token loss (nats)")
+    ax.set_title("Synthetic key-value recall across chunks", fontsize=9)
+    fig.legend(loc="outside right upper", fontsize=7)
+    return save_figure(fig, out / "far_loss.png")
+
+
+def training_report(folder: Path, out_md: Path) -> Path:
+    folder, out_md = Path(folder), Path(out_md)
+    tp, far, meta = load_training(folder)
+    s = summarize_training(tp, far, meta)
+    figdir = out_md.parent / "figures" / "training"
+    f_far = fig_far_loss(far, s["ln_keys"], figdir)
+    demo, syn, sw = meta["demo"], meta["synthetic"], meta["software"]
+    rel = os.path.relpath(figdir, out_md.parent)
+    md = ["# Training modes compared\n",
+          generated_note("training", folder, out_md, PRODUCE_TRAINING)]
+    if meta.get("quick"):
+        md.append("**Quick smoke run: too few steps for the numbers below to mean anything.**\n")
+    md.append("## Throughput on the demo configuration\n")
+    md.append(f"Byte-level text (Python standard library), sequences of {demo['seq_len']} tokens in chunks of "
+              f"{demo['chunk_size']} (k = {s['k']}), batch {demo['batch_size']}, model {demo['model']}, "
+              f"{demo['dtype']} on {sw['cpus']} CPUs; median tokens/s over {s['steps_timed']} optimizer "
+              "steps after two warm-up steps, every mode in one process, one after the other.\n")
+    md.append(table(s["throughput"]) + "\n")
+    md.append("## Far-token loss on the synthetic long-range task\n")
+    md.append(f"One key-value pair in chunk 0 of {syn['seq_len'] // syn['chunk_size']}, queried in the last chunk "
+              f"(sequence {syn['seq_len']}, chunk {syn['chunk_size']}, batch {syn['batch_size']}, {syn['steps']} "
+              f"steps, lr {syn['lr']}, model {syn['model']}). The value is uniform over K = {meta['n_keys']} "
+              f"tokens, so a model that does not read chunk 0 cannot go below ln K = {s['ln_keys']:.3f}. Far-token "
+              f"loss at step 0: {s['start_far_loss']:.3f}.\n")
+    md.append(table(s["final"]) + "\n")
+    md.append(f"![far-token loss]({rel}/{f_far})\n")
+    md.append(f"Software: Python {sw['python']}, torch {sw['torch']}; {sw['platform']}.\n")
+    return write_markdown(md, out_md)

@@ -1,0 +1,41 @@
+"""Rebuild one group of a stored study from the definition in its ``study.json``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .definition import StudyConfig, build_model, build_tokens
+
+
+@dataclass
+class Cell:
+    """One group as the study built it: the float64 model, tokens, targets, and the definition."""
+
+    model: torch.nn.Module
+    tokens: torch.Tensor
+    targets: torch.Tensor
+    config: StudyConfig
+
+
+def load_study_config(results_dir: Path) -> StudyConfig:
+    """The study definition stored in ``results_dir/study.json``."""
+    path = Path(results_dir) / "study.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: pass the folder a bias study wrote (it holds study.json)")
+    return StudyConfig.from_json(json.loads(path.read_text())["config"])
+
+
+def load_cell(results_dir: Path, n_layers: int, num_chunks: int, seed: int) -> Cell:
+    """The model, tokens and targets of group (L = n_layers, k = num_chunks, seed) of a stored study,
+    exactly as the study built them, so any stored number can be recomputed from them."""
+    cfg = load_study_config(results_dir)
+    if (n_layers, num_chunks, seed) not in cfg.groups():
+        raise ValueError(f"(L={n_layers}, k={num_chunks}, seed={seed}) is not a group of the study in {results_dir}: "
+                         f"depths {cfg.depths}, chunk counts {cfg.chunk_counts}, seeds {cfg.seeds}")
+    model = build_model(cfg, n_layers, num_chunks, seed)
+    tokens, targets = build_tokens(cfg, n_layers, num_chunks, seed)
+    return Cell(model, tokens, targets, cfg)
