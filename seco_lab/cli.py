@@ -230,7 +230,7 @@ def fail(command: str, e: Exception) -> int:
 
 
 def plot_main(argv: list[str]) -> int:
-    from .run_plots import plot_runs
+    from .report.runs import plot_runs
 
     ap = argparse.ArgumentParser(prog="seco-lab plot", description="Draw several runs' loss curves on one figure.")
     ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)")

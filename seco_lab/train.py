@@ -4,7 +4,7 @@ evaluation, checkpoints that resume bit for bit, and data-parallel training.
 The loop lives here; its parts are separate: :mod:`seco_lab.config` (what a run is),
 :mod:`seco_lab.run_dir` (lock, checkpoints, metrics), :mod:`seco_lab.metric_log`,
 :mod:`seco_lab.step` (gradient of a micro-batch, all-reduce, schedule) and
-:mod:`seco_lab.run_plots`.
+:mod:`seco_lab.report.runs`.
 
 Gradients of one optimizer step come from ``grad_accum`` micro-batches on every
 rank; ranks all-reduce the accumulated gradient once per optimizer step (a single
@@ -31,8 +31,8 @@ from .engine import forward_loss
 from .grads import accumulate_grads
 from .metric_log import MetricLogger
 from .model import TinyTransformer
+from .report.runs import plot_run
 from .run_dir import RunDir, RunDirError, check_usable, read_config, read_metrics
-from .run_plots import plot_run
 from .step import allreduce_mean, chunk_grads, lr_factor
 
 __all__ = ["DTYPES", "MODES", "NonFiniteLoss", "RunControl", "TrainConfig", "Trainer", "TrainingInterrupted",

@@ -6,12 +6,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from .run_dir import read_config, read_metrics
+from ..run_dir import read_config, read_metrics
+from .figures import save_figure
 
 
 def run_label(run_dir) -> str:
@@ -23,15 +23,6 @@ def run_label(run_dir) -> str:
 def _series(rows: list[dict], key: str) -> tuple[list, list]:
     sel = [r for r in rows if key in r]
     return [r["step"] for r in sel], [r[key] for r in sel]
-
-
-def _save(fig: Figure, out: Path) -> Path:
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.stem + ".tmp" + out.suffix)
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, out)
-    return out
 
 
 def run_figure(run_dir) -> Figure:
@@ -52,7 +43,9 @@ def run_figure(run_dir) -> Figure:
 
 
 def plot_run(run_dir) -> Path:
-    return _save(run_figure(run_dir), Path(run_dir) / "loss.png")
+    out = Path(run_dir) / "loss.png"
+    save_figure(run_figure(run_dir), out)
+    return out
 
 
 def runs_figure(run_dirs) -> Figure:
@@ -75,4 +68,5 @@ def plot_runs(run_dirs, out) -> Path:
     missing = [str(d) for d in run_dirs if not (Path(d) / "metrics.jsonl").is_file()]
     if missing:
         raise ValueError(f"not a run directory (no metrics.jsonl): {', '.join(missing)}")
-    return _save(runs_figure(run_dirs), out)
+    save_figure(runs_figure(run_dirs), out)
+    return Path(out)
