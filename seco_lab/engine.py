@@ -125,7 +125,7 @@ def checked_chunk(out, j: int) -> ChunkOutput:
         )
     if not torch.isfinite(out.loss_sum).all():
         raise FloatingPointError(
-            f"the loss of chunk {j} is {float(out.loss_sum)}: the model's forward produced NaN/inf "
+            f"the loss of chunk {j} is {float(out.loss_sum.detach())}: the model's forward produced NaN/inf "
             "(non-finite weights, a negative or zero norm eps, or overflow in a low-precision dtype)"
         )
     return out
