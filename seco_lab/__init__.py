@@ -1,10 +1,11 @@
 """seco_lab: chunk-wise long-context training (SeCO / SpaCO) and exact verification
 of its gradient estimators.  Data flows model -> chunk engine -> estimators ->
-analysis -> reports; see README.md and SPEC.md."""
+analysis -> reports; see README.md and docs/estimators.md."""
 
-from .engine import accumulate_grads, dense_grad, seco_grad, seco_step
+from .engine import dense_grad, forward_loss, seco_grad, seco_step
 from .enumeration import Expectation, enumerate_expectation
-from .estimators import ChainBasis, HopStrata, chain_basis, flatten, hop_strata, spaco_grad, unflatten
+from .estimators import ChainBasis, HopStrata, chain_basis, hop_strata, spaco_grad
+from .grads import GradDict, accumulate_grads, flatten, unflatten
 from .model import TinyConfig, TinyTransformer
 from .protocol import ChunkModel, ChunkOutput
 from .schemes import SCHEME_NAMES, Sampler, Scheme, get_scheme, make_scheme
@@ -17,6 +18,7 @@ __all__ = [
     "ChunkModel",
     "ChunkOutput",
     "Expectation",
+    "GradDict",
     "HopStrata",
     "Sampler",
     "Scheme",
@@ -27,6 +29,7 @@ __all__ = [
     "dense_grad",
     "enumerate_expectation",
     "flatten",
+    "forward_loss",
     "get_scheme",
     "hop_strata",
     "make_scheme",

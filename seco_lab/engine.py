@@ -1,6 +1,6 @@
 """Dense and SeCO gradients, and the chunk sweep every estimator is built on.
 
-SeCO (SPEC section 2).  Pass 1 runs every chunk under ``no_grad`` and keeps its
+SeCO (docs/estimators.md §2).  Pass 1 runs every chunk under ``no_grad`` and keeps its
 KV cache as leaf tensors m'_j.  Pass 2 visits chunks j = k..1 in decreasing
 order, rebuilds chunk j from the leaves m'_{<j} and backprops
 
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .protocol import ChunkCache, ChunkModel, flat_cache, unflat_cache
-
-GradDict = dict[str, torch.Tensor]
+from .checks import ceil_div, check_chunk_size
+from .grads import GradDict, accumulate_grads, named_grads
+from .protocol import ChunkCache, ChunkModel, ChunkOutput, flat_cache, unflat_cache
 
 
 @dataclass
@@ -44,7 +44,7 @@ class ChunkedBatch:
 
     @property
     def num_chunks(self) -> int:
-        return -(-self.length // self.chunk_size)
+        return ceil_div(self.length, self.chunk_size)
 
     def chunk(self, j: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         s = j * self.chunk_size
@@ -61,7 +61,8 @@ def _as_2d(x, what: str) -> torch.Tensor:
         raise ValueError(f"{what} must have shape (batch, length) or (length,), got {tuple(x.shape)}")
     if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
         raise TypeError(f"{what} must be an integer tensor of token ids, got dtype {x.dtype}")
-    return x
+    # embeddings and cross-entropy index with int64; int8/int16/int32/uint8 ids are widened, not refused
+    return x.long()
 
 
 def check_model(model) -> None:
@@ -73,6 +74,8 @@ def check_model(model) -> None:
             "(see seco_lab.protocol.ChunkModel)"
         )
     dtypes = {p.dtype for p in model.parameters()}
+    if not dtypes:
+        raise ValueError(f"{type(model).__name__} has no parameters: there is nothing to differentiate")
     if len(dtypes) > 1:
         raise TypeError(f"model parameters have mixed dtypes {sorted(map(str, dtypes))}; cast the model to one dtype")
     if dtypes and not next(iter(dtypes)).is_floating_point:
@@ -95,10 +98,7 @@ def prepare(model, tokens, targets, chunk_size: int | None = None, ignore_index:
     b, n = tokens.shape
     if b == 0 or n == 0:
         raise ValueError(f"empty input: tokens have shape {tuple(tokens.shape)}")
-    if chunk_size is None:
-        chunk_size = n
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+    chunk_size = n if chunk_size is None else check_chunk_size(chunk_size)
     max_pos = getattr(model, "max_positions", None)
     if max_pos is not None and n > max_pos:
         raise ValueError(f"sequence length {n} exceeds the model's maximum positions {max_pos}")
@@ -117,6 +117,20 @@ def prepare(model, tokens, targets, chunk_size: int | None = None, ignore_index:
     return ChunkedBatch(tokens.to(device), targets.to(device), chunk_size, ignore_index, n_targets)
 
 
+def checked_chunk(out, j: int) -> ChunkOutput:
+    """``out`` if it is a valid chunk output with a finite loss; otherwise a clear error naming chunk j."""
+    if not isinstance(out, ChunkOutput):
+        raise TypeError(
+            f"chunk_forward must return seco_lab.protocol.ChunkOutput(loss_sum, cache), got {type(out).__name__}"
+        )
+    if not torch.isfinite(out.loss_sum).all():
+        raise FloatingPointError(
+            f"the loss of chunk {j} is {float(out.loss_sum)}: the model's forward produced NaN/inf "
+            "(non-finite weights, a negative or zero norm eps, or overflow in a low-precision dtype)"
+        )
+    return out
+
+
 def trainable(model) -> list[tuple[str, torch.nn.Parameter]]:
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not params:
@@ -131,10 +145,16 @@ def cache_leaves(model: ChunkModel, batch: ChunkedBatch) -> tuple[list[ChunkCach
     total = 0.0
     for j in range(batch.num_chunks):
         tok, tgt, start = batch.chunk(j)
-        out = model.chunk_forward(tok, tgt, leaves, start, batch.ignore_index)
+        out = checked_chunk(model.chunk_forward(tok, tgt, leaves, start, batch.ignore_index), j)
         total = total + out.loss_sum
         leaves.append(unflat_cache([t.detach().requires_grad_(True) for t in flat_cache(out.cache)]))
     return leaves, total / batch.n_targets
+
+
+def forward_loss(model: ChunkModel, tokens, targets, chunk_size: int | None = None,
+                 ignore_index: int = -100) -> torch.Tensor:
+    """Mean token loss sum_j J_j / N, chunk by chunk without a graph (any length, no activations kept)."""
+    return cache_leaves(model, prepare(model, tokens, targets, chunk_size, ignore_index))[1]
 
 
 Relay = Callable[[Hashable, int, int], "tuple[Hashable, float] | None"]
@@ -228,10 +248,6 @@ def _vjp(outputs: list[torch.Tensor], seeds: list[list], inputs: list[torch.Tens
     return list(res)
 
 
-def _named(params: Sequence[tuple[str, torch.Tensor]], grads: Sequence[torch.Tensor]) -> GradDict:
-    return {name: g for (name, _), g in zip(params, grads)}
-
-
 def dense_grad(model: ChunkModel, tokens, targets, ignore_index: int = -100) -> tuple[torch.Tensor, GradDict]:
     """Reference gradient: backprop through the whole sequence at once.
 
@@ -240,13 +256,15 @@ def dense_grad(model: ChunkModel, tokens, targets, ignore_index: int = -100) -> 
     batch = prepare(model, tokens, targets, None, ignore_index)
     params = trainable(model)
     with torch.enable_grad():
-        out = model.chunk_forward(batch.tokens, batch.targets, (), 0, ignore_index)
+        out = checked_chunk(model.chunk_forward(batch.tokens, batch.targets, (), 0, ignore_index), 0)
         loss = out.loss_sum / batch.n_targets
         grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True, materialize_grads=True)
-    return loss.detach(), _named(params, grads)
+    return loss.detach(), named_grads(params, grads)
 
 
-def _accumulate_into(acc: list[torch.Tensor]) -> Collect:
+def accumulate_into(acc: list[torch.Tensor]) -> Collect:
+    """A collector that adds every label's parameter gradients into ``acc``."""
+
     def collect(_label, _j, grads):
         for a, g in zip(acc, grads):
             a.add_(g)
@@ -257,7 +275,7 @@ def _accumulate_into(acc: list[torch.Tensor]) -> Collect:
 def seco_grad(
     model: ChunkModel, tokens, targets, chunk_size: int, ignore_index: int = -100
 ) -> tuple[torch.Tensor, GradDict]:
-    """Exact gradient by sequential chunk-wise optimisation (SeCO, SPEC section 2)."""
+    """Exact gradient by sequential chunk-wise optimisation (SeCO, docs/estimators.md §2)."""
     batch = prepare(model, tokens, targets, chunk_size, ignore_index)
     params = trainable(model)
     acc = [torch.zeros_like(p) for _, p in params]
@@ -271,20 +289,9 @@ def seco_grad(
         direct_label=lambda j: 0,
         direct_scale=1.0,
         relay=lambda lab, j, i: (0, 1.0),
-        collect=_accumulate_into(acc),
+        collect=accumulate_into(acc),
     )
-    return loss, _named(params, acc)
-
-
-def accumulate_grads(model, grads: GradDict, scale: float = 1.0) -> None:
-    """Add ``scale * grads`` into ``.grad`` of the named parameters (creating it when absent)."""
-    params = dict(model.named_parameters())
-    for name, g in grads.items():
-        p = params[name]
-        if p.grad is None:
-            p.grad = g * scale
-        else:
-            p.grad.add_(g, alpha=scale)
+    return loss, named_grads(params, acc)
 
 
 def seco_step(model: ChunkModel, tokens, targets, chunk_size: int, ignore_index: int = -100, scale: float = 1.0):

@@ -1,5 +1,5 @@
 """Exact expectations and covariances of SpaCO estimates by enumerating every draw
-(SPEC section 4, tier 2).
+(docs/estimators.md §5, tier 2).
 
     E[g_hat]   = sum_I P(I) g_hat(I)
     Cov[g_hat] = sum_I P(I) (g_hat(I) - E)(g_hat(I) - E)^T
@@ -17,9 +17,11 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from .engine import GradDict, prepare
-from .estimators import flatten, spaco_grad, unflatten
-from .schemes import Scheme, check_budget, get_scheme
+from .checks import check_budget
+from .engine import prepare
+from .estimators import spaco_grad
+from .grads import GradDict, flatten, unflatten
+from .schemes import Scheme, get_scheme
 
 DEFAULT_MAX_SUBSETS = 20_000
 DEFAULT_FULL_COV_MAX_PARAMS = 4_000

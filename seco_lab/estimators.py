@@ -1,4 +1,4 @@
-"""SpaCO: the sparse engine, the hop strata and the chain basis (SPEC sections 2, 3, 5).
+"""SpaCO: the sparse engine, the hop strata and the chain basis (docs/estimators.md §2-3).
 
 * :func:`spaco_grad` visits only the drawn chunks I (decreasing order) and backprops
   ``c_0 J_j + sum_q c_q <m_j, G_j(q)>``.  Schemes whose c_q does not depend on q
@@ -19,31 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .engine import GradDict, _accumulate_into, _named, backward_sweep, cache_leaves, prepare, trainable
-from .schemes import Scheme, check_budget, get_scheme
-
-
-def flatten(grads: GradDict) -> torch.Tensor:
-    return torch.cat([g.reshape(-1) for g in grads.values()])
-
-
-def unflatten(vec: torch.Tensor, like: GradDict) -> GradDict:
-    out, pos = {}, 0
-    for name, g in like.items():
-        out[name] = vec[pos : pos + g.numel()].view_as(g)
-        pos += g.numel()
-    return out
-
-
-def _check_subset(subset, k: int, t: int, scheme: Scheme) -> tuple[int, ...]:
-    s = tuple(sorted(int(j) for j in subset))
-    if len(set(s)) != len(s):
-        raise ValueError(f"subset {tuple(subset)} repeats a chunk")
-    if s and (s[0] < 0 or s[-1] >= k):
-        raise ValueError(f"subset {tuple(subset)} has chunk indices outside [0, {k})")
-    if scheme.sampler.kind == "uniform" and len(s) != t:
-        raise ValueError(f"scheme {scheme.name!r} draws exactly t={t} chunks; the subset has {len(s)}")
-    return s
+from .checks import check_budget, check_max_hops, check_subset
+from .engine import accumulate_into, backward_sweep, cache_leaves, prepare, trainable
+from .grads import GradDict, flatten, named_grads
+from .schemes import Scheme, get_scheme
 
 
 def spaco_grad(
@@ -58,7 +37,7 @@ def spaco_grad(
     ignore_index: int = -100,
     max_hops: int | None = None,
 ) -> tuple[torch.Tensor, GradDict]:
-    """Sparse chunk-wise gradient estimate for one drawn set I (SPEC section 3).
+    """Sparse chunk-wise gradient estimate for one drawn set I (docs/estimators.md §3).
 
     ``subset`` fixes I (0-based chunk indices); otherwise it is drawn from the
     scheme's sampler with ``generator`` (a numpy Generator or a seed).  Returns
@@ -66,23 +45,22 @@ def spaco_grad(
 
     Hop-dependent schemes keep one relay buffer per hop count q = 1..P.  P defaults
     to min(|I| - 1, L), L = number of cache layers: a chain crosses at most L caches
-    (SPEC section 2, checked by the tier-1 tests), so deeper strata are exactly zero.
+    (docs/estimators.md §2, checked by the tier-1 tests), so deeper strata are exactly zero.
     Pass ``max_hops=len(subset) - 1`` for a model without that property.
     """
     batch = prepare(model, tokens, targets, chunk_size, ignore_index)
     scheme = get_scheme(scheme)
-    k, t = batch.num_chunks, budget
-    check_budget(k, t)
+    k, t = check_budget(batch.num_chunks, budget)
+    if max_hops is not None:
+        max_hops = check_max_hops(max_hops)
     if subset is None:
         subset = scheme.sampler.draw(k, t, generator)
-    subset = _check_subset(subset, k, t, scheme)
+    subset = check_subset(subset, k, t if scheme.sampler.kind == "uniform" else None)
     params = trainable(model)
     acc = [torch.zeros_like(p) for _, p in params]
     leaves, loss = cache_leaves(model, batch)
-    if max_hops is not None and (isinstance(max_hops, bool) or int(max_hops) < 0):
-        raise ValueError(f"max_hops P must be an integer >= 0, got {max_hops!r}")
     depth = len(leaves[0])  # cache layers
-    P = min(max(len(subset) - 1, 0), depth if max_hops is None else int(max_hops))
+    P = min(max(len(subset) - 1, 0), depth if max_hops is None else max_hops)
     c = scheme.factors(k, t, P)
     if scheme.constant_relay(k, t):
         relay_factor = float(c[1]) if P >= 1 else 0.0
@@ -96,9 +74,9 @@ def spaco_grad(
 
     backward_sweep(
         model, batch, leaves, [p for _, p in params], subset,
-        direct_label=lambda j: 0, direct_scale=float(c[0]), relay=relay, collect=_accumulate_into(acc),
+        direct_label=lambda j: 0, direct_scale=float(c[0]), relay=relay, collect=accumulate_into(acc),
     )
-    return loss, _named(params, acc)
+    return loss, named_grads(params, acc)
 
 
 @dataclass
@@ -146,13 +124,8 @@ def hop_strata(
     """
     batch = prepare(model, tokens, targets, chunk_size, ignore_index)
     k = batch.num_chunks
-    if max_hops is None:
-        max_hops = k - 1
-    if isinstance(max_hops, bool) or not isinstance(max_hops, (int, np.integer)) or max_hops < 0:
-        raise ValueError(f"max_hops P must be an integer >= 0, got {max_hops!r}")
-    visit = range(k) if subset is None else sorted(set(int(j) for j in subset))
-    if subset is not None and any(j < 0 or j >= k for j in visit):
-        raise ValueError(f"subset {tuple(subset)} has chunk indices outside [0, {k})")
+    max_hops = k - 1 if max_hops is None else check_max_hops(max_hops)
+    visit = range(k) if subset is None else check_subset(subset, k)
     params = trainable(model)
     strata = [[torch.zeros_like(p) for _, p in params] for _ in range(max_hops + 1)]
     leaves, loss = cache_leaves(model, batch)
@@ -166,7 +139,7 @@ def hop_strata(
         direct_label=lambda j: 0, direct_scale=1.0,
         relay=lambda q, j, i: (q + 1, 1.0) if q + 1 <= max_hops else None, collect=collect,
     )
-    return HopStrata(loss, [_named(params, s) for s in strata], k, None if subset is None else tuple(visit))
+    return HopStrata(loss, [named_grads(params, s) for s in strata], k, None if subset is None else tuple(visit))
 
 
 @dataclass
@@ -186,12 +159,6 @@ class ChainBasis:
     max_hops: int
     loss: float
     like: GradDict
-
-    def strata(self) -> torch.Tensor:
-        """(P+1, d) matrix of g(p)."""
-        out = self.vectors.new_zeros(self.max_hops + 1, self.vectors.shape[1])
-        out.index_add_(0, torch.as_tensor(self.hops), self.vectors)
-        return out
 
     def contained(self, subset) -> np.ndarray:
         m = sum(1 << int(j) for j in subset)
@@ -213,8 +180,7 @@ def chain_basis(model, tokens, targets, chunk_size: int, max_hops: int, ignore_i
     k = batch.num_chunks
     if k > 62:
         raise ValueError(f"chain_basis stores chunk sets as 64-bit masks: k={k} chunks is too many (max 62)")
-    if isinstance(max_hops, bool) or not isinstance(max_hops, (int, np.integer)) or max_hops < 0:
-        raise ValueError(f"max_hops P must be an integer >= 0, got {max_hops!r}")
+    max_hops = check_max_hops(max_hops)
     params = trainable(model)
     leaves, loss = cache_leaves(model, batch)
     found: dict[tuple[int, ...], torch.Tensor] = {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -43,7 +43,10 @@ class TinyConfig:
             self.n_kv_heads = self.n_heads
         positive = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_positions")
         for name in positive:
-            if int(getattr(self, name)) < 1:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"TinyConfig.{name} must be an integer, got {value!r}")
+            if value < 1:
                 raise ValueError(f"TinyConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
@@ -53,13 +56,15 @@ class TinyConfig:
             raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        # a norm eps <= 0 divides by zero on a zero row; inf/NaN gives NaN everywhere
+        if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
+            raise ValueError(f"norm_eps must be a finite number > 0, got {self.norm_eps}")
+        if not (math.isfinite(self.rope_theta) and self.rope_theta > 1):
+            raise ValueError(f"rope_theta must be a finite number > 1, got {self.rope_theta}")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class RMSNorm(nn.Module):
@@ -73,12 +78,16 @@ class RMSNorm(nn.Module):
 
 
 def rotary(x: torch.Tensor, start: int, theta: float) -> torch.Tensor:
-    """Rotate pairs (x[..., :h/2], x[..., h/2:]) by angle pos * theta^(-2i/h), pos = start + offset."""
+    """Rotate pairs (x[..., :h/2], x[..., h/2:]) by angle pos * theta^(-2i/h), pos = start + offset.
+
+    Positions and angles are computed in float64 whatever the activations' dtype (bfloat16 holds
+    only 8 significant bits: positions 1000, 1001, 1002 would coincide) and cast at the end.
+    """
     t, h = x.shape[-2], x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, h, 2, dtype=x.dtype, device=x.device) / h)
-    pos = torch.arange(start, start + t, dtype=x.dtype, device=x.device)
+    inv_freq = theta ** (-torch.arange(0, h, 2, dtype=torch.float64, device=x.device) / h)
+    pos = torch.arange(start, start + t, dtype=torch.float64, device=x.device)
     ang = torch.outer(pos, inv_freq)  # (t, h/2)
-    cos, sin = ang.cos(), ang.sin()
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     x1, x2 = x[..., : h // 2], x[..., h // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
@@ -92,7 +101,6 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=False)
         self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=False)
         self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
-        self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x, past_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], start: int):
         cfg = self.cfg
@@ -104,18 +112,20 @@ class Attention(nn.Module):
         q, k = rotary(q, start, cfg.rope_theta), rotary(k, start, cfg.rope_theta)
         keys = torch.cat([pk for pk, _ in past_kv] + [k], dim=2)
         values = torch.cat([pv for _, pv in past_kv] + [v], dim=2)
-        rep = cfg.n_heads // cfg.n_kv_heads
-        if rep > 1:
-            keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
         n_past = keys.shape[2] - t
-        scores = q @ keys.transpose(-1, -2) / math.sqrt(hd)
-        # Query i of this chunk sits at global position start+i and sees every past
-        # key plus keys 0..i of its own chunk.
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        mask = torch.cat([torch.ones(t, n_past, dtype=torch.bool, device=x.device), causal], dim=1)
-        scores = scores.masked_fill(~mask, float("-inf"))
-        att = self.drop(torch.softmax(scores, dim=-1))
-        out = (att @ values).transpose(1, 2).reshape(b, t, cfg.n_heads * hd)
+        # Query i of this chunk sits at global position start+i and sees every past key plus keys
+        # 0..i of its own chunk; without a past that is plain causal attention (no mask to build).
+        if n_past:
+            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            mask = torch.cat([torch.ones(t, n_past, dtype=torch.bool, device=x.device), causal], dim=1)
+        else:
+            mask = None
+        # the fused kernel users run (grouped KV heads natively; the math path is exact in float64)
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=mask is None and t > 1,
+            dropout_p=cfg.dropout if self.training else 0.0, enable_gqa=cfg.n_heads != cfg.n_kv_heads,
+        )
+        out = out.transpose(1, 2).reshape(b, t, cfg.n_heads * hd)
         return self.o_proj(out), (k, v)
 
 

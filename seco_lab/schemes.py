@@ -1,4 +1,4 @@
-"""Chunk samplers and SpaCO compensation schemes (SPEC section 3).
+"""Chunk samplers and SpaCO compensation schemes (docs/estimators.md §3).
 
 A sparse step draws a set I of chunks and backprops, for every j in I (in
 decreasing order), ``c_0 J_j + sum_q c_q <m_j, G_j(q)>``.  A chain of p hops
@@ -24,6 +24,8 @@ from typing import Literal, Union
 
 import numpy as np
 
+from .checks import check_budget, check_max_hops, check_rng
+
 Num = Union[Fraction, int]
 
 
@@ -33,22 +35,6 @@ def falling(a: Num, m: int) -> Num:
     for i in range(m):
         out *= a - i
     return out
-
-
-def check_budget(k: int, t: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"number of chunks k must be an integer >= 1, got {k!r}")
-    if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-        raise ValueError(f"budget t must be an integer, got {t!r}")
-    if t < 1:
-        raise ValueError(f"budget t must be >= 1, got t={t}")
-    if t > k:
-        raise ValueError(f"budget t={t} exceeds the number of chunks k={k}")
-
-
-def _check_hops(max_hops: int) -> None:
-    if isinstance(max_hops, bool) or not isinstance(max_hops, (int, np.integer)) or max_hops < 0:
-        raise ValueError(f"max_hops P must be an integer >= 0, got {max_hops!r}")
 
 
 # --------------------------------------------------------------------------- samplers
@@ -100,7 +86,7 @@ class Sampler:
 
     def draw(self, k: int, t: int, rng: np.random.Generator | int | None) -> tuple[int, ...]:
         """One draw: the sorted chunk indices of I."""
-        rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        rng = check_rng(rng)
         return tuple(int(j) for j in np.flatnonzero(self.draw_indicator(k, t, 1, rng)[0]))
 
     def max_hops(self, k: int, t: int) -> int:
@@ -156,16 +142,14 @@ class Scheme:
 
     def __post_init__(self):
         if self.cap is not None:
-            if not float(self.cap) > 0:
-                raise ValueError(f"cap must be > 0, got {self.cap}")
-            object.__setattr__(self, "cap", Fraction(self.cap))
+            object.__setattr__(self, "cap", check_cap(self.cap))
         if self.cap_on not in ("hop", "chain"):
             raise ValueError(f"cap_on must be 'hop' or 'chain', got {self.cap_on!r}")
 
     # -- factors ---------------------------------------------------------------
     def factors_exact(self, k: int, t: int, max_hops: int) -> list[Fraction]:
         """[c_0, c_1, ..., c_P] as exact fractions, caps applied."""
-        _check_hops(max_hops)
+        check_max_hops(max_hops)
         rho = self.sampler.rate(k, t)
         c0 = Fraction(self.direct(k, t, rho))
         raw = [Fraction(self.hop(q, k, t, rho)) for q in range(1, max_hops + 1)]
@@ -198,9 +182,9 @@ class Scheme:
 
     # -- expectations ----------------------------------------------------------
     def expected_weights_exact(self, k: int, t: int, max_hops: int) -> list[Fraction]:
-        """w(p) = W(p) pi(p), p = 0..P; the closed form of SPEC's table when the scheme has one."""
+        """w(p) = W(p) pi(p), p = 0..P: the closed form (docs/estimators.md §3) when the scheme has one."""
         check_budget(k, t)
-        _check_hops(max_hops)
+        check_max_hops(max_hops)
         if self.closed_form is not None:
             return [Fraction(self.closed_form(self, k, t, p)) for p in range(max_hops + 1)]
         return self.direct_expected_weights(k, t, max_hops)
@@ -217,15 +201,25 @@ class Scheme:
         return _with_params(self, params)
 
 
+def check_cap(cap) -> Fraction:
+    """A cap C on a hop factor or chain product: a finite number > 0, as an exact fraction."""
+    try:
+        value = float(cap)
+    except (TypeError, ValueError):
+        raise ValueError(f"cap must be a finite number > 0, got {cap!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"cap must be a finite number > 0, got {cap!r} (an uncapped scheme has no cap: "
+                         "use 'paper' instead of 'paper-capped' for C = infinity)")
+    return Fraction(cap) if isinstance(cap, (int, Fraction)) else Fraction(value)
+
+
 def _with_params(scheme: Scheme, params: dict) -> Scheme:
     out = scheme
     for key, value in params.items():
         if key == "cap":
             if scheme.cap is None:
                 raise ValueError(f"scheme {scheme.name!r} has no cap; capped schemes: {capped_names()}")
-            if value is None or not float(value) > 0:
-                raise ValueError(f"cap must be > 0, got {value}")
-            out = replace(out, cap=Fraction(value))
+            out = replace(out, cap=check_cap(value))
         elif key == "rho":
             if scheme.sampler.kind != "bernoulli":
                 raise ValueError(f"scheme {scheme.name!r} samples without replacement; rho needs a bernoulli scheme")
@@ -287,7 +281,7 @@ def _survive(k, t, p) -> Fraction:
     return Fraction(falling(t, p + 1), falling(k, p + 1)) if p + 1 <= t else Fraction(0)
 
 
-# Closed forms of SPEC section 3's table.
+# Closed forms of the table in docs/estimators.md §3.
 def _w_paper(s, k, t, p):
     return Fraction(k, t) ** p * _survive(k, t, p)
 

@@ -1,4 +1,4 @@
-"""Tier 1 (SPEC section 4): the chunked forward and SeCO are exact in float64."""
+"""Tier 1 (docs/estimators.md §5): the chunked forward and SeCO are exact in float64."""
 
 import re
 from pathlib import Path

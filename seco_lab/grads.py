@@ -1,0 +1,58 @@
+"""Gradient dictionaries: the small tree utilities every engine and recipe shares.
+
+A gradient is a ``GradDict``: parameter name -> tensor, in the model's
+``named_parameters()`` order, trainable parameters only.  These helpers play
+the role of optax's tree utilities: flatten to one vector for linear algebra,
+unflatten back, and add into ``.grad`` for an optimizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+GradDict = dict[str, torch.Tensor]
+
+
+def named_grads(params: Sequence[tuple[str, torch.Tensor]], grads: Sequence[torch.Tensor]) -> GradDict:
+    """Pair the gradients of ``params`` (a ``named_parameters()`` list) with their names."""
+    return {name: g for (name, _), g in zip(params, grads)}
+
+
+def flatten(grads: GradDict) -> torch.Tensor:
+    """One vector: the parameters' gradients concatenated in dictionary order."""
+    return torch.cat([g.reshape(-1) for g in grads.values()])
+
+
+def unflatten(vec: torch.Tensor, like: GradDict) -> GradDict:
+    """Inverse of :func:`flatten`: views of ``vec`` shaped like ``like``."""
+    total = sum(g.numel() for g in like.values())
+    if vec.dim() != 1 or vec.numel() != total:
+        raise ValueError(f"unflatten: expected a vector of {total} elements, got shape {tuple(vec.shape)}")
+    out, pos = {}, 0
+    for name, g in like.items():
+        out[name] = vec[pos : pos + g.numel()].view_as(g)
+        pos += g.numel()
+    return out
+
+
+def accumulate_grads(model, grads: GradDict, scale: float = 1.0) -> None:
+    """``p.grad += scale * grads[name]`` for the named parameters (``p.grad`` created when absent).
+
+    At ``scale == 1`` a fresh ``.grad`` takes the tensor itself (no copy): the caller hands it over.
+    """
+    params = dict(model.named_parameters())
+    missing = set(grads) - set(params)
+    if missing:
+        raise KeyError(f"accumulate_grads: the model has no parameters named {sorted(missing)}")
+    for name, g in grads.items():
+        p = params[name]
+        if p.grad is None:
+            p.grad = g if scale == 1.0 else g * scale
+        else:
+            p.grad.add_(g, alpha=scale)
+
+
+def zeros_like_params(params: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
+    return [torch.zeros_like(p) for _, p in params]

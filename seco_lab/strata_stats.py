@@ -1,0 +1,217 @@
+"""Bias, variance and MSE of every scheme from hop strata alone (docs/estimators.md §4-5).
+
+The chain basis needs one vector per KV-cache chain, about C(k, L+1) of them: fine at
+k = 16, hopeless at the paper's k = 128.  The hop strata need only P+1 vectors, and
+
+    E[g_hat] = sum_p w(p) g(p),        g = sum_p g(p),
+
+so every *first-order* metric is a quadratic form in the strata's Gram matrix
+G[p, q] = <g(p), g(q)> (per parameter tensor: G_i[p, q] = <g_i(p), g_i(q)>):
+
+    relative bias         ||E g_hat - g|| / ||g||  = sqrt((w-1)^T G (w-1) / 1^T G 1)
+    direction bias        1 - cos,   cos = w^T G 1 / sqrt(w^T G w  1^T G 1)
+    best-scale residual   min_a ||a E g_hat - g|| / ||g|| = sqrt(1 - cos^2)
+    per-tensor residual   min_{a_i} ||(a_i E g_hat_i - g_i)_i|| / ||g||
+                          = sqrt(sum_i (||g_i||^2 - <E g_hat_i, g_i>^2 / ||E g_hat_i||^2)) / ||g||
+
+The per-tensor residual is what Adam cannot absorb (it rescales each coordinate by its
+own running magnitude); the best-scale residual is what SGD's learning rate cannot.
+
+Second-order metrics (variance, MSE) need draws: :func:`strata_monte_carlo` runs the
+first pass once, then per draw I one stratified sparse sweep over the drawn chunks,
+giving g_I(p) and with it *every* scheme of that sampler at once,
+g_hat_s(I) = sum_p W_s(p) g_I(p) (common random numbers across schemes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy import stats
+from tqdm.auto import tqdm
+
+from .checks import as_int, check_budget, check_max_hops, check_rng
+from .engine import backward_sweep, cache_leaves, prepare, trainable
+from .estimators import HopStrata
+from .schemes import Sampler, Scheme
+
+# --------------------------------------------------------------------------- exact, first order
+
+
+@dataclass
+class StrataGram:
+    """Per-tensor Gram matrices of the hop strata: ``per_tensor[i, p, q] = <g_i(p), g_i(q)>``."""
+
+    per_tensor: np.ndarray  # (tensors, P+1, P+1), float64
+    names: list[str]
+
+    @classmethod
+    def of(cls, strata: HopStrata) -> StrataGram:
+        names = list(strata.strata[0])
+        per = np.zeros((len(names), len(strata.strata), len(strata.strata)))
+        for i, name in enumerate(names):
+            S = torch.stack([s[name].reshape(-1).double() for s in strata.strata])
+            per[i] = (S @ S.T).cpu().numpy()
+        return cls(per, names)
+
+    @property
+    def total(self) -> np.ndarray:
+        """G = sum_i G_i: the Gram matrix of the flattened strata."""
+        return self.per_tensor.sum(0)
+
+    @property
+    def max_hops(self) -> int:
+        return self.per_tensor.shape[1] - 1
+
+    def norms(self) -> np.ndarray:
+        """||g(p)|| for p = 0..P."""
+        return np.sqrt(np.maximum(np.diag(self.total), 0.0))
+
+
+def bias_metrics(gram: StrataGram, expected_weights) -> dict[str, float]:
+    """Exact first-order metrics of E g_hat = sum_p w(p) g(p) against g = sum_p g(p) (module docstring)."""
+    w = np.asarray(expected_weights, dtype=np.float64)
+    if w.shape != (gram.max_hops + 1,):
+        raise ValueError(f"expected_weights must have {gram.max_hops + 1} entries (p = 0..{gram.max_hops}), "
+                         f"got shape {w.shape}")
+    one = np.ones_like(w)
+    G = gram.total
+    gg = float(one @ G @ one)
+    if gg <= 0:
+        raise ValueError("the gradient is zero: relative metrics are undefined")
+    mm, mg = float(w @ G @ w), float(w @ G @ one)
+    cos = mg / np.sqrt(mm * gg) if mm > 0 else 0.0
+    # per tensor: ||g_i||^2 - <m_i, g_i>^2 / ||m_i||^2, and ||g_i||^2 where m_i = 0 (nothing to scale)
+    Gi = gram.per_tensor
+    mm_i = np.einsum("p,ipq,q->i", w, Gi, w)
+    mg_i = np.einsum("p,ipq,q->i", w, Gi, one)
+    gg_i = np.einsum("p,ipq,q->i", one, Gi, one)
+    resid_i = np.where(mm_i > 0, gg_i - mg_i**2 / np.where(mm_i > 0, mm_i, 1.0), gg_i)
+    return {
+        "rel_bias": float(np.sqrt(max(float((w - one) @ G @ (w - one)), 0.0) / gg)),
+        "direction_bias": max(1.0 - cos, 0.0),  # rounding can push cos a hair above 1
+        "best_scale_residual": float(np.sqrt(max(1.0 - cos**2, 0.0))),
+        "per_tensor_residual": float(np.sqrt(max(float(resid_i.sum()), 0.0) / gg)),
+        "scale": mg / mm if mm > 0 else 0.0,  # the best global a: E g_hat * a ~ g
+    }
+
+
+# --------------------------------------------------------------------------- Monte Carlo
+
+
+@dataclass
+class StrataMonteCarlo:
+    """Monte Carlo statistics of one scheme, from N stratified sparse sweeps (all relative to ||g||^2).
+
+    ``sq_bias`` is the debiased ||mean - g||^2 - tr(Sigma_hat)/N; its interval is a delete-one-batch
+    jackknife of the U-statistic over B batch means (as :mod:`seco_lab.analysis` does in chain space).
+    """
+
+    scheme: str
+    n_draws: int
+    rel_sq_err: float  # ||mean - g||^2 / ||g||^2
+    rel_var: float  # tr(Sigma_hat) / ||g||^2, unbiased sample estimate
+    rel_sq_bias: float
+    ci_low: float
+    ci_high: float
+    mean_chunks: float  # mean |I|
+
+
+def jackknife_sq_norm(batch_gram: np.ndarray) -> tuple[float, float]:
+    """U = sum_{b != b'} <x_b, x_b'> / (B (B-1)) from the Gram matrix of B batch vectors x_b (unbiased for
+    ||E x||^2 when the x_b are independent) and its delete-one jackknife standard error: (U, se)."""
+    B = len(batch_gram)
+    if B < 3:
+        raise ValueError(f"the jackknife needs at least 3 batches, got {B}")
+    total, diag, row = batch_gram.sum(), np.diag(batch_gram), batch_gram.sum(1)
+    u = (total - diag.sum()) / (B * (B - 1))
+    loo = (total - 2 * row + diag - (diag.sum() - diag)) / ((B - 1) * (B - 2))
+    return float(u), float(np.sqrt((B - 1) / B * np.sum((loo - loo.mean()) ** 2)))
+
+
+def strata_monte_carlo(
+    model,
+    tokens,
+    targets,
+    chunk_size: int,
+    sampler: Sampler,
+    budget: int,
+    schemes: Mapping[str, Scheme],
+    n_draws: int,
+    generator: np.random.Generator | int | None = None,
+    max_hops: int | None = None,
+    batches: int = 20,
+    reference=None,
+    ignore_index: int = -100,
+    level: float = 0.95,
+    progress: bool = False,
+) -> dict[str, StrataMonteCarlo]:
+    """Draw I ~ ``sampler`` ``n_draws`` times; per draw one stratified sparse sweep over I gives
+    g_I(p), p = 0..P, and every scheme's estimate g_hat_s(I) = sum_p W_s(p) g_I(p).
+
+    Pass 1 (the no-grad forward that builds the cache leaves) is shared by all draws.  P defaults to
+    the number of cache layers L (chains cross at most L caches).  ``reference`` is the exact flat
+    gradient g (computed here by one full stratified sweep when omitted).  Every scheme must use
+    ``sampler``: the draws are shared.
+    """
+    batch = prepare(model, tokens, targets, chunk_size, ignore_index)
+    k, t = check_budget(batch.num_chunks, budget)
+    n_draws = as_int(n_draws, "n_draws", 1)
+    batches = as_int(batches, "batches", 3)
+    if n_draws % batches:
+        raise ValueError(f"n_draws={n_draws} must be a multiple of batches={batches}")
+    for name, s in schemes.items():
+        if s.sampler != sampler:
+            raise ValueError(f"scheme {name!r} uses sampler {s.sampler}, not the shared {sampler}")
+    rng = check_rng(generator)
+    params = trainable(model)
+    leaves, _ = cache_leaves(model, batch)
+    P = len(leaves[0]) if max_hops is None else check_max_hops(max_hops)
+    P = min(P, k - 1)
+    tensors = [p for _, p in params]
+
+    def stratified(visit) -> torch.Tensor:
+        """(P+1, d) flat strata g_I(p) of the sweep over ``visit``."""
+        d = sum(p.numel() for p in tensors)
+        out = torch.zeros(P + 1, d, dtype=torch.float64, device=tensors[0].device)
+
+        def collect(q, j, grads):
+            out[q] += torch.cat([g.reshape(-1) for g in grads]).double()
+
+        backward_sweep(model, batch, leaves, tensors, visit, direct_label=lambda j: 0, direct_scale=1.0,
+                       relay=lambda q, j, i: (q + 1, 1.0) if q + 1 <= P else None, collect=collect)
+        return out
+
+    g = stratified(range(k)).sum(0) if reference is None else torch.as_tensor(reference, dtype=torch.float64)
+    weights = {name: torch.as_tensor(s.chain_weights(k, t, P), dtype=torch.float64) for name, s in schemes.items()}
+    per_batch = n_draws // batches
+    batch_sums = {name: torch.zeros(batches, g.numel(), dtype=torch.float64) for name in schemes}
+    sq_sums = dict.fromkeys(schemes, 0.0)
+    chunks = 0
+    for n in tqdm(range(n_draws), desc=f"{sampler.kind} t={t} draws", disable=not progress, leave=False):
+        subset = sampler.draw(k, t, rng)
+        chunks += len(subset)
+        if not subset:  # an empty Bernoulli draw: every estimate is 0
+            continue
+        S = stratified(subset).cpu()
+        for name, W in weights.items():
+            est = W @ S
+            batch_sums[name][n // per_batch] += est
+            sq_sums[name] += float(est @ est)
+    g = g.cpu()
+    gg = float(g @ g)
+    q = stats.t.ppf(0.5 + level / 2, batches - 1)
+    out = {}
+    for name in schemes:
+        mean = batch_sums[name].sum(0) / n_draws
+        sq_err = float((mean - g) @ (mean - g))
+        var = (sq_sums[name] / n_draws - float(mean @ mean)) * n_draws / (n_draws - 1)
+        sq_bias = sq_err - var / n_draws
+        X = batch_sums[name] / per_batch - g
+        _, se = jackknife_sq_norm((X @ X.T).numpy())
+        out[name] = StrataMonteCarlo(name, n_draws, sq_err / gg, var / gg, sq_bias / gg,
+                                     (sq_bias - q * se) / gg, (sq_bias + q * se) / gg, chunks / n_draws)
+    return out
