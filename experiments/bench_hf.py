@@ -47,6 +47,7 @@ class HFBenchConfig:
     lora: tuple[bool, ...] = (False, True)
     methods: tuple[str, ...] = ("forward", "hf_full", "hf_checkpoint", "seco", "spaco")
     rounds: int = 3
+    warmup: int = 1  # untimed rounds before the timed ones
     seed: int = 0
     threads: int | None = None
     hidden_size: int = SMOLLM2_135M["hidden_size"]
@@ -139,11 +140,11 @@ def timing_child(cfg: HFBenchConfig, n: int, lora: bool) -> list[dict]:
     ms = methods(cfg, n)
     times: dict[str, list[float]] = {label(m): [] for m in ms}
     loads: list[float] = []
-    for rnd in range(cfg.rounds + 1):
+    for rnd in range(cfg.warmup + cfg.rounds):
         for m in ms:
             t0 = time.perf_counter()
             step(cfg, m, *built)
-            if rnd > 0:
+            if rnd >= cfg.warmup:
                 times[label(m)].append(time.perf_counter() - t0)
                 loads.append(os.getloadavg()[0])
     return [{"label": lab, "time_s": float(np.median(v)), "rounds": len(v), "times": v,
@@ -192,16 +193,37 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
 
     rows = []
     grid = [(n, lora) for n in cfg.lengths for lora in cfg.lora]
-    common = dict(tag=tag, n_layers=cfg.n_layers, chunk_size=cfg.chunk_size)
+    head_dim = cfg.hidden_size // SMOLLM2_135M["num_attention_heads"]
+    common = dict(tag=tag, n_layers=cfg.n_layers, chunk_size=cfg.chunk_size,
+                  kv_bytes_per_token=2 * cfg.n_layers * SMOLLM2_135M["num_key_value_heads"] * head_dim * 4)
+    path = out / "hf_results.csv"
+    out.mkdir(parents=True, exist_ok=True)
+    old = pd.read_csv(path) if path.exists() else None
+
+    def save():  # after every child: a long run interrupted keeps what it measured
+        df = pd.DataFrame(rows)
+        if old is not None:
+            df = pd.concat([old[~((old.tag == tag) & old.length.isin(cfg.lengths) & old.chunk_size.eq(cfg.chunk_size)
+                                  & old.label.isin([label(m) for n in cfg.lengths for m in methods(cfg, n)] + ["*"])
+                                  & old.lora.isin(cfg.lora))], df], ignore_index=True)
+        atomic_write_csv(df, path)
+        return df
+
+    if profile_length:
+        prof = _child("profile", cfg, profile_length, False, None, timeout)
+        if not (isinstance(prof, dict) and "error" in prof):
+            atomic_write_csv(pd.DataFrame(prof).assign(tag=tag, length=profile_length, n_layers=cfg.n_layers),
+                             out / f"hf_profile_{tag}.csv")
     for n, lora in tqdm(grid, desc="time (interleaved)"):
         res = _child("timing", cfg, n, lora, None, timeout)
         for r in ([] if isinstance(res, dict) else res):
             rows.append({**common, "length": n, "lora": lora, "label": r["label"], "metric": "time_s",
                          "value": r["time_s"], "rounds": r["rounds"], "load1": r["load1"],
-                         "note": " ".join(f"{t:.3f}" for t in r["times"])})
+                         "note": " ".join(f"{t:.6f}" for t in r["times"])})
         if isinstance(res, dict):
             rows.append({**common, "length": n, "lora": lora, "label": "*", "metric": "error", "value": np.nan,
                          "note": res["error"]})
+        save()
     jobs = [(n, lora, m) for n, lora in grid for m in methods(cfg, n)] if memory else []
     for n, lora, m in tqdm(jobs, desc="memory (fresh process each)"):
         r = _child("memory", cfg, n, lora, m, timeout)
@@ -209,19 +231,8 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
                      "metric": "error" if "error" in r else "peak_mib",
                      "value": np.nan if "error" in r else r["peak_bytes"] / (1 << 20), "rounds": 1,
                      "load1": os.getloadavg()[0], "note": r.get("error", "")})
-    if profile_length:
-        prof = _child("profile", cfg, profile_length, False, None, timeout)
-        if not (isinstance(prof, dict) and "error" in prof):
-            atomic_write_csv(pd.DataFrame(prof).assign(tag=tag, length=profile_length, n_layers=cfg.n_layers),
-                             out / f"hf_profile_{tag}.csv")
-    df = pd.DataFrame(rows)
-    path = out / "hf_results.csv"
-    if path.exists():
-        old = pd.read_csv(path)
-        df = pd.concat([old[old.tag != tag], df], ignore_index=True)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_csv(df, path)
-    return df
+        save()
+    return save()
 
 
 def main(argv=None):
@@ -230,6 +241,9 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (SmolLM2-135M has 30)")
     ap.add_argument("--lengths", type=int, nargs="+", default=None)
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--warmup", type=int, default=None, help="untimed rounds first (default 1)")
+    ap.add_argument("--chunk-size", type=int, default=None)
+    ap.add_argument("--lora-only", action="store_true")
     ap.add_argument("--methods", nargs="+", default=None)
     ap.add_argument("--no-lora", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
@@ -248,7 +262,9 @@ def main(argv=None):
         return
     cfg = QUICK if a.quick else DEFAULT
     over = {"n_layers": a.layers, "lengths": tuple(a.lengths) if a.lengths else None, "rounds": a.rounds,
-            "methods": tuple(a.methods) if a.methods else None, "lora": (False,) if a.no_lora else None}
+            "methods": tuple(a.methods) if a.methods else None,
+            "lora": (False,) if a.no_lora else (True,) if a.lora_only else None, "warmup": a.warmup,
+            "chunk_size": a.chunk_size}
     cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
     t0 = time.perf_counter()
     run(cfg, a.out, a.tag, memory=not a.no_memory, profile_length=a.profile)
