@@ -139,16 +139,22 @@ def trainable(model) -> list[tuple[str, torch.nn.Parameter]]:
 
 
 @torch.no_grad()
-def cache_leaves(model: ChunkModel, batch: ChunkedBatch) -> tuple[list[ChunkCache], torch.Tensor]:
-    """Pass 1: forward every chunk without a graph; return the caches as leaves and the mean loss."""
+def cache_leaves(model: ChunkModel, batch: ChunkedBatch,
+                 with_loss: bool = True) -> tuple[list[ChunkCache], torch.Tensor | None]:
+    """Pass 1: forward every chunk without a graph; return the caches as leaves and the mean loss.
+
+    ``with_loss=False`` passes no targets (a model may then skip its output head, e.g. the
+    LM head over a large vocabulary) and returns ``None`` for the loss: for engines whose
+    pass 2 rebuilds every chunk and sums the loss there (SeCO).
+    """
     leaves: list[ChunkCache] = []
     total = 0.0
     for j in range(batch.num_chunks):
         tok, tgt, start = batch.chunk(j)
-        out = checked_chunk(model.chunk_forward(tok, tgt, leaves, start, batch.ignore_index), j)
+        out = checked_chunk(model.chunk_forward(tok, tgt if with_loss else None, leaves, start, batch.ignore_index), j)
         total = total + out.loss_sum
         leaves.append(unflat_cache([t.detach().requires_grad_(True) for t in flat_cache(out.cache)]))
-    return leaves, total / batch.n_targets
+    return leaves, total / batch.n_targets if with_loss else None
 
 
 def forward_loss(model: ChunkModel, tokens, targets, chunk_size: int | None = None,
@@ -267,7 +273,7 @@ def relay_sweep(
     *,
     direct_scale: float = 1.0,
     relay_factor: float = 1.0,
-) -> None:
+) -> torch.Tensor:
     """Pass 2 with one relay buffer: at chunk j (decreasing over ``visit``) backprop
 
         direct_scale * J_j / N + relay_factor * <m_j, R_j>,   R_j = leaf m'_j's ``.grad``,
@@ -277,9 +283,11 @@ def relay_sweep(
     relayed gradient into the earlier leaves' ``.grad`` -- the relay buffers, released
     once used.  relay_factor = 1 is SeCO; a constant c_q = c is constant-relay SpaCO
     (each hop multiplies by c exactly once, when the buffer seeds its chunk).
+    Returns the summed token loss of the visited chunks (detached).
     """
     order = sorted(set(int(j) for j in visit), reverse=True)
     visited = set(order)
+    loss_sum = 0.0
     for j in order:
         for leaf in flat_cache(leaves[j]):
             leaf.grad = None
@@ -293,12 +301,14 @@ def relay_sweep(
             if leaf.grad is not None and o.requires_grad:
                 outs.append(o)
                 seeds.append(leaf.grad if relay_factor == 1.0 else leaf.grad.mul_(relay_factor))
+        loss_sum = loss_sum + out.loss_sum.detach()
         live = [(o, g) for o, g in zip(outs, seeds) if o.requires_grad]
         if live:
             torch.autograd.backward([o for o, _ in live], [g for _, g in live], inputs=list(params) + src)
         for leaf in flat_cache(leaves[j]):
             leaf.grad = None
         del out, outs, seeds, live
+    return loss_sum if isinstance(loss_sum, torch.Tensor) else torch.zeros(())
 
 
 def _vjp(outputs: list[torch.Tensor], seeds: list[list], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -380,9 +390,10 @@ def seco_grad(
 
 
 def _seco_into_grad(model: ChunkModel, batch: ChunkedBatch, params: Sequence[torch.Tensor], scale: float):
-    leaves, loss = cache_leaves(model, batch)
-    relay_sweep(model, batch, leaves, params, range(batch.num_chunks), direct_scale=scale, relay_factor=1.0)
-    return loss
+    # pass 2 rebuilds every chunk, so the loss is summed there and pass 1 needs no targets
+    leaves, _ = cache_leaves(model, batch, with_loss=False)
+    loss_sum = relay_sweep(model, batch, leaves, params, range(batch.num_chunks), direct_scale=scale)
+    return loss_sum / batch.n_targets
 
 
 def seco_step(model: ChunkModel, tokens, targets, chunk_size: int, ignore_index: int = -100, scale: float = 1.0):

@@ -134,6 +134,8 @@ class HFChunkModel(nn.Module):
         params = inspect.signature(base.forward).parameters
         # transformers renamed `past_key_values` to `cache`; accept either public name
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        # without targets only the cache is wanted: the LM head runs on one position, not the chunk
+        self._no_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     @property
     def max_positions(self) -> int | None:
@@ -151,14 +153,16 @@ class HFChunkModel(nn.Module):
         cfg = self.config.get_text_config(decoder=True)
         return not any(p > 0 for p in dropouts) and not getattr(cfg, "attention_dropout", 0.0)
 
-    def chunk_logits(self, tokens, past: Sequence[ChunkCache], start: int):
-        """(logits, own cache) of one chunk after ``past``; own[l] = (keys, values) of this chunk only."""
+    def chunk_logits(self, tokens, past: Sequence[ChunkCache], start: int, all_logits: bool = True):
+        """(logits, own cache) of one chunk after ``past``; own[l] = (keys, values) of this chunk only.
+        ``all_logits=False`` may return the logits of the last position only."""
         from .hf_attention import PrefixCache
 
         cache = PrefixCache(past, self.n_layers)
         b, t = tokens.shape
         pos = torch.arange(start, start + t, device=tokens.device).unsqueeze(0).expand(b, t)
-        out = self.model(input_ids=tokens, position_ids=pos, use_cache=True, **{self._cache_arg: cache})
+        extra = {} if all_logits else self._no_logits
+        out = self.model(input_ids=tokens, position_ids=pos, use_cache=True, **{self._cache_arg: cache}, **extra)
         return out.logits, cache.own()
 
     @property
@@ -167,7 +171,7 @@ class HFChunkModel(nn.Module):
 
     def chunk_forward(self, tokens, targets, past: Sequence[ChunkCache] = (), start: int = 0,
                       ignore_index: int = -100) -> ChunkOutput:
-        logits, cache = self.chunk_logits(tokens, past, start)
+        logits, cache = self.chunk_logits(tokens, past, start, all_logits=targets is not None)
         if targets is None:
             return ChunkOutput(logits.new_zeros(()), cache)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index,
