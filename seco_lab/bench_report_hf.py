@@ -90,6 +90,19 @@ def targets(summary: pd.DataFrame, results: pd.DataFrame, tag: str = "after") ->
     return pd.DataFrame(rows)
 
 
+STRATIFIED_COST = """\
+Why the stratified relay (`falling-factorial`) costs more than a constant relay, and what would make it cheaper:
+its hop factor c_q = (k-q)/(t-q) depends on how many hops q a relayed gradient has already taken, and the chain
+weight W(p) = c_0 c_1 ... c_p is not geometric, so one buffer scaled once per hop (which yields W(p) = c_0 c^p)
+cannot reproduce it: a chunk keeps one relay buffer per hop count and backprops one vector-Jacobian product per
+label present (batched), about min(m, P) + 1 backwards at the m-th visited chunk from the end, P = min(t-1, L),
+against one for `released-unbiased` or `bernoulli` (c_q = 1/rho: one buffer, unbiased, run by `relay_sweep`).
+A cheaper exact form exists but is not implemented: `spaco_grad` sums the labels' parameter gradients, so only the
+leaf gradients need one product per label -- for labels 0..P-1, w.r.t. the leaves alone (no weight-gradient matmuls,
+about half a backward each; label P is never relayed) plus one product of the summed seed w.r.t. the
+parameters: about 1 + P/2 backwards per chunk instead of P + 1.
+"""
+
 MATMUL_OR_ATTENTION = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "attention", "scaled_dot_product")
 
 
@@ -145,7 +158,7 @@ def render(results_dir: str | Path) -> str:
         wide.columns = [f"{c} ({tag})" for c, tag in wide.columns]
         parts += ["### Before / after the speed work", _md(wide.reset_index())]
     tgt = targets(summary, df)
-    parts += ["### Targets of the issue", _md(tgt)]
+    parts += ["### Targets of the issue", _md(tgt), "### Stratified relay cost", STRATIFIED_COST]
     for path in sorted(results_dir.glob("hf_profile_*.csv")):
         prof = pd.read_csv(path)
         parts += [f"### Profile of one SeCO step ({prof.tag.iloc[0]}, {int(prof.length.iloc[0])} tokens): "
