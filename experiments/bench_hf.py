@@ -185,7 +185,7 @@ def _child(kind: str, cfg: HFBenchConfig, n: int, lora: bool, m: dict | None, ti
 
 
 def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600.0, memory: bool = True,
-        profile_length: int | None = None) -> pd.DataFrame:
+        profile_length: int | None = None, timing: bool = True) -> pd.DataFrame:
     """Measure, append to ``out/hf_results.csv`` (rows of earlier runs with another tag are kept)."""
     from tqdm.auto import tqdm
 
@@ -214,7 +214,7 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
         if not (isinstance(prof, dict) and "error" in prof):
             atomic_write_csv(pd.DataFrame(prof).assign(tag=tag, length=profile_length, n_layers=cfg.n_layers),
                              out / f"hf_profile_{tag}.csv")
-    for n, lora in tqdm(grid, desc="time (interleaved)"):
+    for n, lora in tqdm(grid if timing else [], desc="time (interleaved)"):
         res = _child("timing", cfg, n, lora, None, timeout)
         for r in ([] if isinstance(res, dict) else res):
             rows.append({**common, "length": n, "lora": lora, "label": r["label"], "metric": "time_s",
@@ -247,6 +247,7 @@ def main(argv=None):
     ap.add_argument("--methods", nargs="+", default=None)
     ap.add_argument("--no-lora", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--profile", type=int, default=None, help="length of the profiled SeCO step")
     ap.add_argument("--tag", default="after", help="label of this run in the CSV (e.g. before/after a change)")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "bench")
@@ -267,7 +268,7 @@ def main(argv=None):
             "chunk_size": a.chunk_size}
     cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
     t0 = time.perf_counter()
-    run(cfg, a.out, a.tag, memory=not a.no_memory, profile_length=a.profile)
+    run(cfg, a.out, a.tag, memory=not a.no_memory, profile_length=a.profile, timing=not a.no_time)
     print(f"HF benchmark ({a.tag}) written to {a.out / 'hf_results.csv'} in {time.perf_counter() - t0:.0f} s")
 
 

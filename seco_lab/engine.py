@@ -294,8 +294,8 @@ def relay_sweep(
     for j in order:
         tok, tgt, start = batch.chunk(j)
         src = [t for i in range(j) if i in visited for t in flat_cache(leaves[i])]
-        with torch.enable_grad():
-            out = model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index)
+        with torch.enable_grad():  # checked before its backward: a NaN loss accumulates nothing
+            out = checked_chunk(model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index), j)
         outs, seeds = [out.loss_sum], [out.loss_sum.new_tensor(direct_scale / batch.n_targets)]
         for o, leaf in zip(flat_cache(out.cache), flat_cache(leaves[j])):
             if leaf.grad is not None and o.requires_grad:
