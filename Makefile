@@ -49,8 +49,11 @@ train-compare: $(STAMP)
 	$(BIN)/seco-lab report training
 
 # Time and memory of every method as sequences grow; report from the stored CSV.
+# HF part: a Llama of SmolLM2-135M's shape; HF_BENCH sets its size (30 layers, 1K-8K: add --layers 30).
+HF_BENCH ?= --layers 2 --lengths 1024 2048 4096
 bench: $(STAMP)
 	$(BIN)/python -m experiments.bench
+	$(BIN)/python -m experiments.bench_hf $(HF_BENCH)
 	$(BIN)/seco-lab report bench
 
 clean:
