@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 TORCH   ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
 JOBS    ?= 2
 
-.PHONY: install test lint bias-study bias-study-quick report train-demo train-compare bench clean
+.PHONY: install test lint bias-study bias-study-quick real-study report train-demo train-compare bench clean
 
 install: $(STAMP)
 
@@ -32,6 +32,10 @@ bias-study: $(STAMP)
 
 bias-study-quick: $(STAMP)
 	$(BIN)/python -m experiments.bias_study --quick --jobs $(JOBS)
+
+# SmolLM2-135M on stdlib text: hop strata and each scheme's exact bias (resumable per cell)
+real-study: $(STAMP)
+	$(BIN)/python -m experiments.real_study --out reports/real_study
 
 report: $(STAMP)
 	$(BIN)/python -m seco_lab.report bias
