@@ -35,7 +35,7 @@ bias-study-quick: $(STAMP)
 
 # SmolLM2-135M on stdlib text: hop strata and each scheme's exact bias (resumable per cell)
 real-study: $(STAMP)
-	$(BIN)/python -m experiments.real_study --out reports/real_study
+	$(BIN)/python -m experiments.real_study --out reports/real_study/k16x128
 
 report: $(STAMP)
 	$(BIN)/python -m seco_lab.report bias

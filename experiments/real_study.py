@@ -1,6 +1,6 @@
 """The real-LM cells: SmolLM2-135M on stdlib text, hop strata and each scheme's exact bias.
 
-    python -m experiments.real_study [--out reports/real_study] [--cells exact-lora exact-full lora full]
+    python -m experiments.real_study [--out reports/real_study/k16x128] [--cells exact-lora exact-full lora full]
                                      [--num-chunks 16] [--chunk-size 128] [--strata-dtype float32]
 
 Resumable: each cell is one JSON file under OUT/cells, skipped when present.  Then
@@ -19,7 +19,7 @@ from seco_lab.real_study import RealStudyConfig, run_study
 def main(argv=None) -> None:
     d = RealStudyConfig()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="reports/real_study")
+    ap.add_argument("--out", default="reports/real_study/k16x128")
     ap.add_argument("--cells", nargs="+", default=list(d.cells), help="exact-lora exact-full lora full")
     ap.add_argument("--text-file", default=d.text_file)
     ap.add_argument("--num-chunks", type=int, default=d.num_chunks)
