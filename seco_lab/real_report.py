@@ -46,9 +46,11 @@ def grams(cells: dict[str, dict]) -> dict[str, np.ndarray]:
     out = {}
     if "lora" in cells:
         out["lora"] = np.array(cells["lora"]["gram"])
-    full = [np.array(c["gram"]) for name, c in cells.items() if name.startswith("full-")]
-    if full:
-        out["full"] = sum(full)
+    full = {int(name.split("-")[1]): c for name, c in cells.items() if name.startswith("full-")}
+    counts = {c["num_groups"] for c in full.values() if "num_groups" in c}
+    # a partial sum over groups is not the full gradient's Gram: only when every group is stored
+    if len(counts) == 1 and set(full) == set(range(counts.pop())):
+        out["full"] = sum(np.array(c["gram"]) for c in full.values())
     return out
 
 

@@ -158,14 +158,17 @@ def gram_cell(cfg: RealStudyConfig, lora: bool, group: int | None) -> dict:
 
     dtype = DTYPES[cfg.strata_dtype]
     model = load_model(cfg, dtype, lora)
+    extra = {}
     if group is not None:
-        names = set(parameter_groups(model, cfg.layers_per_group)[group])
+        groups = parameter_groups(model, cfg.layers_per_group)
+        names = set(groups[group])
+        extra = {"group": group, "num_groups": len(groups), "model_params": sum(p.numel() for p in model.parameters())}
         for name, p in model.named_parameters():
             p.requires_grad_(name in names)
     ids = window(cfg, cfg.num_tokens)
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     gram, loss = strata_gram(HFChunkModel(model), ids, cfg.chunk_size)
-    return {"gram": gram.tolist(), "loss": loss, "trainable": n_params, "dtype": cfg.strata_dtype}
+    return {"gram": gram.tolist(), "loss": loss, "trainable": n_params, "dtype": cfg.strata_dtype, **extra}
 
 
 def run_cell(cfg: RealStudyConfig, cell: str, path: Path) -> None:
