@@ -100,6 +100,8 @@ def write_results(cfg, out_dir: str | Path) -> Path:
         "versions": versions(),
         "command": " ".join(sys.argv),
         "exactness": {n: c for n, c in cells.items() if n.startswith("exact-")},
+        "gradients": sorted(grams(cells)),
+        "full_groups_stored": sorted(int(n.split("-")[1]) for n in cells if n.startswith("full-")),
         "cells": {n: {k: c[k] for k in ("wall_s", "peak_rss_gib", "trainable", "loss", "dtype") if k in c}
                   for n, c in cells.items()},
     }
@@ -158,6 +160,9 @@ def render(out_dir: str | Path = DEFAULT_DIR) -> str:
     md.append("falling-factorial keeps only p ≤ t − 1 (its weights are 1 there, 0 beyond): its relative bias is "
               "exactly what that truncation loses, ‖Σ_{p ≥ t} g(p)‖/‖g‖ — " + ", ".join(
                   f"{r.params} t = {r.budget}: {_fmt(r.rel_bias)}" for r in ff.itertuples()) + ".\n")
+    if "full" not in study["gradients"]:
+        md.append(f"Full-parameter gradient: not complete ({len(study['full_groups_stored'])} parameter group(s) "
+                  "stored); rerun the study to resume.\n")
     md.append("Cost: " + ", ".join(f"{n} {c['wall_s']:.0f} s (peak {c['peak_rss_gib']:.1f} GiB)"
                                    for n, c in study["cells"].items()) + ". Variance by Monte Carlo: not run.\n")
     return "\n".join(md)
