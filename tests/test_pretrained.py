@@ -123,3 +123,23 @@ def test_token_corpus_errors_say_what_to_do(tokenizer, tmp_path):
         TokenCorpus(64, tokenizer, paths=[tmp_path / "missing"])
     with pytest.raises(ValueError, match="window"):
         file_tokens(tokenizer, tmp_path / "a.py", 100)
+
+
+def test_gram_metrics_equal_direct_vector_computation():
+    import numpy as np
+
+    from seco_lab import get_scheme
+    from seco_lab.real_report import gram_metrics
+
+    rng = np.random.default_rng(0)
+    S = rng.normal(size=(8, 50)) * np.geomspace(1, 1e-3, 8)[:, None]  # strata g(0..7) as rows
+    g = S.sum(0)
+    for name, budget in [("paper", 2), ("released", 4), ("falling-factorial", 2), ("bernoulli", 1)]:
+        w = get_scheme(name).expected_weights(8, budget, 7)
+        mean = w @ S
+        cos = mean @ g / np.linalg.norm(mean) / np.linalg.norm(g)
+        got = gram_metrics(S @ S.T, w)
+        assert got["rel_bias"] == pytest.approx(np.linalg.norm(mean - g) / np.linalg.norm(g), rel=1e-12, abs=1e-15)
+        assert got["direction_bias"] == pytest.approx(1 - cos, rel=1e-9, abs=1e-15)
+        residual = np.linalg.norm(mean * (mean @ g) / (mean @ mean) - g) / np.linalg.norm(g)  # best scalar fit
+        assert got["best_scale_residual"] == pytest.approx(residual, rel=1e-9, abs=1e-12)
