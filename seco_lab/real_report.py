@@ -140,6 +140,9 @@ def render(out_dir: str | Path = DEFAULT_DIR) -> str:
         md.append(f"| {name.removeprefix('exact-')} | {e['tokens']} tokens, {e['num_chunks']} × {e['chunk_size']} | "
                   f"{e['seco_vs_hf_backward']:.1e} | {e['strata_sum_vs_hf_backward']:.1e} | "
                   f"{e['dense_vs_hf_backward']:.1e} |")
+    for name, e in study["exactness"].items():
+        md.append(f"\n{name.removeprefix('exact-')} ‖g(p)‖/‖g‖ in that float64 window, p = 0…: "
+                  + ", ".join(_fmt(v) for v in e["strata_norms"]))
     md.append("\n**How much of the gradient crosses p KV-cache hops, ‖g(p)‖/‖g‖:**\n")
     wide = strata.pivot(index="p", columns="params", values="norm_ratio")
     md.append("| p | " + " | ".join(wide.columns) + " |\n|---|" + "---|" * len(wide.columns))
