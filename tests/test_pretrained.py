@@ -129,7 +129,7 @@ def test_gram_metrics_equal_direct_vector_computation():
     import numpy as np
 
     from seco_lab import get_scheme
-    from seco_lab.real_report import gram_metrics
+    from seco_lab.real_study import gram_metrics
 
     rng = np.random.default_rng(0)
     S = rng.normal(size=(8, 50)) * np.geomspace(1, 1e-3, 8)[:, None]  # strata g(0..7) as rows

@@ -1,4 +1,4 @@
-"""``seco-lab report {bias,bench,training}``: a report and its figures from stored results."""
+"""``seco-lab report {bias,bench,training,real}``: a report and its figures from stored results."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from ..study.driver import DefaultsHelpFormatter
 from .bench import bench_report
 from .bias import bias_report
 from .markdown import MissingResultsError
+from .real import DEFAULT_DIR as REAL_DIR
+from .real import real_report
 from .training import training_report
 
 # report -> (function, default results folder, default Markdown file), relative to the current directory
@@ -17,6 +19,7 @@ REPORTS = {
     "bias": (bias_report, Path("reports/bias_study"), Path("reports/bias_study.md")),
     "bench": (bench_report, Path("reports/bench"), Path("reports/benchmarks.md")),
     "training": (training_report, Path("reports/training"), Path("reports/training.md")),
+    "real": (real_report, REAL_DIR, Path("reports/real_study.md")),
 }
 
 
@@ -26,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write a Markdown report and its figures (in figures/ beside it) from stored results; every "
                     "number comes from the stored files. Paths are relative to the current directory.")
     ap.add_argument("which", choices=tuple(REPORTS), help="bias: the bias study; bench: time and memory "
-                    "benchmarks; training: the training-modes comparison")
+                    "benchmarks; training: the training-modes comparison; real: hop strata and scheme bias on the "
+                    "pretrained SmolLM2-135M")
     ap.add_argument("--results", type=Path, default=None,
                     help="folder of stored results (default: " + ", ".join(
                         f"{k}: {v[1]}" for k, v in REPORTS.items()) + ")")
