@@ -1,9 +1,9 @@
+"""pytest configuration only: thread count and hypothesis profiles.  Shared test helpers live in helpers.py."""
+
 import os
 
 import torch
 from hypothesis import HealthCheck, settings
-
-from seco_lab import TinyConfig, TinyTransformer
 
 torch.set_num_threads(1)  # tests run in parallel workers; tiny models gain nothing from threads
 
@@ -17,44 +17,3 @@ settings.register_profile(
 # "explore": random examples, to probe tolerances over many --hypothesis-seed values once
 settings.register_profile("explore", parent=settings.get_profile("seco"), derandomize=False, max_examples=400)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "seco"))
-
-
-def rel_err(a: dict, b: dict, floor: float = 1e-2) -> float:
-    """max over parameters of ||a_i - b_i|| / max(||b_i||, floor * ||b||).
-
-    Why the floor: float64 rounding in a gradient is relative to the magnitude of the
-    terms summed, i.e. to the whole gradient ||b||, not to one parameter's own norm.  A
-    parameter whose true gradient is (near) zero -- e.g. the query projection when every
-    query sees a single key -- holds ~1e-17 * ||b|| of rounding noise in one engine and an
-    exact 0 (or other noise) in another, so its own relative error is noise over noise.
-    With ``floor = 1e-2`` and a tolerance of 1e-12, a parameter may differ by at most
-    max(1e-12 * ||b_i||, 1e-14 * ||b||): still ~45 ulp of the whole gradient, while every
-    parameter carrying >= 1% of the gradient is held to 1e-12 of its own norm.
-    (The earlier floor of 1e-4 left 1e-16 * ||b|| for such parameters, below what the
-    order of summation alone can change; pytest-xdist layouts tripped it.)
-    """
-    total = sum(float(g.norm()) ** 2 for g in b.values()) ** 0.5
-    worst = 0.0
-    for name, ref in b.items():
-        den = max(float(ref.norm()), floor * total)
-        diff = float((a[name] - ref).norm())
-        worst = max(worst, diff / den if den > 0 else diff)
-    return worst
-
-
-def tiny_model(n_layers=2, seed=0, d_model=16, n_heads=4, n_kv_heads=2, d_ff=24, vocab=17, **kw):
-    cfg = TinyConfig(
-        vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, d_ff=d_ff, **kw
-    )
-    return TinyTransformer(cfg, seed=seed, dtype=torch.float64)
-
-
-def random_batch(vocab, batch, length, seed=0, ignore_frac=0.0):
-    g = torch.Generator().manual_seed(seed)
-    tok = torch.randint(0, vocab, (batch, length), generator=g)
-    tgt = torch.randint(0, vocab, (batch, length), generator=g)
-    if ignore_frac:
-        drop = torch.rand(batch, length, generator=g) < ignore_frac
-        drop[0, 0] = False  # keep at least one target
-        tgt[drop] = -100
-    return tok, tgt

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import random_batch, rel_err, tiny_model
+from helpers import random_batch, rel_err, tiny_model
 
 from seco_lab import (
     TinyConfig,

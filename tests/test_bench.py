@@ -8,6 +8,7 @@ from experiments.bench import QUICK, methods, run
 from seco_lab.report import bench_report
 
 
+@pytest.mark.slow
 def test_quick_benchmark_measures_every_configuration(tmp_path):
     df = run(QUICK, tmp_path / "bench", device="cpu")
     expected = {(n, m["method"]) for n in QUICK.lengths for m in methods(QUICK, n)}
@@ -26,6 +27,7 @@ def test_quick_benchmark_measures_every_configuration(tmp_path):
     assert "SeCO/dense time" in text and pd.read_csv(tmp_path / "bench" / "results.csv").shape[0] == len(df)
 
 
+@pytest.mark.slow
 def test_hf_benchmark_measures_and_reports(tmp_path):
     """One real timing process of the HF driver on a tiny Llama; the summary's ratios are the
     stored medians divided (recomputed here from the raw per-round times), and the report renders."""

@@ -180,6 +180,7 @@ def test_text_training_via_cli_and_plot_of_several_runs(tmp_path, capsys):
     assert rc == 2 and "not a run directory" in err
 
 
+@pytest.mark.slow
 def test_ctrl_c_checkpoints_plots_and_exits_130(tmp_path):
     run = tmp_path / "int"
     proc = subprocess.Popen([sys.executable, "-m", "seco_lab.cli", "train", "--run-dir", str(run), *SMALL,

@@ -7,7 +7,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from conftest import random_batch, rel_err, tiny_model
+from helpers import random_batch, rel_err, tiny_model
 from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
@@ -27,10 +27,6 @@ from seco_lab import (
 from seco_lab.schemes import Sampler
 
 TOL = 1e-12
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm())
 
 
 # ----------------------------------------------------------------- tier 1: strata
@@ -85,13 +81,13 @@ def test_enumerated_mean_equals_weighted_strata(problems, name, L, k, t):
     exact = enumerate_expectation(model, tok, tgt, chunk_size=2, scheme=scheme, budget=t)
     w = scheme.expected_weights(k, t, k - 1)
     analytic = flatten(hs.combine(w))
-    assert rel(flatten(exact.mean), analytic) <= TOL
+    assert rel_err(flatten(exact.mean), analytic) <= TOL
     # the bias is exactly sum_p (w(p) - 1) g(p)
     bias = flatten(hs.combine(w - 1))
     assert float((flatten(exact.mean) - g - bias).norm()) <= TOL * float(g.norm())
     strata_present = hs.norms() > 1e-8 * float(g.norm())
     unbiased = bool(np.all(np.isclose(w[strata_present], 1.0, rtol=0, atol=1e-14)))
-    err = rel(flatten(exact.mean), g)
+    err = rel_err(flatten(exact.mean), g)
     if name in ("falling-factorial", "bernoulli") and (t >= L + 1 or t == k):
         assert err <= TOL
     elif name == "falling-factorial":
@@ -136,7 +132,7 @@ def test_one_stratified_pass_gives_every_scheme_and_the_chain_basis_agrees(probl
         strata = hop_strata(model, tok, tgt, chunk_size=2, subset=subset)
         assert rel_err(strata.estimate(scheme, 3), g_hat) <= TOL
         W = scheme.chain_weights(5, 3, 4)
-        assert rel(basis.estimate(subset, W), flatten(g_hat)) <= TOL
+        assert rel_err(basis.estimate(subset, W), flatten(g_hat)) <= TOL
 
 
 @pytest.mark.parametrize("name, labels", [

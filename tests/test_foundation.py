@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import random_batch, rel_err, tiny_model
+from helpers import random_batch, rel_err, tiny_model
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import rel_err
+from helpers import rel_err
 
 from seco_lab import dense_grad, enumerate_expectation, flatten, get_scheme, hop_strata, seco_grad
 from seco_lab.hf import HFChunkModel, add_lora, build_hf_model

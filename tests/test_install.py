@@ -18,6 +18,8 @@ import sysconfig
 import venv
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -28,6 +30,7 @@ def _run(cmd, cwd, timeout=300):
     return proc
 
 
+@pytest.mark.slow
 def test_wheel_runs_the_study_and_the_report_from_any_directory(tmp_path):
     wheels, env_dir, work, src = (tmp_path / n for n in ("wheels", "env", "work", "src"))
     work.mkdir()

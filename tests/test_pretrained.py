@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import rel_err
+from helpers import rel_err
 
 from seco_lab import flatten, hop_strata, seco_grad
 from seco_lab.hf import HFChunkModel, add_lora

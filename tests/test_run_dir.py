@@ -45,6 +45,7 @@ def cli(*args, cwd=None):
                           timeout=300)
 
 
+@pytest.mark.slow
 def test_a_second_trainer_on_a_locked_run_directory_is_refused(tmp_path):
     run = run_for(tmp_path, "busy")
     first = Trainer(CFG, replace(run, stop_at=2))

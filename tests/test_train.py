@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers import rel_err
 
 from seco_lab.config import RunControl, TrainConfig
 from seco_lab.run_dir import read_metrics
@@ -28,17 +29,13 @@ def params_of(trainer):
     return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 
 
-def max_rel(a, b):
-    return max(float((a[n] - b[n]).norm() / b[n].norm()) for n in b)
-
-
 def test_seco_training_equals_dense_training(tmp_path):
     runs = {}
     for mode in ("dense", "seco"):
         t = Trainer(*cfg_for(tmp_path, mode, mode=mode))
         t.fit()
         runs[mode] = (params_of(t), [r["loss"] for r in read_metrics(t.run_dir.path) if "loss" in r])
-    assert max_rel(runs["seco"][0], runs["dense"][0]) <= 1e-10
+    assert rel_err(runs["seco"][0], runs["dense"][0]) <= 1e-10
     assert runs["seco"][1] == pytest.approx(runs["dense"][1], rel=1e-12)
     assert len(runs["seco"][1]) == 5
 
@@ -73,6 +70,7 @@ def _dist_worker(rank, world, init_file, cfg_dict, run_dict, out):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["seco", "spaco"])
 def test_two_gloo_processes_match_one_process_on_the_full_batch(tmp_path, mode):
     kw = dict(mode=mode, steps=3, **(dict(budget=5) if mode == "spaco" else {}))  # t = k: deterministic
@@ -82,7 +80,7 @@ def test_two_gloo_processes_match_one_process_on_the_full_batch(tmp_path, mode):
     out = tmp_path / "ddp.pt"
     mp.spawn(_dist_worker, args=(2, str(tmp_path / "init"), cfg.to_dict(), asdict(run), str(out)), nprocs=2, join=True)
     got = torch.load(out)
-    assert max_rel(got["params"], params_of(single)) <= 1e-10
+    assert rel_err(got["params"], params_of(single)) <= 1e-10
     assert got["allreduce_calls"] == 3  # once per optimizer step (float64: gradients and stats in one buffer)
 
 
@@ -110,7 +108,7 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     one.fit()
     acc = Trainer(*cfg_for(tmp_path, "acc", steps=2, grad_accum=2))
     acc.fit()
-    assert max_rel(params_of(acc), params_of(one)) <= 1e-10
+    assert rel_err(params_of(acc), params_of(one)) <= 1e-10
 
 
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_checkpoint_before(tmp_path):
@@ -148,6 +146,7 @@ def test_lr_schedule_warms_up_linearly_then_decays_by_cosine_to_the_floor():
     assert lr_factor(0, 0, s, r) == 1.0
 
 
+@pytest.mark.slow
 def test_seco_learns_the_long_range_task(tmp_path):
     """The queried value is uniform over K values and appears only in chunk 0 of 4: a model
     that ignores earlier chunks cannot get its loss below ln K. SeCO must get well below."""
