@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 TORCH   ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
 JOBS    ?= 2
 
-.PHONY: install test lint bias-study bias-study-quick report train-demo train-compare bench clean
+.PHONY: install test lint bias-study bias-study-quick report train-demo train-compare train-study train-study-quick bench clean
 
 install: $(STAMP)
 
@@ -48,6 +48,16 @@ train-demo: $(STAMP)
 train-compare: $(STAMP)
 	$(BIN)/python -m experiments.train_compare
 	$(BIN)/python -m seco_lab.report training
+
+# Does the bias matter?  Every scheme trained against SeCO (resumable; see reports/training_study.md).
+train-study: $(STAMP)
+	$(BIN)/python -m experiments.train_study --jobs $(JOBS)
+	$(BIN)/python -m seco_lab.train_study.report
+
+train-study-quick: $(STAMP)
+	$(BIN)/python -m experiments.train_study --quick --jobs $(JOBS)
+	$(BIN)/python -m seco_lab.train_study.report --results runs/training_study_quick \
+	  --out runs/training_study_quick/report.md
 
 # Time and memory of every method as sequences grow; report from the stored CSV.
 bench: $(STAMP)

@@ -22,13 +22,13 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a tiny grid that runs in well under a minute")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--out", type=Path, default=None,
-                    help="results folder (default reports/training_study, or reports/training_study_quick)")
+                    help="results folder (default reports/training_study, or runs/training_study_quick)")
     ap.add_argument("--fresh", action="store_true", help="discard finished runs in --out and start over")
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error(f"--jobs must be >= 1, got {args.jobs}")
     cfg = quick_config() if args.quick else StudyConfig()
-    out = args.out or ROOT / "reports" / ("training_study_quick" if args.quick else "training_study")
+    out = args.out or (ROOT / "runs" / "training_study_quick" if args.quick else ROOT / "reports" / "training_study")
     meta = run_study(cfg, out, jobs=args.jobs, fresh=args.fresh)
     print(json.dumps({k: meta[k] for k in ("runs_done", "study_wall_s", "fingerprint")}))
     return 0

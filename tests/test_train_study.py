@@ -34,12 +34,12 @@ def test_task_is_deterministic_and_splits_differ():
     assert not torch.equal(a.tokens, task.batch(4, "train", 5, 4).tokens)
 
 
-@pytest.mark.parametrize("layout,pairs", [("random", 2), ("fixed", 3)])
-def test_far_targets_are_the_values_paired_d_chunks_back(layout, pairs):
-    """Brute force: each far target's query key occurs in exactly one earlier place, the chunk d back,
-    followed by the target value; values occur nowhere else before the query chunk."""
-    distances = (1, 3, 5, 7) if layout == "random" else (1, 4, 7)
-    task = RecallTask(num_chunks=8, chunk_size=8, distances=distances, pairs=pairs, layout=layout)
+@pytest.mark.parametrize("layout,filler", [("random", "random"), ("anchored", "counting")])
+def test_far_targets_are_the_values_paired_d_chunks_back(layout, filler):
+    """Brute force: each far target's query key occurs in exactly one earlier place, in the chunk d
+    before the query's, followed by the target value; the query is "0 key"."""
+    distances, pairs = ((1, 3, 5, 7), 2) if layout == "random" else ((1, 4, 7), 3)
+    task = RecallTask(num_chunks=8, chunk_size=8, distances=distances, pairs=pairs, layout=layout, filler=filler)
     K, c, k = task.n_keys, task.chunk_size, task.num_chunks
     batch = task.batch(0, "test", 0, 64)
     seen = set()
@@ -47,22 +47,30 @@ def test_far_targets_are_the_values_paired_d_chunks_back(layout, pairs):
         far = [i for i, d in enumerate(dist) if d]
         assert len(far) == task.pairs
         for i in far:
-            assert i // c == k - 1 and tok[i - 1] == 0 and 1 <= tok[i] <= K  # "0 key" -> value
-            where = [p for p in range((k - 1) * c) if tok[p] == tok[i]]
-            assert len(where) == 1 and where[0] // c == k - 1 - dist[i]
-            if layout == "fixed":  # pair at its chunk's start, queries in increasing distance
-                assert where[0] % c == 0 and dist[i] == sorted(task.distances)[far.index(i)]
+            assert tok[i - 1] == 0 and 1 <= tok[i] <= K  # "0 key" -> value
+            if layout == "random":
+                assert i // c == k - 1
+            where = [p for p in range(i - 1) if tok[p] == tok[i]]
+            assert len(where) == 1 and where[0] // c == i // c - dist[i]
             assert tok[where[0] + 1] == tgt[i] and K < tgt[i] <= 2 * K
             seen.add(dist[i])
         assert tgt[:-1] == tok[1:]
+        if filler == "counting":  # filler continues f, f+1, ... where nothing was placed
+            fill = [(p, x) for p, x in enumerate(tok) if x > 2 * K]
+            F = task.vocab_size - 1 - 2 * K
+            assert all((x - y) % F == (p - q) % F for (p, x), (q, y) in zip(fill[1:], fill[:-1]))
     assert seen == set(task.distances)
 
 
 def test_task_rejects_bad_settings():
     with pytest.raises(ValueError, match="distances must lie"):
-        RecallTask(num_chunks=4, distances=(4,))
+        RecallTask(num_chunks=4, distances=(4,), pairs=1)
+    with pytest.raises(ValueError, match="anchored layout queries every distance"):
+        RecallTask(num_chunks=8, distances=(1, 2, 3), pairs=2)
+    with pytest.raises(ValueError, match="layout must be"):
+        RecallTask(layout="fixed")
     with pytest.raises(ValueError, match="queries"):
-        RecallTask(num_chunks=8, chunk_size=4, distances=(1, 2, 3), pairs=3)
+        RecallTask(num_chunks=8, chunk_size=4, distances=(1, 2, 3), pairs=2, layout="random")
     with pytest.raises(ValueError, match="unknown split"):
         RecallTask().batch(0, "dev", 0, 1)
     with pytest.raises(ValueError, match="spaco arm needs"):
@@ -80,11 +88,11 @@ def _tiny(seed=0):
 def test_full_budget_micro_batched_gradient_is_dense():
     """At t = k every chunk is drawn, the unbiased schemes are exact: averaging the micro-batch
     estimates must give the full batch's dense gradient."""
-    task = RecallTask(num_chunks=4, chunk_size=4, vocab_size=16, distances=(1, 3), pairs=1)
+    task = RecallTask(num_chunks=4, chunk_size=6, vocab_size=16, distances=(1, 3), pairs=2)
     model, batch = _tiny(), task.batch(0, "train", 0, 4)
     _, ref = dense_grad(model, batch.tokens, batch.targets)
     for scheme in ("falling-factorial", "released-unbiased"):
-        _, g, chunks = gradient(model, Arm("spaco", scheme, 4), batch, 4, micro_batch=2, seed=0, step=0)
+        _, g, chunks = gradient(model, Arm("spaco", scheme, 4), batch, 6, micro_batch=2, seed=0, step=0)
         assert chunks == 4
         torch.testing.assert_close(flatten(g), flatten(ref), rtol=1e-12, atol=1e-14)
 
@@ -92,23 +100,23 @@ def test_full_budget_micro_batched_gradient_is_dense():
 @pytest.mark.parametrize("scheme,budget", [("paper", 2), ("released", 2), ("paper-capped", 1), ("bernoulli", 2)])
 def test_probe_matches_enumerated_expectation(scheme, budget):
     """The probe's cos / relative bias against E g_hat from every draw, weighted by its probability."""
-    task = RecallTask(num_chunks=4, chunk_size=4, vocab_size=16, distances=(1, 3), pairs=1)
+    task = RecallTask(num_chunks=4, chunk_size=6, vocab_size=16, distances=(1, 3), pairs=2)
     model, batch = _tiny(1), task.batch(0, "val", 1, 3)
     s = get_scheme(scheme)
     mean = None
     for subset, prob in s.sampler.subsets(4, budget):
         if not subset:
             continue
-        _, g = spaco_grad(model, batch.tokens, batch.targets, 4, s, budget, subset=subset)
+        _, g = spaco_grad(model, batch.tokens, batch.targets, 6, s, budget, subset=subset)
         mean = float(prob) * flatten(g) if mean is None else mean + float(prob) * flatten(g)
     _, ref = dense_grad(model, batch.tokens, batch.targets)
     g = flatten(ref)
-    got = probe(model, Arm("spaco", scheme, budget), batch, 4)
+    got = probe(model, Arm("spaco", scheme, budget), batch, 6)
     cos = float(mean @ g / (mean.norm() * g.norm()))
     assert got["cos"] == pytest.approx(cos, abs=1e-10)
     assert got["rel_bias"] == pytest.approx(float((mean - g).norm() / g.norm()), rel=1e-9, abs=1e-12)
     assert got["grad_norm"] == pytest.approx(float(g.norm()), rel=1e-10)
-    exact = probe(model, Arm("seco"), batch, 4)
+    exact = probe(model, Arm("seco"), batch, 6)
     assert exact["cos"] == 1.0 and exact["rel_bias"] == 0.0
 
 

@@ -4,7 +4,7 @@ A recipe on the library's low-level API (model, gradient engines, hop strata, ex
 
 * :mod:`.task`    -- :class:`RecallTask`, key->value pairs at several chunk distances;
 * :mod:`.runner`  -- one run (arm x optimizer x learning rate x seed) -> tidy rows;
-* :mod:`.study`   -- the grid, resumable, in a process pool -> ``results.csv``, ``runs.csv``, ``study.json``;
+* :mod:`.study`   -- the grid, resumable, in a process pool -> ``results.csv.gz``, ``runs.csv``, ``study.json``;
 * :mod:`.summary` / :mod:`.stats` -- tables with t-intervals, paired comparisons, power;
 * :mod:`.report`  -- ``summarize`` and ``render`` (Markdown + figures).
 """

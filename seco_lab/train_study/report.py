@@ -2,7 +2,7 @@
 
     python -m seco_lab.train_study.report [--results reports/training_study] [--out reports/training_study.md]
 
-Everything in the report is computed from ``results.csv``, ``runs.csv`` and ``study.json``.
+Everything in the report is computed from ``results.csv.gz``, ``runs.csv`` and ``study.json``.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ BIASED = ("paper", "paper-capped", "released", "released-unbiased")
 
 def load(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     folder = Path(folder)
-    missing = [n for n in ("results.csv", "runs.csv", "study.json") if not (folder / n).exists()]
+    missing = [n for n in ("results.csv.gz", "runs.csv", "study.json") if not (folder / n).exists()]
     if missing:
         raise FileNotFoundError(f"{folder} lacks {missing}; run `make train-study` (or "
                                 f"`python -m experiments.train_study --out {folder}`) first")
-    return pd.read_csv(folder / "results.csv"), pd.read_csv(folder / "runs.csv"), json.loads(
+    return pd.read_csv(folder / "results.csv.gz"), pd.read_csv(folder / "runs.csv"), json.loads(
         (folder / "study.json").read_text())
 
 
@@ -209,7 +209,7 @@ def tuning_lines(unt: pd.DataFrame) -> list[str]:
     for r in unt.itertuples():
         if r.arm.split(" t=")[0] not in BIASED:
             continue
-        before = r.gap_at_seco_lo > 0
+        before = r.gap_at_seco_lr_lo > 0
         after = r.gap_tuned_lo > 0
         if r.own_lr == r.seco_lr:
             what = "tuned rate = SeCO's rate"
@@ -220,7 +220,7 @@ def tuning_lines(unt: pd.DataFrame) -> list[str]:
         else:
             what = "no gap to close at SeCO's rate"
         out.append(f"- **LR tuning, {r.arm}**: gap at SeCO's rate {r.seco_lr:g}: "
-                   f"{ci(r.gap_at_seco, r.gap_at_seco_lo, r.gap_at_seco_hi)}; at its own rate {r.own_lr:g}: "
+                   f"{ci(r.gap_at_seco, r.gap_at_seco_lr_lo, r.gap_at_seco_hi)}; at its own rate {r.own_lr:g}: "
                    f"{ci(r.gap_tuned, r.gap_tuned_lo, r.gap_tuned_hi)} — {what}.")
     return out
 

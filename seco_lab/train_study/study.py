@@ -3,7 +3,7 @@
 Each run is written atomically to ``OUT/runs/<run_id>.csv`` (tidy rows) and ``.json`` (summary) as
 soon as it finishes; a rerun skips every run whose files exist, provided the study definition is
 unchanged (its fingerprint is checked against ``OUT/study.json``).  ``collect`` assembles
-``OUT/results.csv`` -- one row per run x step x metric x distance -- and ``OUT/runs.csv``.
+``OUT/results.csv.gz`` -- one row per run x step x metric x distance -- and ``OUT/runs.csv``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def default_arms(num_chunks: int, budgets) -> tuple[Arm, ...]:
 @dataclass
 class StudyConfig:
     settings: TrainSettings = field(default_factory=lambda: TrainSettings(
-        task=RecallTask(num_chunks=8, chunk_size=8, vocab_size=32, distances=(1, 3, 5, 7), pairs=2)))
+        task=RecallTask(num_chunks=8, chunk_size=8, vocab_size=32, distances=(1, 4, 7), pairs=3), steps=300))
     budgets: tuple[int, ...] = (4, 2)  # t/k = 1/2 and 1/4 at k = 8
     lrs: dict = field(default_factory=lambda: {"adamw": (1e-3, 3e-3, 1e-2), "sgd": (0.1, 0.3, 1.0)})
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -76,7 +76,7 @@ class StudyConfig:
 
 def quick_config() -> StudyConfig:
     """A few seconds per run: every arm and optimizer, a tiny grid, 2 seeds (the test's configuration)."""
-    s = TrainSettings(task=RecallTask(num_chunks=4, chunk_size=4, vocab_size=16, distances=(1, 3), pairs=1),
+    s = TrainSettings(task=RecallTask(num_chunks=4, chunk_size=6, vocab_size=16, distances=(1, 3), pairs=2),
                       model=dict(d_model=16, n_layers=1, n_heads=2, d_ff=32), steps=6, batch_size=4, micro_batch=2,
                       warmup=2, eval_every=3, probe_every=3, val_sequences=16, test_sequences=16, probe_sequences=4)
     return StudyConfig(settings=s, budgets=(2, 1), lrs={"adamw": (1e-2,), "sgd": (0.1,)}, seeds=(0, 1))
@@ -99,7 +99,7 @@ def atomic_write_text(text: str, path: Path) -> None:
 
 def atomic_write_csv(df: pd.DataFrame, path: Path) -> None:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    df.to_csv(tmp, index=False)
+    df.to_csv(tmp, index=False, compression="gzip" if path.suffix == ".gz" else None)
     os.replace(tmp, path)
 
 
@@ -165,7 +165,7 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 2, fresh: bool = False, p
 
 
 def collect(out: Path, specs: list[RunSpec]) -> pd.DataFrame:
-    """Concatenate the finished runs into ``results.csv`` (tidy) and ``runs.csv`` (one row per run)."""
+    """Concatenate the finished runs into ``results.csv.gz`` (tidy) and ``runs.csv`` (one row per run)."""
     out = Path(out)
     frames, summaries = [], []
     arm_of = {s.run_id: s.arm for s in specs}
@@ -180,6 +180,6 @@ def collect(out: Path, specs: list[RunSpec]) -> pd.DataFrame:
     runs["mode"] = [arm_of[r].mode for r in runs.run_id]
     runs["scheme"] = [arm_of[r].scheme or "" for r in runs.run_id]
     runs["budget"] = [arm_of[r].budget or 0 for r in runs.run_id]
-    atomic_write_csv(pd.concat(frames, ignore_index=True), out / "results.csv")
+    atomic_write_csv(pd.concat(frames, ignore_index=True), out / "results.csv.gz")
     atomic_write_csv(runs, out / "runs.csv")
     return runs

@@ -137,7 +137,7 @@ def probe_summary(results: pd.DataFrame, sel: pd.DataFrame, final_tab: pd.DataFr
 
 
 def summarize(results: pd.DataFrame, runs: pd.DataFrame, study: dict, level: float = 0.95) -> dict[str, pd.DataFrame]:
-    """All tables of the report from ``results.csv``, ``runs.csv`` and ``study.json`` (pure)."""
+    """All tables of the report from ``results.csv.gz``, ``runs.csv`` and ``study.json`` (pure)."""
     settings = study["design"]["settings"]
     final = final_metrics(results, runs, settings["steps"])
     sel = select_lr(final)
