@@ -62,23 +62,37 @@ def paired_arms(final: pd.DataFrame, sel: pd.DataFrame, a: str, b: str, opt: str
     return paired_difference(x.loc[seeds].to_numpy(), y.loc[seeds].to_numpy())
 
 
+def task_line(task: dict) -> str:
+    k, c = task["num_chunks"], task["chunk_size"]
+    K = (task["vocab_size"] - 1) // 4
+    head = (f"- **Task**: associative recall, {k} chunks of {c} tokens (n = {k * c}), vocabulary "
+            f"{task['vocab_size']} (K = {K} keys and values, chance far-token loss ln K = {math.log(K):.3f}), "
+            f"{task['filler']} filler. ")
+    if task["layout"] == "anchored":
+        body = (f"Chunk 0 opens with {task['pairs']} key→value pairs; the query (0, key, value) of pair r opens "
+                f"chunk d_r, d ∈ {tuple(task['distances'])}: one far target per distance and sequence. ")
+    else:
+        body = (f"{task['pairs']} pairs, pair r at a random offset in the chunk d_r before the last chunk, d_r "
+                f"drawn from {tuple(task['distances'])}; the last chunk queries every key. ")
+    return head + body + ("Far targets = the queried values; their loss can fall below ln K only through a "
+                          "chain with at least one hop (a pair's chunk and its query's chunk both backpropagated).")
+
+
 def settings_section(study: dict) -> list[str]:
     d = study["design"]
     s, task = d["settings"], d["settings"]["task"]
     k, c = task["num_chunks"], task["chunk_size"]
     K = (task["vocab_size"] - 1) // 4
     out = ["## Settings", "",
-           f"- **Task**: associative recall, {k} chunks of {c} tokens (n = {k * c}), vocabulary {task['vocab_size']} "
-           f"(K = {K} keys/values, chance far-token loss ln K = {math.log(K):.3f}). Each sequence holds "
-           f"{task['pairs']} key→value pair(s), pair r in the chunk d_r before the query chunk, d_r drawn without "
-           f"replacement from {task['distances']}; the last chunk queries every key. Far targets = the queried "
-           "values; their loss can fall below ln K only through a chain with at least one hop.",
+           task_line(task),
            f"- **Model**: TinyTransformer {s['model']}, float32, fresh weights from the run's seed.",
            f"- **Training**: {s['steps']} optimizer steps, batch {s['batch_size']} sequences (batch `step` of the "
            f"train split of the run's seed: every arm sees the same token stream), SpaCO draws one chunk set per "
            f"micro-batch of {s['micro_batch']} (draws seeded by (seed, step, micro-batch): arms with the same "
            f"sampler and budget share their draws); linear warm-up {s['warmup']} steps then cosine decay to "
-           f"{s['min_lr_ratio']}×peak; no gradient clipping (so instability shows).",
+           f"{s['min_lr_ratio']}×peak; " + (f"gradient-norm clipping at {s['clip']} (as common fine-tuning recipes "
+           "do; it bounds every step, so instability shows as noise and slow learning rather than overflow)."
+           if s.get("clip") else "no gradient clipping."),
            f"- **Optimizers**: AdamW (β = (0.9, 0.999), weight decay {s['weight_decay']}) and SGD with momentum "
            f"{s['momentum']}. Peak learning-rate grid: " + "; ".join(f"{o}: {', '.join(f'{x:g}' for x in g)}"
                                                                      for o, g in d["lrs"].items()) + ".",
@@ -216,11 +230,11 @@ def tuning_lines(unt: pd.DataFrame) -> list[str]:
         elif before and not after:
             what = "**tuning closes the gap** (to within the interval)"
         elif before and after:
-            what = "tuning does **not** close the gap" + (" (narrows it)" if r.gap_tuned < r.gap_at_seco else "")
+            what = "tuning does **not** close the gap" + (" (narrows it)" if r.gap_tuned < r.gap_at_seco_lr else "")
         else:
             what = "no gap to close at SeCO's rate"
         out.append(f"- **LR tuning, {r.arm}**: gap at SeCO's rate {r.seco_lr:g}: "
-                   f"{ci(r.gap_at_seco, r.gap_at_seco_lr_lo, r.gap_at_seco_hi)}; at its own rate {r.own_lr:g}: "
+                   f"{ci(r.gap_at_seco_lr, r.gap_at_seco_lr_lo, r.gap_at_seco_lr_hi)}; at its own rate {r.own_lr:g}: "
                    f"{ci(r.gap_tuned, r.gap_tuned_lo, r.gap_tuned_hi)} — {what}.")
     return out
 

@@ -44,7 +44,8 @@ def default_arms(num_chunks: int, budgets) -> tuple[Arm, ...]:
 @dataclass
 class StudyConfig:
     settings: TrainSettings = field(default_factory=lambda: TrainSettings(
-        task=RecallTask(num_chunks=8, chunk_size=8, vocab_size=32, distances=(1, 4, 7), pairs=3), steps=300))
+        task=RecallTask(num_chunks=8, chunk_size=8, vocab_size=32, distances=(1, 4, 7), pairs=3),
+        steps=250, micro_batch=16, eval_every=25, probe_every=50, val_sequences=96))
     budgets: tuple[int, ...] = (4, 2)  # t/k = 1/2 and 1/4 at k = 8
     lrs: dict = field(default_factory=lambda: {"adamw": (1e-3, 3e-3, 1e-2), "sgd": (0.1, 0.3, 1.0)})
     seeds: tuple[int, ...] = (0, 1, 2)
