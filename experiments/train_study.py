@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from seco_lab.train_study import StudyConfig, quick_config, run_study
+from seco_lab.train_study.study import collect_partial
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,13 +25,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None,
                     help="results folder (default reports/training_study, or runs/training_study_quick)")
     ap.add_argument("--fresh", action="store_true", help="discard finished runs in --out and start over")
+    ap.add_argument("--collect-only", action="store_true",
+                    help="assemble the runs finished so far (status 'partial') without running anything")
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error(f"--jobs must be >= 1, got {args.jobs}")
     cfg = quick_config() if args.quick else StudyConfig()
     out = args.out or (ROOT / "runs" / "training_study_quick" if args.quick else ROOT / "reports" / "training_study")
-    meta = run_study(cfg, out, jobs=args.jobs, fresh=args.fresh)
-    print(json.dumps({k: meta[k] for k in ("runs_done", "study_wall_s", "fingerprint")}))
+    meta = collect_partial(cfg, out) if args.collect_only else run_study(cfg, out, jobs=args.jobs, fresh=args.fresh)
+    print(json.dumps({k: meta[k] for k in ("status", "runs_done", "study_wall_s", "fingerprint")}))
     return 0
 
 

@@ -199,9 +199,13 @@ def test_quick_study_end_to_end(tmp_path):
     # resume: nothing is redone; a lost run is redone alone
     before = (out / "runs" / f"{cfg.runs()[0].run_id}.json").stat().st_mtime_ns
     (out / "runs" / f"{cfg.runs()[-1].run_id}.json").unlink()
+    assert recipe.main(["--quick", "--collect-only", "--out", str(out)]) == 0
+    partial = json.loads((out / "study.json").read_text())
+    assert partial["status"] == "partial" and partial["runs_done"] == len(cfg.runs()) - 1
+    assert len(pd.read_csv(out / "runs.csv")) == len(cfg.runs()) - 1
     assert recipe.main(["--quick", "--jobs", "1", "--out", str(out)]) == 0
     study2 = json.loads((out / "study.json").read_text())
-    assert [s["runs"] for s in study2["sessions"]] == [len(cfg.runs()), 1]
+    assert [s["runs"] for s in study2["sessions"]] == [len(cfg.runs()), 1] and study2["status"] == "complete"
     assert (out / "runs" / f"{cfg.runs()[0].run_id}.json").stat().st_mtime_ns == before
     # the report
     tabs = summarize(*load(out))

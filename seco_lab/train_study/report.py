@@ -81,8 +81,7 @@ def task_line(task: dict) -> str:
 def settings_section(study: dict) -> list[str]:
     d = study["design"]
     s, task = d["settings"], d["settings"]["task"]
-    k, c = task["num_chunks"], task["chunk_size"]
-    K = (task["vocab_size"] - 1) // 4
+    k = task["num_chunks"]
     out = ["## Settings", "",
            task_line(task),
            f"- **Model**: TinyTransformer {s['model']}, float32, fresh weights from the run's seed.",
@@ -298,7 +297,7 @@ def render(tabs: dict, study: dict, out_md: Path, fig_dir: Path, source: str = "
     lines += verdict_lines(tabs, study)
     lines += settings_section(study)
     lines += ["## Learning curves", "",
-              "Validation far-token loss at each arm's tuned rate, mean over seeds with 95% t-band; dense "
+              "Validation far-token loss at each arm's tuned rate, mean over seeds, band = range over seeds; dense "
               "(dashed black) and SeCO (thick grey) compute the same gradient and should coincide.", "",
               f"![far-token loss]({rel['far_loss_curves.png']})", "",
               f"![validation loss]({rel['loss_curves.png']})", ""]

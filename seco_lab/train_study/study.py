@@ -142,7 +142,7 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 2, fresh: bool = False, p
     started = time.time()
     meta = {"fingerprint": cfg.fingerprint(), "design": cfg.to_dict(), "software": software_versions(),
             "runs_total": len(specs), "jobs": jobs, "study_wall_s": old.get("study_wall_s", 0.0),
-            "sessions": old.get("sessions", [])}
+            "sessions": old.get("sessions", []), "session_started_at": started}
     atomic_write_text(json.dumps({**meta, "status": "running"}, indent=1), meta_path)
     bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc="train-study runs", disable=not progress)
     work = [(s, cfg.settings, out) for s in todo]
@@ -160,6 +160,29 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 2, fresh: bool = False, p
     # wall time of the whole study: every session that completed (an interrupted one is not counted)
     meta.update(status="complete", runs_done=len(runs), study_wall_s=meta["study_wall_s"] + session,
                 sessions=meta["sessions"] + [{"runs": len(todo), "wall_s": session}],
+                run_wall_s_total=float(runs["wall_s"].sum()))
+    atomic_write_text(json.dumps(meta, indent=1), meta_path)
+    return meta
+
+
+def collect_partial(cfg: StudyConfig, out: Path) -> dict:
+    """Assemble the runs finished so far (while a study still runs, or after it was stopped) and mark
+    ``study.json`` 'partial'; its wall time counts the running session up to its latest finished run."""
+    out = Path(out)
+    meta_path = out / "study.json"
+    if not meta_path.exists():
+        raise FileNotFoundError(f"{meta_path} not found: no study was started in {out}")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("fingerprint") != cfg.fingerprint():
+        raise ValueError(f"{out} holds a different study (fingerprint {meta.get('fingerprint')})")
+    specs = cfg.runs()
+    runs = collect(out, specs)
+    done = [_run_paths(out, s)[1] for s in specs if _run_paths(out, s)[1].exists()]
+    started = meta.get("session_started_at", meta_path.stat().st_mtime)
+    latest = max(p.stat().st_mtime for p in done)
+    status = "complete" if len(done) == len(specs) else "partial"
+    meta.update(status=status, runs_done=len(runs), session_started_at=started,
+                study_wall_s=meta.get("study_wall_s", 0.0) + max(latest - started, 0.0),
                 run_wall_s_total=float(runs["wall_s"].sum()))
     atomic_write_text(json.dumps(meta, indent=1), meta_path)
     return meta

@@ -35,7 +35,7 @@ def final_metrics(results: pd.DataFrame, runs: pd.DataFrame, steps: int) -> pd.D
 def select_lr(final: pd.DataFrame) -> pd.DataFrame:
     """Per (arm, optimizer, lr): mean validation far loss over seeds and divergences; ``best`` marks the
     tuned rate (fewest divergences, then lowest mean validation far loss)."""
-    g = final.groupby(["arm", "optimizer", "lr"])
+    g = final.groupby(["arm", "optimizer", "lr"], sort=False)
     sel = g.agg(val_far_loss=("val_far_loss", "mean"), diverged=("diverged", "sum"), seeds=("seed", "count"))
     sel = sel.reset_index()
     sel["rank_key"] = sel.diverged * 1e9 + sel.val_far_loss.fillna(1e9)
@@ -113,15 +113,17 @@ def untuned_gap(final: pd.DataFrame, sel: pd.DataFrame, metric: str = "test_far_
 
 
 def curves(results: pd.DataFrame, sel: pd.DataFrame, metrics, level: float = 0.95) -> pd.DataFrame:
-    """Mean and t-interval over seeds, per (arm, optimizer, metric, step), at the tuned rate."""
+    """Mean, t-interval and range (min, max) over seeds, per (arm, optimizer, metric, step), at the tuned rate."""
     best = sel.loc[sel.best, ["arm", "optimizer", "lr"]]
     r = results[results.metric.isin(metrics) & (results.distance == 0)].merge(best, on=["arm", "optimizer", "lr"])
     rows = []
     for (arm, opt, metric, step), g in r.groupby(["arm", "optimizer", "metric", "step"], sort=False):
         mean, lo, hi, n = t_interval(g.value, level)
         rows.append({"arm": arm, "optimizer": opt, "metric": metric, "step": int(step), "mean": mean,
-                     "lo": lo, "hi": hi, "seeds": n})
-    return pd.DataFrame(rows).sort_values(["arm", "optimizer", "metric", "step"]).reset_index(drop=True)
+                     "lo": lo, "hi": hi, "min": float(g.value.min()), "max": float(g.value.max()), "seeds": n})
+    # keep the study's arm order (first appearance); steps ascend within each run already
+    return pd.DataFrame(rows).sort_values("step", kind="stable").sort_values(
+        ["optimizer", "metric"], kind="stable").reset_index(drop=True)
 
 
 def probe_summary(results: pd.DataFrame, sel: pd.DataFrame, final_tab: pd.DataFrame) -> pd.DataFrame:
