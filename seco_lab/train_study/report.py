@@ -169,7 +169,8 @@ def verdict_lines(tabs: dict, study: dict) -> list[str]:
     """The verdict, generated from the numbers (see module docstring of summary.py for the protocol)."""
     tab, final, sel, unt = tabs["table"], tabs["final"], tabs["selection"], tabs["untuned"]
     budgets = study["design"]["budgets"]
-    n_seeds = len(study["design"]["seeds"])
+    lo_n, hi_n = int(tab.seeds.min()), int(tab.seeds.max())
+    n_seeds = f"{lo_n}" if lo_n == hi_n else f"{lo_n}–{hi_n}"
     out = ["## Verdict", "",
            f"Power: {n_seeds} seeds per arm; a paired difference is called a difference only when its 95% "
            "t-interval excludes 0. 'MDE' is the paired difference a two-sided paired t-test at 5% would detect "
@@ -183,7 +184,7 @@ def verdict_lines(tabs: dict, study: dict) -> list[str]:
         same = sp[~(sp.test_far_loss_vs_seco_lo > 0) & ~(sp.test_far_loss_vs_seco_hi < 0)]
         out.append(f"- **SpaCO vs SeCO (far-token loss)**: worse than SeCO: {', '.join(worse) or 'none'}; "
                    f"not distinguishable: {', '.join(same.arm) or 'none'} (median MDE "
-                   f"{fmt(float(np.nanmedian(sp.test_far_loss_mde)))} nats).")
+                   f"{fmt(float(sp.test_far_loss_mde.dropna().median()))} nats).")
         dense = g[g.arm == "dense"]
         if not dense.empty:
             r = dense.iloc[0]
@@ -195,7 +196,8 @@ def verdict_lines(tabs: dict, study: dict) -> list[str]:
                 continue
             best, worst = at.iloc[0], at.iloc[-1]
             d = paired_arms(final, sel, worst.arm, best.arm, opt, "test_far_loss")
-            verdict = ("scheme choice **changed the outcome**" if d["diff_lo"] > 0 else
+            verdict = ("too few paired seeds for an interval" if not np.isfinite(d["diff_lo"]) else
+                       "scheme choice **changed the outcome**" if d["diff_lo"] > 0 else
                        "**no detectable difference** between the best and worst scheme at this power")
             out.append(f"- **Scheme choice at t = {t}**: best {best.arm} ({fmt(best.test_far_loss)}), worst "
                        f"{worst.arm} ({fmt(worst.test_far_loss)}); paired worst − best = "
@@ -219,7 +221,8 @@ def cap_lines(final, sel, tab, opt, budgets) -> list[str]:
         n_c = int((runs.arm == capped).sum())
         rough_c = float(runs[runs.arm == capped].train_roughness.median())
         rough_p = float(runs[runs.arm == plain].train_roughness.median())
-        effect = ("helped" if d["diff_hi"] < 0 else "hurt" if d["diff_lo"] > 0 else "had no detectable effect on")
+        effect = ("has too few paired seeds to judge" if not np.isfinite(d["diff_lo"]) else "helped" if d["diff_hi"] < 0
+                  else "hurt" if d["diff_lo"] > 0 else "had no detectable effect on")
         stab = ("fewer" if div_c < div_p else "more" if div_c > div_p else "as many")
         out.append(f"- **Cap (C = 2) at t = {t}**: capped − uncapped far-token loss = "
                    f"{ci(d['diff'], d['diff_lo'], d['diff_hi'])}, so the cap {effect} the outcome; divergences over "
@@ -235,7 +238,9 @@ def tuning_lines(unt: pd.DataFrame) -> list[str]:
             continue
         before = r.gap_at_seco_lr_lo > 0
         after = r.gap_tuned_lo > 0
-        if r.own_lr == r.seco_lr:
+        if not (np.isfinite(r.gap_at_seco_lr_lo) and np.isfinite(r.gap_tuned_lo)):
+            what = "too few paired seeds to judge"
+        elif r.own_lr == r.seco_lr:
             what = "tuned rate = SeCO's rate"
         elif before and not after:
             what = "**tuning closes the gap** (to within the interval)"

@@ -138,13 +138,20 @@ def probe_summary(results: pd.DataFrame, sel: pd.DataFrame, final_tab: pd.DataFr
     return avg.merge(keep, on=["arm", "optimizer"])
 
 
+def in_arm_order(df: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """Rows sorted by the study's arm order (stable within an arm)."""
+    rank = {a: i for i, a in enumerate(order)}
+    return df.iloc[np.argsort(df.arm.map(rank).to_numpy(), kind="stable")].reset_index(drop=True)
+
+
 def summarize(results: pd.DataFrame, runs: pd.DataFrame, study: dict, level: float = 0.95) -> dict[str, pd.DataFrame]:
     """All tables of the report from ``results.csv.gz``, ``runs.csv`` and ``study.json`` (pure)."""
     settings = study["design"]["settings"]
-    final = final_metrics(results, runs, settings["steps"])
-    sel = select_lr(final)
-    tab = final_table(final, sel, level=level)
-    return {
+    order = [a["name"] for a in study["design"]["arms"]]
+    final = in_arm_order(final_metrics(results, runs, settings["steps"]), order)
+    sel = in_arm_order(select_lr(final), order)
+    tab = in_arm_order(final_table(final, sel, level=level), order)
+    tables = {
         "final": final,
         "selection": sel,
         "table": tab,
@@ -155,3 +162,5 @@ def summarize(results: pd.DataFrame, runs: pd.DataFrame, study: dict, level: flo
                                               "probe_per_tensor_residual", "probe_hop_share"], level),
         "probes": probe_summary(results, sel, tab),
     }
+    return {name: in_arm_order(t, order) if name not in ("curves", "probe_curves") else t
+            for name, t in tables.items()}
