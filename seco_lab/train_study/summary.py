@@ -162,5 +162,4 @@ def summarize(results: pd.DataFrame, runs: pd.DataFrame, study: dict, level: flo
                                               "probe_per_tensor_residual", "probe_hop_share"], level),
         "probes": probe_summary(results, sel, tab),
     }
-    return {name: in_arm_order(t, order) if name not in ("curves", "probe_curves") else t
-            for name, t in tables.items()}
+    return {name: in_arm_order(t, order) for name, t in tables.items()}
