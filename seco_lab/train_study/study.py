@@ -181,8 +181,9 @@ def collect_partial(cfg: StudyConfig, out: Path) -> dict:
     started = meta.get("session_started_at", meta_path.stat().st_mtime)
     latest = max(p.stat().st_mtime for p in done)
     status = "complete" if len(done) == len(specs) else "partial"
+    completed = sum(x["wall_s"] for x in meta.get("sessions", []))  # sessions that ran to the end
     meta.update(status=status, runs_done=len(runs), session_started_at=started,
-                study_wall_s=meta.get("study_wall_s", 0.0) + max(latest - started, 0.0),
+                study_wall_s=completed + max(latest - started, 0.0),
                 run_wall_s_total=float(runs["wall_s"].sum()))
     atomic_write_text(json.dumps(meta, indent=1), meta_path)
     return meta
