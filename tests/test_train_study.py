@@ -202,6 +202,7 @@ def test_quick_study_end_to_end(tmp_path):
     assert recipe.main(["--quick", "--collect-only", "--out", str(out)]) == 0
     partial = json.loads((out / "study.json").read_text())
     assert partial["status"] == "partial" and partial["runs_done"] == len(cfg.runs()) - 1
+    assert partial["study_wall_s"] == study["study_wall_s"]  # no session was running: nothing added
     assert len(pd.read_csv(out / "runs.csv")) == len(cfg.runs()) - 1
     assert recipe.main(["--quick", "--jobs", "1", "--out", str(out)]) == 0
     study2 = json.loads((out / "study.json").read_text())

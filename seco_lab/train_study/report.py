@@ -172,9 +172,10 @@ def verdict_lines(tabs: dict, study: dict) -> list[str]:
     lo_n, hi_n = int(tab.seeds.min()), int(tab.seeds.max())
     n_seeds = f"{lo_n}" if lo_n == hi_n else f"{lo_n}–{hi_n}"
     out = ["## Verdict", "",
-           f"Power: {n_seeds} seeds per arm; a paired difference is called a difference only when its 95% "
-           "t-interval excludes 0. 'MDE' is the paired difference a two-sided paired t-test at 5% would detect "
-           "with 80% probability given the observed spread of the differences (noncentral t).", ""]
+           f"Power: {n_seeds} seed(s) per arm and optimizer at the tuned rate; a paired difference is called a "
+           "difference only when its 95% t-interval excludes 0. 'MDE' is the paired difference a two-sided "
+           "paired t-test at 5% would detect with 80% probability given the observed spread of the differences "
+           "(noncentral t).", ""]
     for opt in dict.fromkeys(tab.optimizer):
         g = tab[tab.optimizer == opt]
         out.append(f"### {opt}")

@@ -182,8 +182,9 @@ def collect_partial(cfg: StudyConfig, out: Path) -> dict:
     latest = max(p.stat().st_mtime for p in done)
     status = "complete" if len(done) == len(specs) else "partial"
     completed = sum(x["wall_s"] for x in meta.get("sessions", []))  # sessions that ran to the end
+    running = meta.get("status") in ("running", "partial")  # a session that has not (yet) completed
     meta.update(status=status, runs_done=len(runs), session_started_at=started,
-                study_wall_s=completed + max(latest - started, 0.0),
+                study_wall_s=completed + (max(latest - started, 0.0) if running else 0.0),
                 run_wall_s_total=float(runs["wall_s"].sum()))
     atomic_write_text(json.dumps(meta, indent=1), meta_path)
     return meta
