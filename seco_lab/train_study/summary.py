@@ -57,9 +57,10 @@ def _ref(final: pd.DataFrame, sel: pd.DataFrame, optimizer: str, lr: float | Non
 
 
 def final_table(final: pd.DataFrame, sel: pd.DataFrame, metrics=("test_far_loss", "test_loss"),
-                level: float = 0.95) -> pd.DataFrame:
+                level: float = 0.95, learned_below: float = math.inf) -> pd.DataFrame:
     """Per (arm, optimizer) at the tuned rate: mean and t-interval over seeds of each metric, the paired
-    difference to SeCO (same seed, SeCO at its tuned rate), compute, and the detectable difference."""
+    difference to SeCO (same seed, SeCO at its tuned rate), compute, the detectable difference, and how
+    many seeds *learned* the task (test far-token loss below ``learned_below``)."""
     rows = []
     best = at_best(final, sel)
     for (arm, opt), grp in best.groupby(["arm", "optimizer"], sort=False):
@@ -67,7 +68,7 @@ def final_table(final: pd.DataFrame, sel: pd.DataFrame, metrics=("test_far_loss"
         grp = grp.set_index("seed")
         row = {"arm": arm, "optimizer": opt, "lr": float(grp.lr.iloc[0]), "mode": grp["mode"].iloc[0],
                "scheme": grp.scheme.iloc[0], "budget": int(grp.budget.iloc[0]), "seeds": len(grp),
-               "diverged": int(grp.diverged.sum()),
+               "diverged": int(grp.diverged.sum()), "learned": int((grp.test_far_loss < learned_below).sum()),
                "backprop_chunks_per_step": float(grp.backprop_chunks_per_step.mean()),
                "wall_s": float(grp.wall_s.median())}
         for m in metrics:
@@ -150,7 +151,8 @@ def summarize(results: pd.DataFrame, runs: pd.DataFrame, study: dict, level: flo
     order = [a["name"] for a in study["design"]["arms"]]
     final = in_arm_order(final_metrics(results, runs, settings["steps"]), order)
     sel = in_arm_order(select_lr(final), order)
-    tab = in_arm_order(final_table(final, sel, level=level), order)
+    chance = math.log((settings["task"]["vocab_size"] - 1) // 4)
+    tab = in_arm_order(final_table(final, sel, level=level, learned_below=chance / 2), order)
     tables = {
         "final": final,
         "selection": sel,
