@@ -333,7 +333,8 @@ def render(tabs: dict, study: dict, out_md: Path, fig_dir: Path, source: str = "
               f"![far-token loss]({rel['far_loss_curves.png']})", "",
               f"![validation loss]({rel['loss_curves.png']})", ""]
     lines += results_section(tabs, study)
-    lines += [f"![far-token loss by distance]({rel['far_loss_by_distance.png']})", "",
+    lines += ["Test far-token loss by distance at the tuned rate: mean over seeds, bars = range over seeds.", "",
+              f"![far-token loss by distance]({rel['far_loss_by_distance.png']})", "",
               "## Learning-rate sensitivity", "", f"![lr sensitivity]({rel['lr_sensitivity.png']})", ""]
     lines += ["## Gradient quality along the trajectory", "",
               "Each SpaCO arm's exact expected gradient at its own current parameters (probe batch), averaged "

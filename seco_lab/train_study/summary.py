@@ -89,9 +89,10 @@ def distance_table(final: pd.DataFrame, sel: pd.DataFrame, distances, level: flo
     rows = []
     for (arm, opt), grp in at_best(final, sel).groupby(["arm", "optimizer"], sort=False):
         for d in distances:
-            mean, lo, hi, n = t_interval(grp[f"test_far_loss_d{d}"], level)
+            x = grp[f"test_far_loss_d{d}"]
+            mean, lo, hi, n = t_interval(x, level)
             rows.append({"arm": arm, "optimizer": opt, "distance": int(d), "mean": mean, "lo": lo, "hi": hi,
-                         "seeds": n})
+                         "min": float(x.min()), "max": float(x.max()), "seeds": n})
     return pd.DataFrame(rows)
 
 
