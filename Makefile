@@ -9,7 +9,8 @@ STAMP   := $(VENV)/.installed
 TORCH   ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
 JOBS    ?= 2
 
-.PHONY: install test lint bias-study bias-study-quick real-study report train-demo train-compare bench clean
+.PHONY: install test lint bias-study bias-study-quick real-study report train-demo train-compare train-study \
+        train-study-quick bench clean
 
 install: $(STAMP)
 
@@ -42,6 +43,7 @@ report: $(STAMP)
 	@if [ -f reports/training/throughput.csv ]; then $(BIN)/seco-lab report training; fi
 	@if [ -f reports/bench/results.csv ]; then $(BIN)/seco-lab report bench; fi
 	@if [ -f reports/real_study/k16x16/study.json ]; then $(BIN)/seco-lab report real; fi
+	@if [ -f reports/training_study/study.json ]; then $(BIN)/seco-lab report training-study; fi
 
 # A few minutes of SeCO on the Python standard library's sources (byte level);
 # the configuration is configs/demo.toml.  `make train-demo STEPS=20` shortens it.
@@ -53,6 +55,16 @@ train-demo: $(STAMP)
 train-compare: $(STAMP)
 	$(BIN)/python -m experiments.train_compare
 	$(BIN)/seco-lab report training
+
+# Does the bias matter?  Every scheme trained against SeCO (resumable; see reports/training_study.md).
+train-study: $(STAMP)
+	$(BIN)/python -m experiments.train_study --jobs $(JOBS)
+	$(BIN)/seco-lab report training-study
+
+train-study-quick: $(STAMP)
+	$(BIN)/python -m experiments.train_study --quick --jobs $(JOBS)
+	$(BIN)/seco-lab report training-study --results runs/training_study_quick \
+	  --out runs/training_study_quick/report.md
 
 # Time and memory of every method as sequences grow; report from the stored CSV.
 # HF part: a Llama of SmolLM2-135M's shape; HF_BENCH sets its size (30 layers, 1K-8K: add --layers 30).

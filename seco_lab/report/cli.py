@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ..study.driver import DefaultsHelpFormatter
+from ..train_study.report import training_study_report
 from .bench import bench_report
 from .bias import bias_report
 from .markdown import MissingResultsError
@@ -20,6 +21,7 @@ REPORTS = {
     "bench": (bench_report, Path("reports/bench"), Path("reports/benchmarks.md")),
     "training": (training_report, Path("reports/training"), Path("reports/training.md")),
     "real": (real_report, REAL_DIR, Path("reports/real_study.md")),
+    "training-study": (training_study_report, Path("reports/training_study"), Path("reports/training_study.md")),
 }
 
 
@@ -30,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "number comes from the stored files. Paths are relative to the current directory.")
     ap.add_argument("which", choices=tuple(REPORTS), help="bias: the bias study; bench: time and memory "
                     "benchmarks; training: the training-modes comparison; real: hop strata and scheme bias on the "
-                    "pretrained SmolLM2-135M")
+                    "pretrained SmolLM2-135M; training-study: does the bias change what a model learns")
     ap.add_argument("--results", type=Path, default=None,
                     help="folder of stored results (default: " + ", ".join(
                         f"{k}: {v[1]}" for k, v in REPORTS.items()) + ")")
