@@ -84,17 +84,22 @@ def bias_metrics(gram: StrataGram, expected_weights) -> dict[str, float]:
         raise ValueError("the gradient is zero: relative metrics are undefined")
     mm, mg = float(w @ G @ w), float(w @ G @ one)
     cos = mg / np.sqrt(mm * gg) if mm > 0 else 0.0
-    # per tensor: ||g_i||^2 - <m_i, g_i>^2 / ||m_i||^2, and ||g_i||^2 where m_i = 0 (nothing to scale)
+    a = mg / mm if mm > 0 else 0.0  # the best global scale
+    # residuals as quadratic forms in (a w - 1): exactly 0 for an unbiased scheme, no 1 - cos^2 cancellation
+    global_resid = float((a * w - one) @ G @ (a * w - one))
     Gi = gram.per_tensor
     mm_i = np.einsum("p,ipq,q->i", w, Gi, w)
     mg_i = np.einsum("p,ipq,q->i", w, Gi, one)
-    gg_i = np.einsum("p,ipq,q->i", one, Gi, one)
-    resid_i = np.where(mm_i > 0, gg_i - mg_i**2 / np.where(mm_i > 0, mm_i, 1.0), gg_i)
+    a_i = np.where(mm_i > 0, mg_i / np.where(mm_i > 0, mm_i, 1.0), 0.0)  # per tensor; m_i = 0 leaves g_i
+    R = a_i[:, None] * w[None, :] - one[None, :]
+    tensor_resid = float(np.einsum("ip,ipq,iq->", R, Gi, R))
+    s2 = min(max(global_resid, 0.0) / gg, 1.0)  # sin^2 of the angle between E g_hat and g
     return {
         "rel_bias": float(np.sqrt(max(float((w - one) @ G @ (w - one)), 0.0) / gg)),
-        "direction_bias": max(1.0 - cos, 0.0),  # rounding can push cos a hair above 1
-        "best_scale_residual": float(np.sqrt(max(1.0 - cos**2, 0.0))),
-        "per_tensor_residual": float(np.sqrt(max(float(resid_i.sum()), 0.0) / gg)),
+        # 1 - cos = sin^2 / (1 + cos) for cos >= 0: no cancellation when the directions nearly agree
+        "direction_bias": s2 / (1.0 + np.sqrt(1.0 - s2)) if cos >= 0 else 1.0 - cos,
+        "best_scale_residual": float(np.sqrt(max(global_resid, 0.0) / gg)),
+        "per_tensor_residual": float(np.sqrt(max(tensor_resid, 0.0) / gg)),
         "scale": mg / mm if mm > 0 else 0.0,  # the best global a: E g_hat * a ~ g
     }
 

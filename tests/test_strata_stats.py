@@ -38,6 +38,14 @@ def test_bias_metrics_equal_explicit_vectors(problem, name, budget):
     assert got["per_tensor_residual"] <= got["best_scale_residual"] + TOL <= got["rel_bias"] + 2 * TOL
 
 
+def test_unbiased_weights_give_exact_zeros(problem):
+    # every residual is a quadratic form in (a w - 1): exactly zero at w = 1, no sqrt(eps) cancellation floor
+    got = bias_metrics(StrataGram.of(problem[3]), [1.0, 1.0, 1.0])
+    assert got["rel_bias"] == got["direction_bias"] == got["best_scale_residual"] == got["per_tensor_residual"] == 0
+    scaled = bias_metrics(StrataGram.of(problem[3]), [0.5, 0.5, 0.5])  # a pure scale error
+    assert scaled["best_scale_residual"] < 1e-14 and abs(scaled["rel_bias"] - 0.5) < 1e-14
+
+
 def test_strata_monte_carlo_replays_the_sparse_engine(problem):
     model, tok, tgt, _ = problem
     schemes = {n: get_scheme(n) for n in ("paper", "paper-capped", "falling-factorial", "released")}
