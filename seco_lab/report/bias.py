@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..study.definition import BERNOULLI, FALLING_FACTORIAL, PAPER_CAPPED_2
 from . import bias_figures as figs
+from .bias_guide import guidance_section, paper_settings_section, real_lm_section, scheme_definitions_section
 from .bias_summary import COVERAGE_BAND, PRODUCE_BIAS, UNBIASED_TOL, load_bias, summarize_bias
 from .markdown import fmt, generated_note, table, write_markdown
 
@@ -22,15 +23,10 @@ def _spread(d: dict) -> str:
 def headline_section(s: dict) -> list[str]:
     h, unb = s["headline"], s["unbiased"].set_index("scheme")
     ff, be = unb.loc[FALLING_FACTORIAL.label], unb.loc[BERNOULLI.label]
-    md = ["## Headline numbers\n",
-          f"- **Paper formula at the paper's ratio k/t = {h['ratio']:g}** (k = {h['k']}, t = {h['t']}, mean over "
-          f"depths and seeds): relative bias **{fmt(h['rel_bias'])}**, direction bias 1 − cos "
-          f"**{fmt(h['direction_bias'])}**, best-scale residual **{fmt(h['best_scale_residual'])}**."]
-    for r, o in h["others"].items():
-        if r == h["ratio"] and o["k"] == h["k"]:
-            continue  # already the headline (a grid without k/t = 16 falls back to the nearest ratio)
-        md.append(f"- Paper formula at k/t = {r} (k = {o['k']}, t = {o['t']}): relative bias {fmt(o['rel_bias'])}, "
-                  f"direction bias {fmt(o['direction_bias'])} (mean over depths and seeds).")
+    md = [f"## The small grid (k ≤ {h['kmax']}): exact bias *and* variance\n",
+          "At k ≤ 16 every KV-cache chain is enumerable (the chain basis), so variance and MSE are exact too and "
+          "the Monte Carlo statistics can be checked against them. These cells are small: at k = 16, t = 1 only "
+          "the direct term survives, so the paper's k/t = 16 is read at k = 128 above, not here.\n"]
     rg = h["range"]
     md.append(
         f"- Paper formula over every budget t < k at k = {h['kmax']}: relative bias {fmt(rg['rel_bias'][0])}–"
@@ -157,6 +153,14 @@ def bias_report(folder: Path, out_md: Path) -> Path:
           "w(p) = (k/t)^p (t)_{p+1}/(k)_{p+1} ≠ 1. This study measures, exactly and by Monte Carlo, how far each "
           "compensation scheme's expectation is from the true gradient and what each costs in variance "
           f"({estimators_link(out_md)} defines every scheme and the verification tiers).\n"]
+    p = s["paper"]
+    if p is not None:
+        f_paper = figs.fig_paper_settings(p["mean"], p["k"], figdir)
+        md += paper_settings_section(p, study.meta["config"], study.meta.get("timing", {}), f"{rel}/{f_paper}")
+    md += real_lm_section(out_md)  # HOOK: "On a pretrained LM" (seco_lab.real_report), wired by the lead
+    if p is not None:
+        md += guidance_section(p)
+    md += scheme_definitions_section()
     md += headline_section(s)
     md += ["## Which schemes are unbiased, and when\n",
            f"A scheme is counted unbiased in a cell when its exact relative bias is below {UNBIASED_TOL:g} (rounding "
