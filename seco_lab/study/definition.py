@@ -115,7 +115,7 @@ class StudyConfig:
     paper_cells: tuple[tuple[int, int], ...] = ((2, 128), (4, 128), (2, 256))
     paper_budgets: tuple[int, ...] = (8, 16, 32)
     paper_seeds: tuple[int, ...] = (0, 1)
-    paper_draws: int = 40
+    paper_draws: int = 30
     paper_batches: int = 10
 
     def groups(self) -> list[tuple[int, int, int]]:
