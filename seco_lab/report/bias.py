@@ -98,6 +98,8 @@ def statistics_section(s: dict, cfg: dict) -> list[str]:
          "value": ck.get("engine_vs_chain_basis", float("nan"))},
         {"check": "enumerated vs analytic squared bias and covariance trace (max, relative to ‖g‖²)",
          "value": ck.get("enumerated_vs_analytic", float("nan"))},
+        {"check": "paper settings: Σ_{p ≤ L} g(p) of the stratified pass vs dense gradient (max rel. error)",
+         "value": ck.get("paper_strata_sum_vs_dense", float("nan"))},
     ])) + "\n")
     return md
 
@@ -117,11 +119,34 @@ def settings_section(meta: dict) -> list[str]:
             "check (`seco_lab.study.definition`); `seco_lab.study.load_cell(folder, L, k, seed)` rebuilds any "
             "group's model and data. Exact covariance by enumeration where the number of subsets is ≤ "
             f"{cfg['max_enumerated_subsets']:,}, and by the pair-inclusion formula everywhere.\n"
+            f"- Paper-settings groups: (L, k) ∈ {{{', '.join(f'({a}, {b})' for a, b in cfg['paper_cells'])}}}, budgets "
+            f"t ∈ {{{', '.join(map(str, cfg['paper_budgets']))}}}, seeds {cfg['paper_seeds']}; {cfg['paper_draws']} "
+            f"Monte Carlo draws per (t, sampler) in {cfg['paper_batches']} jackknife batches (its own seed purpose, "
+            "`STRATA_MONTE_CARLO`).\n"
             f"- Run: {meta.get('total_draws', 0):,.0f} draws; {timing.get('compute_seconds', 0):.0f} s of worker time; "
-            f"last run {timing.get('wall_seconds_this_run', 0):.1f} s wall with {meta.get('jobs')} worker(s).\n"
+            f"last run {timing.get('wall_seconds_this_run', 0):.1f} s wall with {meta.get('jobs')} worker(s). "
+            + cost_by_part(timing) + "\n"
             f"- Software: Python {sw['python']}, torch {sw['torch']}, numpy {sw['numpy']}, scipy {sw['scipy']}, "
             f"pandas {sw['pandas']}, matplotlib {sw['matplotlib']}; {sw['platform']}, {sw['cpus']} CPUs.\n"
             f"- Study definition digest `{meta['digest']}` (`seco_lab.study`).\n"]
+
+
+PART_NAMES = {"chain_basis_grid": "chain-basis grid (k ≤ 16)", "paper_exact": "paper settings, exact strata",
+              "paper_monte_carlo_uniform": "paper settings, Monte Carlo (uniform)",
+              "paper_monte_carlo_bernoulli": "paper settings, Monte Carlo (Bernoulli)"}
+
+
+def cost_by_part(timing: dict) -> str:
+    """Worker seconds of each part of the study and the wall span of each kind of group (from study.json)."""
+    parts = timing.get("worker_seconds_by_part", {})
+    if not parts:
+        return ""
+    text = "Worker seconds by part: " + ", ".join(f"{PART_NAMES.get(k, k)} {v:.0f} s" for k, v in parts.items())
+    spans = timing.get("wall_seconds_by_kind_this_run", {})
+    if spans:
+        text += "; wall span of each kind in the last run (they overlap: both workers take whichever group is " \
+                "next): " + ", ".join(f"{k} groups {v:.0f} s" for k, v in spans.items())
+    return text + "."
 
 
 def estimators_link(out_md: Path) -> str:

@@ -127,15 +127,24 @@ def summarize_paper(paper: pd.DataFrame, groups: pd.DataFrame, level: float) -> 
     }
 
 
+# where each scheme comes from, beyond the short origin in ``Scheme.description`` (the review's corrections)
+ORIGIN_NOTES = {
+    "paper-chain-capped": "the review's reading of the paper's cap (c_0 = 1)",
+    "falling-factorial": "the review's correction: Horvitz–Thompson weights, unbiased when t ≥ L+1",
+    "bernoulli": "the review's correction: Bernoulli(ρ = t/k) inclusion, unbiased at every t",
+}
+
+
 def scheme_definitions() -> pd.DataFrame:
-    """One line per scheme variant of the study: c_0, c_q and where it comes from (from ``Scheme.description``)."""
+    """One line per scheme variant of the study: c_0, c_q (from ``Scheme.description``) and where it comes from."""
     rows = []
     for v in SCHEMES:
         s = v.build()
         origin, _, formula = get_scheme(v.name).description.partition(": ")
         if s.cap is not None:
             formula += f" (C = {float(s.cap):g})"
-        rows.append({"scheme": v.label, "sampler": s.sampler.kind, "factors": formula, "origin": origin})
+        rows.append({"scheme": v.label, "sampler": s.sampler.kind, "c_0, c_q": formula,
+                     "origin": ORIGIN_NOTES.get(v.name, origin)})
     return pd.DataFrame(rows)
 
 
