@@ -195,6 +195,8 @@ def bias_report(folder: Path, out_md: Path) -> Path:
            "Direction bias 1 − cos(E ĝ, g) (a global scale only rescales the learning rate; this does not):\n",
            table(s["tables"]["direction_bias"]) + "\n",
            "Relative MSE E||ĝ − g||² / ||g||² (bias² + variance):\n", table(s["tables"]["rel_mse"]) + "\n",
+           "In the figures the paper-family variants coincide wherever their cap does not bind (C ≥ k/t): each "
+           "scheme has its own marker and its points are offset sideways so every curve stays visible.\n",
            f"![bias vs t/k]({rel}/{f_bias})\n", f"![variance and MSE]({rel}/{f_var})\n",
            "## Effective weights per hop stratum\n",
            "E ĝ = Σ_p w(p) g(p) with w(p) = W(p) π(p); a scheme is unbiased iff w(p) = 1 for every stratum present. "

@@ -39,6 +39,15 @@ def paper_settings_section(p: dict, cfg: dict, timing: dict, figure: str | None)
           "MSE E‖ĝ − g‖²/‖g‖².\n"]
     for L, tab in p["tables"].items():
         md += [f"**L = {L} layers, k = {k}** (mean over seeds):\n", table(tab, integer_columns=("t",)) + "\n"]
+    same = [f"t = {t}: " + "; ".join(" = ".join(f"`{x}`" for x in grp) for grp in groups)
+            for t, groups in p["coinciding"][max(p["coinciding"])].items() if groups]
+    if same:
+        md.append(f"Identical rows (L = {max(p['coinciding'])}; equal metrics and variance: the same expected "
+                  "weights on every stratum that can survive, e.g. where a cap does not bind, C ≥ k/t): "
+                  + ", ".join(same) + ". In the figure their points sit side by side.\n")
+    deep = max(p["all_schemes"])
+    md += [f"<details><summary>All {p['all_schemes'][deep].scheme.nunique()} scheme variants at L = {deep}, "
+           f"k = {k}</summary>\n", table(p["all_schemes"][deep], integer_columns=("t",)) + "\n", "</details>\n"]
     for (L, k2), tab in p["other_k"].items():
         md += [f"**L = {L}, k = {k2}** (a longer sequence at the same budgets):\n",
                table(tab, integer_columns=("t",)) + "\n"]

@@ -100,6 +100,26 @@ def stratum_shares(groups: pd.DataFrame, num_chunks: int) -> dict[int, list[floa
             sorted(d.L.unique())}
 
 
+def coinciding(mean: pd.DataFrame, n_layers: int, num_chunks: int) -> dict[int, list[list[str]]]:
+    """Per budget t: the sets of schemes whose exact first-order metrics agree to 1e-12 and Monte Carlo variance
+    to 1e-9 (same weights, same draws: their curves coincide, e.g. a capped variant whose cap does not bind)."""
+    d = mean[(mean.L == n_layers) & (mean.k == num_chunks)]
+    keys = ["rel_bias", "best_scale_residual", "per_tensor_residual", "mc_rel_var"]
+    out = {}
+    for t, e in d.groupby("t"):
+        groups: list[list[str]] = []
+        rows = {r.scheme: np.array([getattr(r, m) for m in keys]) for r in e.itertuples()}
+        for s in scheme_order(list(rows)):
+            for g in groups:
+                if np.allclose(rows[g[0]], rows[s], rtol=1e-9, atol=1e-15):
+                    g.append(s)
+                    break
+            else:
+                groups.append([s])
+        out[int(t)] = [g for g in groups if len(g) > 1]
+    return out
+
+
 def summarize_paper(paper: pd.DataFrame, groups: pd.DataFrame, level: float) -> dict | None:
     """Every number of the report's paper-settings sections; None when the study has no paper cells."""
     cells = paper_cells(paper)
@@ -123,6 +143,7 @@ def summarize_paper(paper: pd.DataFrame, groups: pd.DataFrame, level: float) -> 
         "relay": relay_costs(k0, budgets),
         "covered": (int(covered.sum()), len(covered)), "level": level,
         "strata": stratum_shares(groups, k0),
+        "coinciding": {L: coinciding(mean, L, k0) for L in depths},
         "mean": mean,
     }
 
