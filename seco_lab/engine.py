@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from .checks import ceil_div, check_chunk_size
-from .grads import GradDict, accumulate_grads, named_grads
+from .grads import GradDict, named_grads
 from .protocol import ChunkCache, ChunkModel, ChunkOutput, flat_cache, unflat_cache
 
 
@@ -125,7 +125,7 @@ def checked_chunk(out, j: int) -> ChunkOutput:
         )
     if not torch.isfinite(out.loss_sum).all():
         raise FloatingPointError(
-            f"the loss of chunk {j} is {float(out.loss_sum)}: the model's forward produced NaN/inf "
+            f"the loss of chunk {j} is {float(out.loss_sum.detach())}: the model's forward produced NaN/inf "
             "(non-finite weights, a negative or zero norm eps, or overflow in a low-precision dtype)"
         )
     return out
@@ -139,16 +139,22 @@ def trainable(model) -> list[tuple[str, torch.nn.Parameter]]:
 
 
 @torch.no_grad()
-def cache_leaves(model: ChunkModel, batch: ChunkedBatch) -> tuple[list[ChunkCache], torch.Tensor]:
-    """Pass 1: forward every chunk without a graph; return the caches as leaves and the mean loss."""
+def cache_leaves(model: ChunkModel, batch: ChunkedBatch,
+                 with_loss: bool = True) -> tuple[list[ChunkCache], torch.Tensor | None]:
+    """Pass 1: forward every chunk without a graph; return the caches as leaves and the mean loss.
+
+    ``with_loss=False`` passes no targets (a model may then skip its output head, e.g. the
+    LM head over a large vocabulary) and returns ``None`` for the loss: for engines whose
+    pass 2 rebuilds every chunk and sums the loss there (SeCO).
+    """
     leaves: list[ChunkCache] = []
     total = 0.0
     for j in range(batch.num_chunks):
         tok, tgt, start = batch.chunk(j)
-        out = checked_chunk(model.chunk_forward(tok, tgt, leaves, start, batch.ignore_index), j)
+        out = checked_chunk(model.chunk_forward(tok, tgt if with_loss else None, leaves, start, batch.ignore_index), j)
         total = total + out.loss_sum
         leaves.append(unflat_cache([t.detach().requires_grad_(True) for t in flat_cache(out.cache)]))
-    return leaves, total / batch.n_targets
+    return leaves, total / batch.n_targets if with_loss else None
 
 
 def forward_loss(model: ChunkModel, tokens, targets, chunk_size: int | None = None,
@@ -183,8 +189,27 @@ def backward_sweep(
     The gradient a label's seed puts on an earlier visited leaf m'_i is added to
     G_i[new_label] * factor, where ``relay(label, j, i) -> (new_label, factor)``;
     ``None`` drops it.  Chunks outside ``visit`` are never rebuilt and receive nothing.
+
+    When every chunk has one label and every hop the same factor (SeCO, constant-relay
+    SpaCO) the sweep runs as :func:`relay_sweep` (gradients accumulated in place) and
+    ``collect(label, None, param_grads)`` is called once with the sum over chunks.
     """
     order = sorted(set(int(j) for j in visit), reverse=True)
+    constant = _constant_relay(order, direct_label, relay)
+    if constant is not None:
+        label, factor = constant
+        tensors = list(params)
+        saved = [p.grad for p in tensors]
+        for p in tensors:
+            p.grad = None
+        try:
+            relay_sweep(model, batch, leaves, tensors, order, direct_scale=direct_scale, relay_factor=factor)
+            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in tensors]
+        finally:
+            for p, g in zip(tensors, saved):
+                p.grad = g
+        collect(label, None, grads)
+        return
     visited = set(order)
     buffers: dict[int, dict[Hashable, list[torch.Tensor]]] = defaultdict(dict)
     for j in order:
@@ -211,10 +236,79 @@ def backward_sweep(
                     continue
                 new_lab, factor = routed
                 n_kv = len(flat_cache(leaves[i]))
-                part = [grads[n_par + pos * n_kv + r][s] * factor for r in range(n_kv)]
+                part = [grads[n_par + pos * n_kv + r][s] for r in range(n_kv)]
                 buf = buffers[i].get(new_lab)
-                buffers[i][new_lab] = part if buf is None else [a + b for a, b in zip(buf, part)]
+                if buf is None:  # this sweep's own tensors: kept as they are at factor 1, added into in place after
+                    buffers[i][new_lab] = part if factor == 1.0 else [g * factor for g in part]
+                else:
+                    for a, g in zip(buf, part):
+                        a.add_(g, alpha=factor)
         del out, outputs, grads
+
+
+def _constant_relay(order: Sequence[int], direct_label, relay: Relay) -> tuple[Hashable, float] | None:
+    """(label, factor) when every visited chunk seeds one label and every hop keeps it with one factor."""
+    labels = {direct_label(j) for j in order}
+    if len(labels) != 1:
+        return None
+    label = labels.pop()
+    factors = set()
+    for pos, j in enumerate(order):
+        for i in order[pos + 1 :]:
+            routed = relay(label, j, i)
+            if routed is None or routed[0] != label:
+                return None
+            factors.add(float(routed[1]))
+    if len(factors) > 1:
+        return None
+    return label, factors.pop() if factors else 1.0
+
+
+def relay_sweep(
+    model: ChunkModel,
+    batch: ChunkedBatch,
+    leaves: Sequence[ChunkCache],
+    params: Sequence[torch.Tensor],
+    visit: Sequence[int],
+    *,
+    direct_scale: float = 1.0,
+    relay_factor: float = 1.0,
+) -> torch.Tensor:
+    """Pass 2 with one relay buffer: at chunk j (decreasing over ``visit``) backprop
+
+        direct_scale * J_j / N + relay_factor * <m_j, R_j>,   R_j = leaf m'_j's ``.grad``,
+
+    with ``torch.autograd.backward(..., inputs=params + earlier visited leaves)``: parameter
+    gradients accumulate in place into ``p.grad`` (added to what is there), and the
+    relayed gradient into the earlier leaves' ``.grad`` -- the relay buffers, released
+    once used.  relay_factor = 1 is SeCO; a constant c_q = c is constant-relay SpaCO
+    (each hop multiplies by c exactly once, when the buffer seeds its chunk).
+    Returns the summed token loss of the visited chunks (detached).
+    """
+    order = sorted(set(int(j) for j in visit), reverse=True)
+    visited = set(order)
+    loss_sum = 0.0
+    for j in order:
+        for leaf in flat_cache(leaves[j]):
+            leaf.grad = None
+    for j in order:
+        tok, tgt, start = batch.chunk(j)
+        src = [t for i in range(j) if i in visited for t in flat_cache(leaves[i])]
+        with torch.enable_grad():  # checked before its backward: a NaN loss accumulates nothing
+            out = checked_chunk(model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index), j)
+        outs, seeds = [out.loss_sum], [out.loss_sum.new_tensor(direct_scale / batch.n_targets)]
+        for o, leaf in zip(flat_cache(out.cache), flat_cache(leaves[j])):
+            if leaf.grad is not None and o.requires_grad:
+                outs.append(o)
+                seeds.append(leaf.grad if relay_factor == 1.0 else leaf.grad.mul_(relay_factor))
+        loss_sum = loss_sum + out.loss_sum.detach()
+        live = [(o, g) for o, g in zip(outs, seeds) if o.requires_grad]
+        if live:
+            torch.autograd.backward([o for o, _ in live], [g for _, g in live], inputs=list(params) + src)
+        for leaf in flat_cache(leaves[j]):
+            leaf.grad = None
+        del out, outs, seeds, live
+    return loss_sum if isinstance(loss_sum, torch.Tensor) else torch.zeros(())
 
 
 def _vjp(outputs: list[torch.Tensor], seeds: list[list], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -275,28 +369,40 @@ def accumulate_into(acc: list[torch.Tensor]) -> Collect:
 def seco_grad(
     model: ChunkModel, tokens, targets, chunk_size: int, ignore_index: int = -100
 ) -> tuple[torch.Tensor, GradDict]:
-    """Exact gradient by sequential chunk-wise optimisation (SeCO, docs/estimators.md §2)."""
+    """Exact gradient by sequential chunk-wise optimisation (SeCO, docs/estimators.md §2).
+
+    ``.grad`` of the parameters is left as it was: the sweep accumulates into fresh
+    ``.grad`` tensors, which are handed back (no copy) and the previous ones restored.
+    """
     batch = prepare(model, tokens, targets, chunk_size, ignore_index)
     params = trainable(model)
-    acc = [torch.zeros_like(p) for _, p in params]
-    leaves, loss = cache_leaves(model, batch)
-    backward_sweep(
-        model,
-        batch,
-        leaves,
-        [p for _, p in params],
-        range(batch.num_chunks),
-        direct_label=lambda j: 0,
-        direct_scale=1.0,
-        relay=lambda lab, j, i: (0, 1.0),
-        collect=accumulate_into(acc),
-    )
-    return loss, named_grads(params, acc)
+    tensors = [p for _, p in params]
+    saved = [p.grad for p in tensors]
+    for p in tensors:
+        p.grad = None
+    try:
+        loss = _seco_into_grad(model, batch, tensors, scale=1.0)
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in tensors]
+    finally:
+        for p, g in zip(tensors, saved):
+            p.grad = g
+    return loss, named_grads(params, grads)
+
+
+def _seco_into_grad(model: ChunkModel, batch: ChunkedBatch, params: Sequence[torch.Tensor], scale: float):
+    # pass 2 rebuilds every chunk, so the loss is summed there and pass 1 needs no targets
+    leaves, _ = cache_leaves(model, batch, with_loss=False)
+    loss_sum = relay_sweep(model, batch, leaves, params, range(batch.num_chunks), direct_scale=scale)
+    return loss_sum / batch.n_targets
 
 
 def seco_step(model: ChunkModel, tokens, targets, chunk_size: int, ignore_index: int = -100, scale: float = 1.0):
-    """SeCO as a training step: accumulate the exact gradient into ``.grad`` of trainable
-    parameters (frozen ones stay untouched) and return the loss."""
-    loss, grads = seco_grad(model, tokens, targets, chunk_size, ignore_index)
-    accumulate_grads(model, grads, scale)
+    """SeCO as a training step: accumulate ``scale`` times the exact gradient straight into
+    ``.grad`` of trainable parameters (frozen ones stay untouched) and return the loss."""
+    batch = prepare(model, tokens, targets, chunk_size, ignore_index)
+    tensors = [p for _, p in trainable(model)]
+    loss = _seco_into_grad(model, batch, tensors, scale)
+    for p in tensors:
+        if p.grad is None:  # unreachable from the loss: its gradient is zero
+            p.grad = torch.zeros_like(p)
     return loss

@@ -2,12 +2,15 @@
 
 :class:`HFChunkModel` wraps any decoder-only causal LM whose attention is full
 causal attention over a key/value cache (Llama, Qwen2, Mistral without sliding
-window, ...).  For chunk j it builds a ``DynamicCache`` from the previous chunks'
-cache *leaves* (concatenated per layer), passes global ``position_ids``, runs the
-model's own forward, and returns the chunk's keys/values -- the last c positions
-of the cache the model filled -- with gradients flowing into the leaves.  Only
-public API is used: the ``DynamicCache`` constructor, the model's forward, and
-its config.
+window, ...).  For chunk j it builds a :class:`~seco_lab.hf_attention.PrefixCache` from the
+previous chunks' cache *leaves* (concatenated once per layer, inside the model's
+cache update), passes global ``position_ids``, runs the model's own forward, and
+returns the chunk's own keys/values -- the tensors the model computed, each
+holding only its c positions -- with gradients flowing into the leaves.  An
+``sdpa`` model is switched to ``seco_sdpa``, the same attention with the query
+heads grouped per key/value head for the chunk pattern (no K/V repeat).  Only
+public API is used: ``Cache``/``CacheLayerMixin``, ``AttentionInterface``,
+``set_attn_implementation``, the model's forward, and its config.
 
 Install with ``pip install seco_lab[hf]`` (``make install`` does).
 """
@@ -23,7 +26,7 @@ import torch.nn.functional as F
 
 from .protocol import ChunkCache, ChunkOutput
 
-SUPPORTED_ATTENTION = ("eager", "sdpa", "eager_exact")
+SUPPORTED_ATTENTION = ("eager", "sdpa", "eager_exact", "seco_sdpa")
 
 
 def eager_exact_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -49,8 +52,11 @@ def _register_attention() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
+    from .hf_attention import register
+
     AttentionInterface.register("eager_exact", eager_exact_attention)
     AttentionMaskInterface.register("eager_exact", AttentionMaskInterface._global_mapping["eager"])
+    register()
 
 
 def _require_transformers():
@@ -106,9 +112,13 @@ def exact_float64(model: nn.Module) -> nn.Module:
 
 
 class HFChunkModel(nn.Module):
-    """Chunk-model protocol for a transformers causal LM (or a peft model wrapping one)."""
+    """Chunk-model protocol for a transformers causal LM (or a peft model wrapping one).
 
-    def __init__(self, model: nn.Module):
+    ``chunk_attention=True`` switches an ``sdpa`` model to ``seco_sdpa`` (in place: the
+    model's own full-sequence forward is unchanged, it delegates to transformers' sdpa).
+    """
+
+    def __init__(self, model: nn.Module, chunk_attention: bool = True):
         super().__init__()
         _require_transformers()
         self.model = model
@@ -117,9 +127,15 @@ class HFChunkModel(nn.Module):
         if reason:
             raise ValueError(f"{type(model).__name__} cannot be driven chunk by chunk: {reason}")
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if chunk_attention and getattr(self.config, "_attn_implementation", None) == "sdpa":
+            from .hf_attention import CHUNK_ATTENTION
+
+            base.set_attn_implementation(CHUNK_ATTENTION)
         params = inspect.signature(base.forward).parameters
         # transformers renamed `past_key_values` to `cache`; accept either public name
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        # without targets only the cache is wanted: the LM head runs on one position, not the chunk
+        self._no_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     @property
     def max_positions(self) -> int | None:
@@ -137,26 +153,25 @@ class HFChunkModel(nn.Module):
         cfg = self.config.get_text_config(decoder=True)
         return not any(p > 0 for p in dropouts) and not getattr(cfg, "attention_dropout", 0.0)
 
-    def chunk_logits(self, tokens, past: Sequence[ChunkCache], start: int):
-        from transformers import DynamicCache
+    def chunk_logits(self, tokens, past: Sequence[ChunkCache], start: int, all_logits: bool = True):
+        """(logits, own cache) of one chunk after ``past``; own[l] = (keys, values) of this chunk only.
+        ``all_logits=False`` may return the logits of the last position only."""
+        from .hf_attention import PrefixCache
 
-        n_layers = len(past[0]) if past else None
-        if past:
-            data = [(torch.cat([c[l][0] for c in past], dim=2), torch.cat([c[l][1] for c in past], dim=2))
-                    for l in range(n_layers)]
-            cache = DynamicCache(data)
-        else:
-            cache = DynamicCache()
+        cache = PrefixCache(past, self.n_layers)
         b, t = tokens.shape
         pos = torch.arange(start, start + t, device=tokens.device).unsqueeze(0).expand(b, t)
-        out = self.model(input_ids=tokens, position_ids=pos, use_cache=True, **{self._cache_arg: cache})
-        filled = getattr(out, "cache", None) or out.past_key_values
-        own = tuple((layer.keys[:, :, -t:, :], layer.values[:, :, -t:, :]) for layer in filled.layers)
-        return out.logits, own
+        extra = {} if all_logits else self._no_logits
+        out = self.model(input_ids=tokens, position_ids=pos, use_cache=True, **{self._cache_arg: cache}, **extra)
+        return out.logits, cache.own()
+
+    @property
+    def n_layers(self) -> int:
+        return self.config.get_text_config(decoder=True).num_hidden_layers
 
     def chunk_forward(self, tokens, targets, past: Sequence[ChunkCache] = (), start: int = 0,
                       ignore_index: int = -100) -> ChunkOutput:
-        logits, cache = self.chunk_logits(tokens, past, start)
+        logits, cache = self.chunk_logits(tokens, past, start, all_logits=targets is not None)
         if targets is None:
             return ChunkOutput(logits.new_zeros(()), cache)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index,

@@ -144,7 +144,7 @@ def test_non_finite_weights_are_reported_not_differentiated(problem):
         model.blocks[1].mlp.up_proj.weight[0, 0] = float("nan")
     for call in (lambda: seco_grad(model, tok, tgt, 4), lambda: dense_grad(model, tok, tgt),
                  lambda: forward_loss(model, tok, tgt, 4), lambda: hop_strata(model, tok, tgt, 4)):
-        with pytest.raises(FloatingPointError, match="loss of chunk 0 is nan"):
+        with pytest.raises(FloatingPointError, match=r"loss of chunk \d+ is nan"):  # SeCO: found in pass 2
             call()
 
 

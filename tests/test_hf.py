@@ -106,3 +106,67 @@ def test_lora_training_saves_an_adapter_that_peft_loads_back(tmp_path):
     loaded = HFChunkModel(PeftModel.from_pretrained(base, str(tmp_path / "lora" / "adapter"), is_trainable=True))
     again = Trainer(cfg, RunControl(run_dir=str(tmp_path / "eval"), device="cpu"), model=loaded.double())
     assert again.evaluate()["eval_loss"] == pytest.approx(last["eval_loss"], rel=1e-12)
+
+
+def test_cache_leaves_own_only_their_chunk():
+    """Each chunk's cache leaf is an owned tensor of its own c positions, not a view into the prefix."""
+    from seco_lab.engine import cache_leaves, prepare
+
+    adapter = HFChunkModel(build_hf_model("llama", attn_implementation="sdpa", dtype=torch.float64))
+    tok, tgt = tokens(batch=2, length=21)
+    leaves, _ = cache_leaves(adapter, prepare(adapter, tok, tgt, chunk_size=4))
+    for j, cache in enumerate(leaves):
+        for k, v in cache:
+            for t in (k, v):
+                assert t.shape[-2] == min(4, 21 - 4 * j)
+                assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_grad_accumulation_equals_returned_gradients(lora):
+    """seco_step accumulates into .grad exactly what seco_grad returns (times scale, on top of what
+    is there), seco_grad leaves .grad untouched, and both equal HF's own backward."""
+    from seco_lab import seco_step
+
+    model = build_hf_model("llama", attn_implementation="sdpa", dtype=torch.float64)
+    if lora:
+        model = add_lora(model, r=4, alpha=8, init_lora_weights=False).double()
+    adapter = HFChunkModel(model)
+    tok, tgt = tokens()
+    _, ref = hf_reference(model, tok, tgt)
+    params = {"model." + n: p for n, p in model.named_parameters() if p.requires_grad}
+    prior = {n: torch.randn_like(p) for n, p in params.items()}
+    for n, p in params.items():
+        p.grad = prior[n].clone()
+    _, got = seco_grad(adapter, tok, tgt, chunk_size=4)
+    assert all(torch.equal(p.grad, prior[n]) for n, p in params.items())  # untouched
+    assert rel_err(got, ref) <= TOL
+    seco_step(adapter, tok, tgt, chunk_size=4, scale=0.5)
+    accumulated = {n: (p.grad - prior[n]) / 0.5 for n, p in params.items()}
+    assert rel_err(accumulated, got) <= TOL
+    frozen = [p for n, p in model.named_parameters() if not p.requires_grad]
+    assert all(p.grad is None for p in frozen)
+
+
+def test_grouped_chunk_attention_equals_explicit_softmax():
+    """seco_sdpa's grouped-query kernel for the chunk pattern against softmax(q k^T / sqrt(d) + causal mask) v
+    with keys/values repeated per head, in float64."""
+    from transformers import LlamaConfig
+
+    from seco_lab.hf_attention import GroupedChunkMask, chunk_sdpa_attention, chunk_sdpa_mask
+
+    g = torch.Generator().manual_seed(3)
+    heads, kv_heads, c, prefix, d = 6, 2, 5, 7, 4
+    cfg = LlamaConfig(hidden_size=heads * d, num_attention_heads=heads, num_key_value_heads=kv_heads)
+    q = torch.randn(2, heads, c, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, kv_heads, prefix + c, d, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = chunk_sdpa_mask(2, c, prefix + c, q_offset=prefix, dtype=torch.float64, config=cfg)
+    assert isinstance(mask, GroupedChunkMask) and mask.shape == (1, 1, 3 * c, prefix + c)
+    out, _ = chunk_sdpa_attention(torch.nn.Module(), q, k, v, mask, scaling=d**-0.5)
+    kk, vv = k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1)
+    allowed = torch.arange(c)[:, None] + prefix >= torch.arange(prefix + c)
+    scores = (q @ kk.transpose(2, 3)) * d**-0.5
+    ref = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ vv
+    assert float((out - ref.transpose(1, 2)).abs().max()) <= 1e-14
+    # a full-sequence or padded call is not the chunk pattern: transformers' own sdpa mask
+    assert not isinstance(chunk_sdpa_mask(2, c, c, dtype=torch.float64, config=cfg), GroupedChunkMask)

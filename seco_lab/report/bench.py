@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import bench_hf
 from .figures import new_figure, save_figure
 from .markdown import fmt, generated_note, require, table, write_markdown
 
@@ -168,6 +169,8 @@ def bench_report(folder: Path, out_md: Path) -> Path:
         md.append("Configurations that did not finish: " + "; ".join(
             f"{r.label} at {r.length} ({r.note})" for r in s["errors"].itertuples()) + ".\n")
     md += targets_section(s, cfg["chunk_size"])
+    if (folder / "hf_results.csv").exists():
+        md += bench_hf.render(folder)
     sw = meta["software"]
     md.append(f"\nSoftware: Python {sw['python']}, torch {sw['torch']}; {sw['platform']}.\n")
     return write_markdown(md, out_md)

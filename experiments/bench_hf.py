@@ -1,0 +1,276 @@
+"""Time and memory of one training step of a real-shaped Hugging Face Llama: forward only,
+HF full backprop, HF gradient checkpointing, SeCO and SpaCO (constant relay, bernoulli,
+falling-factorial), with and without LoRA, as sequences grow.
+
+    python -m experiments.bench_hf [--quick] [--layers 30] [--lengths 1024 2048 ...] [--out reports/bench]
+
+Model: SmolLM2-135M's shape (hidden 576, 9 heads / 3 KV heads, MLP 1536, vocab 49152,
+tied embeddings) with random weights, ``--layers`` decoder layers, float32, batch 1,
+transformers' sdpa attention (SeCO/SpaCO run it through :class:`seco_lab.hf.HFChunkModel`).
+HF full = ``model(ids, labels=ids).loss.backward()``.  Time: one process per (length, lora)
+runs every method in turn, round after round (interleaved) after a warm-up round; medians.
+Memory: a fresh process per (method, length, lora); peak resident set during the step minus
+the resident set after building the model and inputs.  ``os.getloadavg()`` is recorded with
+every timing, because the machine is shared.  ``--profile`` adds a torch.profiler table of
+one SeCO step's top operators (self CPU time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=16384,
+                    tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=100000.0)
+
+
+@dataclass(frozen=True)
+class HFBenchConfig:
+    lengths: tuple[int, ...] = (1024, 2048, 4096, 8192)
+    chunk_size: int = 512
+    n_layers: int = 30
+    ratio: int = 8  # SpaCO budget t = k / ratio where k allows
+    schemes: tuple[str, ...] = ("released-unbiased", "bernoulli", "falling-factorial")
+    lora: tuple[bool, ...] = (False, True)
+    methods: tuple[str, ...] = ("forward", "hf_full", "hf_checkpoint", "seco", "spaco")
+    rounds: int = 3
+    warmup: int = 1  # untimed rounds before the timed ones
+    seed: int = 0
+    threads: int | None = None
+    hidden_size: int = SMOLLM2_135M["hidden_size"]
+    intermediate_size: int = SMOLLM2_135M["intermediate_size"]
+    vocab_size: int = SMOLLM2_135M["vocab_size"]
+
+
+DEFAULT = HFBenchConfig()
+QUICK = replace(DEFAULT, lengths=(128, 256), chunk_size=32, n_layers=2, hidden_size=72, intermediate_size=128,
+                vocab_size=512, rounds=1, threads=1)
+
+
+def methods(cfg: HFBenchConfig, n: int) -> list[dict]:
+    k = -(-n // cfg.chunk_size)
+    out = [{"method": m} for m in cfg.methods if m != "spaco"]
+    if "spaco" in cfg.methods and k % cfg.ratio == 0:
+        out += [{"method": "spaco", "scheme": s, "budget": k // cfg.ratio, "ratio": cfg.ratio} for s in cfg.schemes]
+    return out
+
+
+def label(m: dict) -> str:
+    return m["method"] if m["method"] != "spaco" else f"spaco {m['scheme']} t/k=1/{m['ratio']}"
+
+
+def build(cfg: HFBenchConfig, n: int, lora: bool):
+    """(raw HF model, chunk adapter, tokens, targets) with SmolLM2-135M's shape and random weights."""
+    import torch
+
+    from seco_lab.hf import HFChunkModel, add_lora, build_hf_model
+
+    torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
+    over = {**SMOLLM2_135M, "num_hidden_layers": cfg.n_layers, "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
+            "max_position_embeddings": max(SMOLLM2_135M["max_position_embeddings"], n)}
+    model = build_hf_model("llama", over, attn_implementation="sdpa", dtype=torch.float32, seed=cfg.seed)
+    if lora:
+        model = add_lora(model, r=8, alpha=16)
+    model.train()  # HF gradient checkpointing is active in training mode only; dropout is 0
+    adapter = HFChunkModel(model)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    tokens = torch.randint(0, cfg.vocab_size, (1, n + 1), generator=gen)
+    return model, adapter, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def step(cfg: HFBenchConfig, m: dict, model, adapter, tokens, targets) -> None:
+    """One training step's gradient work for method m (no optimizer); .grad is cleared afterwards."""
+    import torch
+
+    from seco_lab import seco_grad, spaco_grad
+    from seco_lab.engine import cache_leaves, prepare
+
+    name = m["method"]
+    if name == "forward":
+        with torch.no_grad():
+            model(input_ids=tokens, labels=tokens)
+    elif name in ("hf_full", "hf_checkpoint"):
+        if name == "hf_checkpoint":
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        if name == "hf_checkpoint":
+            model.gradient_checkpointing_disable()
+    elif name == "seco":
+        seco_grad(adapter, tokens, targets, chunk_size=cfg.chunk_size)
+    elif name == "chunked_forward":
+        cache_leaves(adapter, prepare(adapter, tokens, targets, cfg.chunk_size))
+    else:
+        k = -(-tokens.shape[1] // cfg.chunk_size)
+        subset = tuple(range(k - m["budget"], k))  # a fixed set: equal work on every round
+        spaco_grad(adapter, tokens, targets, cfg.chunk_size, m["scheme"], m["budget"], subset=subset)
+    model.zero_grad(set_to_none=True)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_child(cfg: HFBenchConfig, n: int, lora: bool, m: dict) -> dict:
+    """Inside a fresh process: peak resident set of one step above the post-build baseline."""
+    built = build(cfg, n, lora)
+    base = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, _rss_bytes())
+    step(cfg, m, *built)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"peak_bytes": max(peak - base, 0)}
+
+
+def timing_child(cfg: HFBenchConfig, n: int, lora: bool) -> list[dict]:
+    """Inside one process per (length, lora): every method, interleaved, after a warm-up round."""
+    built = build(cfg, n, lora)
+    ms = methods(cfg, n)
+    times: dict[str, list[float]] = {label(m): [] for m in ms}
+    loads: list[float] = []
+    for rnd in range(cfg.warmup + cfg.rounds):
+        for m in ms:
+            t0 = time.perf_counter()
+            step(cfg, m, *built)
+            if rnd >= cfg.warmup:
+                times[label(m)].append(time.perf_counter() - t0)
+                loads.append(os.getloadavg()[0])
+    return [{"label": lab, "time_s": float(np.median(v)), "rounds": len(v), "times": v,
+             "load1": float(np.mean(loads)) if loads else float("nan")} for lab, v in times.items()]
+
+
+def profile_child(cfg: HFBenchConfig, n: int, lora: bool, top: int = 15) -> list[dict]:
+    """Top operators (self CPU time) of one SeCO step, after a warm-up step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    built = build(cfg, n, lora)
+    step(cfg, {"method": "seco"}, *built)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step(cfg, {"method": "seco"}, *built)
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events)
+    events.sort(key=lambda e: -e.self_cpu_time_total)
+    return [{"op": e.key, "self_cpu_s": e.self_cpu_time_total / 1e6, "share": e.self_cpu_time_total / total,
+             "calls": e.count} for e in events[:top]] + [{"op": "(total)", "self_cpu_s": total / 1e6, "share": 1.0,
+                                                          "calls": 0}]
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def _child(kind: str, cfg: HFBenchConfig, n: int, lora: bool, m: dict | None, timeout: float):
+    payload = json.dumps({"kind": kind, "cfg": asdict(cfg), "n": n, "lora": lora, "m": m})
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        p = subprocess.run([sys.executable, "-m", "experiments.bench_hf", "--child", payload], capture_output=True,
+                           text=True, timeout=timeout, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout:.0f} s"}
+    if p.returncode != 0:
+        tail = p.stderr.strip().splitlines()
+        return {"error": "out of memory" if p.returncode in (-9, 137) else (tail[-1] if tail else str(p.returncode))}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600.0, memory: bool = True,
+        profile_length: int | None = None, timing: bool = True) -> pd.DataFrame:
+    """Measure, append to ``out/hf_results.csv`` (rows of earlier runs with another tag are kept)."""
+    from tqdm.auto import tqdm
+
+    from seco_lab.study import atomic_write_csv
+
+    rows = []
+    grid = [(n, lora) for n in cfg.lengths for lora in cfg.lora]
+    head_dim = cfg.hidden_size // SMOLLM2_135M["num_attention_heads"]
+    common = dict(tag=tag, n_layers=cfg.n_layers, chunk_size=cfg.chunk_size,
+                  kv_bytes_per_token=2 * cfg.n_layers * SMOLLM2_135M["num_key_value_heads"] * head_dim * 4)
+    path = out / "hf_results.csv"
+    out.mkdir(parents=True, exist_ok=True)
+    old = pd.read_csv(path) if path.exists() else None
+
+    def save():  # after every child: a long run interrupted keeps what it measured
+        df = pd.DataFrame(rows)
+        if old is not None:
+            df = pd.concat([old[~((old.tag == tag) & old.length.isin(cfg.lengths) & old.chunk_size.eq(cfg.chunk_size)
+                                  & old.label.isin([label(m) for n in cfg.lengths for m in methods(cfg, n)] + ["*"])
+                                  & old.lora.isin(cfg.lora))], df], ignore_index=True)
+        atomic_write_csv(df, path)
+        return df
+
+    if profile_length:
+        prof = _child("profile", cfg, profile_length, False, None, timeout)
+        if not (isinstance(prof, dict) and "error" in prof):
+            atomic_write_csv(pd.DataFrame(prof).assign(tag=tag, length=profile_length, n_layers=cfg.n_layers),
+                             out / f"hf_profile_{tag}.csv")
+    for n, lora in tqdm(grid if timing else [], desc="time (interleaved)"):
+        res = _child("timing", cfg, n, lora, None, timeout)
+        for r in ([] if isinstance(res, dict) else res):
+            rows.append({**common, "length": n, "lora": lora, "label": r["label"], "metric": "time_s",
+                         "value": r["time_s"], "rounds": r["rounds"], "load1": r["load1"],
+                         "note": " ".join(f"{t:.6f}" for t in r["times"])})
+        if isinstance(res, dict):
+            rows.append({**common, "length": n, "lora": lora, "label": "*", "metric": "error", "value": np.nan,
+                         "note": res["error"]})
+        save()
+    jobs = [(n, lora, m) for n, lora in grid for m in methods(cfg, n)] if memory else []
+    for n, lora, m in tqdm(jobs, desc="memory (fresh process each)"):
+        r = _child("memory", cfg, n, lora, m, timeout)
+        rows.append({**common, "length": n, "lora": lora, "label": label(m),
+                     "metric": "error" if "error" in r else "peak_mib",
+                     "value": np.nan if "error" in r else r["peak_bytes"] / (1 << 20), "rounds": 1,
+                     "load1": os.getloadavg()[0], "note": r.get("error", "")})
+        save()
+    return save()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="sub-minute smoke run on a tiny Llama")
+    ap.add_argument("--layers", type=int, default=None, help="decoder layers (SmolLM2-135M has 30)")
+    ap.add_argument("--lengths", type=int, nargs="+", default=None)
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--warmup", type=int, default=None, help="untimed rounds first (default 1)")
+    ap.add_argument("--chunk-size", type=int, default=None)
+    ap.add_argument("--lora-only", action="store_true")
+    ap.add_argument("--methods", nargs="+", default=None)
+    ap.add_argument("--no-lora", action="store_true")
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--no-time", action="store_true")
+    ap.add_argument("--profile", type=int, default=None, help="length of the profiled SeCO step")
+    ap.add_argument("--tag", default="after", help="label of this run in the CSV (e.g. before/after a change)")
+    ap.add_argument("--out", type=Path, default=Path("reports/bench"))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        job = json.loads(a.child)
+        cfg = HFBenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in job["cfg"].items()})
+        fn = {"timing": lambda: timing_child(cfg, job["n"], job["lora"]),
+              "memory": lambda: memory_child(cfg, job["n"], job["lora"], job["m"]),
+              "profile": lambda: profile_child(cfg, job["n"], job["lora"])}[job["kind"]]
+        print(json.dumps(fn()))
+        return
+    cfg = QUICK if a.quick else DEFAULT
+    over = {"n_layers": a.layers, "lengths": tuple(a.lengths) if a.lengths else None, "rounds": a.rounds,
+            "methods": tuple(a.methods) if a.methods else None,
+            "lora": (False,) if a.no_lora else (True,) if a.lora_only else None, "warmup": a.warmup,
+            "chunk_size": a.chunk_size}
+    cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
+    t0 = time.perf_counter()
+    run(cfg, a.out, a.tag, memory=not a.no_memory, profile_length=a.profile, timing=not a.no_time)
+    print(f"HF benchmark ({a.tag}) written to {a.out / 'hf_results.csv'} in {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

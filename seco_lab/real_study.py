@@ -1,0 +1,234 @@
+"""The real-LM cells: hop strata of a pretrained LM's gradient and each scheme's exact bias.
+
+One stratified pass (:func:`seco_lab.hop_strata` with P = k - 1, so sum_p g(p) = g
+exactly) over a real-text window of k chunks gives the strata g(p).  Every metric is a
+quadratic form in their Gram matrix G_pq = <g(p), g(q)>: with w(p) the scheme's
+expected weights (E g_hat = sum_p w(p) g(p)) and 1 the all-ones vector,
+
+    ||g(p)|| / ||g||        = sqrt(G_pp / 1'G1)
+    relative bias           = sqrt((w - 1)' G (w - 1) / 1'G1)
+    cos(E g_hat, g)         = w'G1 / sqrt(w'Gw * 1'G1)
+    direction bias          = 1 - cos,   best-scale residual = sqrt(1 - cos^2)
+
+so a cell stores only G.  The full-parameter gradient is too large to keep P + 1
+strata of (k = 16 strata of 135M parameters), so it is done *by parameter group*:
+one stratified pass per group with only that group trainable.  The gradient vector
+is the concatenation of the groups', hence G = sum over groups of the groups' Grams.
+
+Cells (each one JSON file, written atomically, skipped when present -- resumable):
+``exact-lora`` / ``exact-full`` (float64 exactness on a short window: SeCO vs HF's own
+backward and sum_p g(p) vs dense), ``lora`` and ``full-<group>`` (the Gram matrices).
+Each cell runs in a fresh process so its peak memory is its own.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import resource
+import sysconfig
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass
+class RealStudyConfig:
+    model: str = "smollm2-135m"
+    text_file: str = "argparse.py"  # relative to the standard library (or an absolute path)
+    offset: int = 0  # first token of the window
+    num_chunks: int = 16
+    chunk_size: int = 128
+    strata_dtype: str = "float32"
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
+    lora_seed: int = 0  # adapters: A and B random (peft's B = 0 would zero A's gradient)
+    layers_per_group: int = 6  # full-parameter groups: embedding + final norm, then layers in runs of this size
+    budget_fractions: tuple[float, ...] = (1 / 16, 1 / 8, 1 / 4)
+    check_tokens: int = 256  # float64 exactness window (LoRA); the full-parameter check uses a quarter
+    check_chunk: int = 32
+    threads: int = 2
+    cells: tuple[str, ...] = field(default=("exact-lora", "exact-full", "lora", "full"))
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_chunks * self.chunk_size
+
+
+def text_path(cfg: RealStudyConfig) -> Path:
+    p = Path(cfg.text_file)
+    return p if p.is_absolute() else Path(sysconfig.get_paths()["stdlib"]) / p
+
+
+def window(cfg: RealStudyConfig, length: int) -> torch.Tensor:
+    """``length`` + 1 token ids of the text file from ``cfg.offset`` (inputs and next-token targets)."""
+    from .pretrained import load_tokenizer
+    from .token_corpus import file_tokens
+
+    return file_tokens(load_tokenizer(cfg.model), text_path(cfg), length + 1, cfg.offset)
+
+
+def load_model(cfg: RealStudyConfig, dtype: torch.dtype, lora: bool):
+    from .pretrained import build_pretrained
+
+    attn = "eager_exact" if dtype == torch.float64 else "sdpa"
+    model = build_pretrained(cfg.model, dtype, attn_implementation=attn)
+    if lora:
+        from .hf import add_lora
+
+        torch.manual_seed(cfg.lora_seed)
+        model = add_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_targets, init_lora_weights=False).to(dtype)
+    return model
+
+
+def parameter_groups(model, layers_per_group: int) -> list[list[str]]:
+    """Names of the full model's parameters in groups: non-layer weights (embedding, norm), then layer runs."""
+    groups: dict[int, list[str]] = {}
+    for name, _ in model.named_parameters():
+        parts = name.split(".")
+        key = int(parts[parts.index("layers") + 1]) // layers_per_group + 1 if "layers" in parts else 0
+        groups.setdefault(key, []).append(name)
+    return [groups[k] for k in sorted(groups)]
+
+
+def strata_gram(adapter, ids: torch.Tensor, chunk_size: int) -> tuple[np.ndarray, float]:
+    """(Gram matrix of the hop strata g(0..k-1) accumulated in float64, loss) for the trainable parameters."""
+    from .estimators import flatten, hop_strata
+
+    strata = hop_strata(adapter, ids[None, :-1], ids[None, 1:], chunk_size)
+    S = torch.stack([flatten(g) for g in strata.strata])
+    gram = torch.zeros(len(S), len(S), dtype=torch.float64)
+    for part in torch.split(S, 1 << 22, dim=1):  # float64 products without a float64 copy of S
+        part = part.double()
+        gram += part @ part.T
+    return gram.numpy(), float(strata.loss)
+
+
+def hf_backward(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's own full-sequence forward and backward under the labels convention (logits[:, i] predicts
+    ids[:, i + 1], mean over the n - 1 predictions), with the loss taken in the model's dtype.
+
+    (``model(ids, labels=ids).loss`` casts the logits to float32 inside transformers' loss, which
+    limits a float64 comparison to ~1e-5; the logits and the backward are the model's own.)
+    Returns (loss, flat gradient of the trainable parameters).
+    """
+    import torch.nn.functional as F
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    logits = model(input_ids=ids[None]).logits[0, :-1]
+    loss = F.cross_entropy(logits, ids[1:])
+    return loss.detach(), torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)])
+
+
+def exactness(cfg: RealStudyConfig, lora: bool) -> dict:
+    """float64 on a short window: SeCO and sum_p g(p) vs HF's own backward, dense vs HF.
+
+    Full parameters use a shorter window (3 chunks of 16 tokens): k float64 strata of 135M
+    parameters plus a batched vector-Jacobian product take ~2k GiB.
+    """
+    from .engine import dense_grad, seco_grad
+    from .estimators import flatten, hop_strata
+    from .hf import HFChunkModel
+
+    model = load_model(cfg, torch.float64, lora)
+    n, chunk = (cfg.check_tokens, cfg.check_chunk) if lora else (48, 16)
+    ids = window(cfg, n)
+    adapter = HFChunkModel(model)
+    _, ref = hf_backward(model, ids)
+    rel = lambda a: float((a - ref).norm() / ref.norm())  # noqa: E731
+    out = {"tokens": n, "chunk_size": chunk, "num_chunks": -(-n // chunk), "dtype": "float64"}
+    out["seco_vs_hf_backward"] = rel(flatten(seco_grad(adapter, ids[:-1], ids[1:], chunk)[1]))
+    out["dense_vs_hf_backward"] = rel(flatten(dense_grad(adapter, ids[:-1], ids[1:])[1]))
+    strata = hop_strata(adapter, ids[:-1], ids[1:], chunk)
+    total = flatten(strata.total())
+    out["strata_sum_vs_hf_backward"] = rel(total)
+    out["strata_norms"] = (strata.norms() / float(total.norm())).tolist()
+    return out
+
+
+def gram_cell(cfg: RealStudyConfig, lora: bool, group: int | None) -> dict:
+    from .hf import HFChunkModel
+
+    dtype = DTYPES[cfg.strata_dtype]
+    model = load_model(cfg, dtype, lora)
+    extra = {}
+    if group is not None:
+        groups = parameter_groups(model, cfg.layers_per_group)
+        names = set(groups[group])
+        extra = {"group": group, "num_groups": len(groups), "model_params": sum(p.numel() for p in model.parameters())}
+        for name, p in model.named_parameters():
+            p.requires_grad_(name in names)
+    ids = window(cfg, cfg.num_tokens)
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    gram, loss = strata_gram(HFChunkModel(model), ids, cfg.chunk_size)
+    return {"gram": gram.tolist(), "loss": loss, "trainable": n_params, "dtype": cfg.strata_dtype, **extra}
+
+
+def run_cell(cfg: RealStudyConfig, cell: str, path: Path) -> None:
+    """Compute one cell in this process and write ``path`` atomically, with wall time and peak memory."""
+    torch.set_num_threads(cfg.threads)
+    start = time.perf_counter()
+    if cell.startswith("exact-"):
+        out = exactness(cfg, lora=cell == "exact-lora")
+    elif cell == "lora":
+        out = gram_cell(cfg, True, None)
+    else:
+        out = gram_cell(cfg, False, int(cell.split("-")[1]))
+    out.update(cell=cell, wall_s=time.perf_counter() - start,
+               peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out))
+    os.replace(tmp, path)
+
+
+def cell_names(cfg: RealStudyConfig) -> list[str]:
+    out = []
+    for cell in cfg.cells:
+        if cell == "full":
+            from .pretrained import build_pretrained
+
+            n = len(parameter_groups(build_pretrained(cfg.model, torch.float32), cfg.layers_per_group))
+            out += [f"full-{g}" for g in range(n)]
+        elif cell in ("exact-lora", "exact-full", "lora"):
+            out.append(cell)
+        else:
+            raise ValueError(f"unknown cell {cell!r}; cells: exact-lora, exact-full, lora, full")
+    return out
+
+
+def run_study(cfg: RealStudyConfig, out_dir: str | Path, progress: bool = True) -> Path:
+    """Run every missing cell (each in a fresh process), then write results.csv and study.json."""
+    from tqdm import tqdm
+
+    from .real_report import write_results
+
+    out_dir = Path(out_dir)
+    cells_dir = out_dir / "cells"
+    cells_dir.mkdir(parents=True, exist_ok=True)
+    config_file = out_dir / "config.json"
+    stored = json.loads(config_file.read_text()) if config_file.exists() else None
+    current = json.loads(json.dumps(asdict(cfg)))
+    keep = ("cells", "threads")
+    if stored and {k: v for k, v in stored.items() if k not in keep} != {k: v for k, v in current.items()
+                                                                         if k not in keep}:
+        raise ValueError(f"{out_dir} holds cells of another configuration ({config_file}); use another directory")
+    config_file.write_text(json.dumps(current, indent=1))
+    ctx = mp.get_context("spawn")
+    for cell in (bar := tqdm(cell_names(cfg), desc="real-LM cells", disable=not progress)):
+        path = cells_dir / f"{cell}.json"
+        if path.exists():
+            continue
+        bar.set_postfix_str(cell)
+        proc = ctx.Process(target=run_cell, args=(cfg, cell, path))
+        proc.start()
+        proc.join()
+        if proc.exitcode != 0 or not path.exists():
+            raise RuntimeError(f"cell {cell} failed (exit code {proc.exitcode}); rerun to resume")
+    return write_results(cfg, out_dir)

@@ -1,0 +1,154 @@
+"""Tables of the Hugging Face benchmark (``experiments/bench_hf.py``): ratios, issue targets, profiles.
+
+``summarize(results)`` -> one row per (tag, chunk size, length, lora) with the median step
+times, peak memories and the ratios (always "method / baseline"); ``targets(summary)`` ->
+the issue's targets as met / not met with the measured ratio; ``render(results_dir)`` ->
+the markdown section (tables generated from the stored CSVs, never edited by hand).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .markdown import table
+
+KEYS = ["tag", "chunk_size", "length", "lora"]
+CONSTANT = "spaco released-unbiased"
+
+
+def _wide(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    sub = df[df.metric == metric]
+    if sub.empty:
+        return pd.DataFrame(index=pd.MultiIndex.from_arrays([[]] * len(KEYS), names=KEYS))
+    return sub.pivot_table(index=KEYS, columns="label", values="value", aggfunc="median")
+
+
+def _ratio(a: pd.DataFrame, num: str, den: str) -> pd.Series:
+    if num in a and den in a:
+        return a[num] / a[den]
+    return pd.Series(np.nan, index=a.index)
+
+
+def summarize(results: pd.DataFrame | str | Path) -> pd.DataFrame:
+    """Step times (s), peaks (MiB) and ratios per (tag, chunk_size, length, lora)."""
+    df = pd.read_csv(results) if not isinstance(results, pd.DataFrame) else results
+    t, m = _wide(df, "time_s"), _wide(df, "peak_mib")
+    out = pd.DataFrame(index=t.index.union(m.index))
+    for lab in ("forward", "hf_full", "hf_checkpoint", "seco"):
+        out[f"{lab} s"] = t[lab] if lab in t else np.nan
+        out[f"{lab} MiB"] = m[lab] if lab in m else np.nan
+    t, m = t.reindex(out.index), m.reindex(out.index)
+    out["SeCO/HF-full time"] = _ratio(t, "seco", "hf_full")
+    out["SeCO/HF-ckpt time"] = _ratio(t, "seco", "hf_checkpoint")
+    out["SeCO/HF-full memory"] = _ratio(m, "seco", "hf_full")
+    out["SeCO/HF-ckpt memory"] = _ratio(m, "seco", "hf_checkpoint")
+    for lab in sorted(c for c in t.columns if c.startswith("spaco")):
+        out[f"{lab} / forward time"] = _ratio(t, lab, "forward")
+        out[f"SeCO / {lab} time"] = _ratio(t, "seco", lab)
+    loads = df[df.metric == "time_s"].groupby(KEYS).load1.mean()
+    out["load (1 min)"] = loads.reindex(out.index)
+    return out.reset_index()
+
+
+def _kv_mib(df: pd.DataFrame, length: int) -> float:
+    per_token = df.kv_bytes_per_token.dropna()
+    return float(per_token.iloc[0]) * length / (1 << 20) if len(per_token) else np.nan
+
+
+def targets(summary: pd.DataFrame, results: pd.DataFrame, tag: str = "after") -> pd.DataFrame:
+    """The issue's targets on the measured lengths of ``tag``: one row each, met / not met."""
+    s = summary[summary.tag == tag]
+    rows = []
+
+    def add(target, where, value, limit, less=True):
+        if np.isfinite(value):
+            rows.append({"target": target, "where": where, "measured": round(float(value), 3), "limit": limit,
+                         "met": "met" if (value <= limit if less else value >= limit) else "not met"})
+
+    for r in s.to_dict("records"):
+        where = f"{r['length']} tokens, chunk {r['chunk_size']}{', LoRA' if r['lora'] else ''}"
+        add("SeCO / HF full time <= 1.35", where, r["SeCO/HF-full time"], 1.35)
+        add("SeCO / HF checkpointing time <= 1.1", where, r["SeCO/HF-ckpt time"], 1.1)
+        if r["length"] >= 2048:
+            add("SeCO peak memory <= HF checkpointing", where, r["SeCO/HF-ckpt memory"], 1.0)
+        for col, val in r.items():
+            if col.startswith(CONSTANT) and col.endswith("/ forward time"):
+                add("SpaCO constant relay / forward <= 1.5", where, val, 1.5)
+    full = s[~s.lora.astype(bool)].dropna(subset=["seco MiB"]).sort_values("length")
+    full = full[full.length >= 2048]
+    if len(full) >= 2:
+        lo, hi = full.iloc[0], full.iloc[-1]
+        kv = _kv_mib(results, int(hi.length)) - _kv_mib(results, int(lo.length))
+        add("SeCO memory growth <= KV-cache growth + 10%", f"{int(lo.length)} -> {int(hi.length)} tokens "
+            f"(KV growth {kv:.1f} MiB)", (hi["seco MiB"] - lo["seco MiB"]) / kv if kv else np.nan, 1.1)
+    longest = s.sort_values("length").groupby("lora").tail(1)
+    for r in longest.to_dict("records"):
+        for col, val in r.items():
+            if col.startswith(f"SeCO / {CONSTANT}"):
+                add("SeCO / SpaCO constant relay time >= 2.5 (at 8K)", f"{r['length']} tokens", val, 2.5, less=False)
+    return pd.DataFrame(rows)
+
+
+STRATIFIED_COST = """\
+Why the stratified relay (`falling-factorial`) costs more than a constant relay, and what would make it cheaper:
+its hop factor c_q = (k-q)/(t-q) depends on how many hops q a relayed gradient has already taken, and the chain
+weight W(p) = c_0 c_1 ... c_p is not geometric, so one buffer scaled once per hop (which yields W(p) = c_0 c^p)
+cannot reproduce it: a chunk keeps one relay buffer per hop count and backprops one vector-Jacobian product per
+label present (batched), about min(m, P) + 1 backwards at the m-th visited chunk from the end, P = min(t-1, L),
+against one for `released-unbiased` or `bernoulli` (c_q = 1/rho: one buffer, unbiased, run by `relay_sweep`).
+A cheaper exact form exists but is not implemented: `spaco_grad` sums the labels' parameter gradients, so only the
+leaf gradients need one product per label -- for labels 0..P-1, w.r.t. the leaves alone (no weight-gradient matmuls,
+about half a backward each; label P is never relayed) plus one product of the summed seed w.r.t. the
+parameters: about 1 + P/2 backwards per chunk instead of P + 1.
+"""
+
+MATMUL_OR_ATTENTION = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "attention", "scaled_dot_product")
+
+
+def profile_share(profile: pd.DataFrame) -> float:
+    """Share of self CPU time in matrix multiplies and attention kernels (of the whole profile)."""
+    ops = profile[profile.op != "(total)"]
+    total = float(profile.loc[profile.op == "(total)", "self_cpu_s"].iloc[0])
+    hit = ops.op.str.replace("aten::", "").str.contains("|".join(MATMUL_OR_ATTENTION))
+    return float(ops.loc[hit, "self_cpu_s"].sum()) / total
+
+
+def render(results_dir: str | Path) -> list[str]:
+    """The markdown section of the HF benchmark from ``hf_results.csv`` (and ``hf_profile_*.csv``)."""
+    results_dir = Path(results_dir)
+    df = pd.read_csv(results_dir / "hf_results.csv")
+    summary = summarize(df)
+    layers = sorted(int(x) for x in df.n_layers.unique())
+    parts = [
+        "## Hugging Face Llama (SmolLM2-135M shape, random weights)",
+        f"Decoder layers: {layers} (SmolLM2-135M has 30; fewer where stated, for time on a shared 2-core CPU); "
+        "float32, batch 1, sdpa. Time: median of interleaved rounds in one process per (length, LoRA); memory: "
+        "a fresh process per (method, length, LoRA), peak resident set above the post-build baseline. "
+        "`load (1 min)` is the machine's load average during the timed rounds (other agents share it).",
+    ]
+    keys = [c for c in summary.columns if c in KEYS]
+    tables = {"Step time (s) and ratios (method / baseline)": lambda c: c.endswith(" s") or "time" in c
+              and not c.startswith("spaco") and "spaco" not in c or c == "load (1 min)",
+              "Peak memory (MiB) and ratios": lambda c: c.endswith("MiB") or c.endswith("memory"),
+              "SpaCO (t/k = 1/8; a fixed draw, the last t chunks)": lambda c: "spaco" in c}
+    for title, pick in tables.items():
+        cols = [c for c in summary.columns if c not in keys and pick(c)]
+        sub = summary[keys + cols].dropna(subset=cols, how="all") if cols else summary.iloc[:0]
+        if len(sub):
+            parts += [f"### {title}", table(sub)]
+    if set(summary.tag) >= {"before", "after"}:
+        cols = ["SeCO/HF-full time", "SeCO/HF-ckpt time", "SeCO/HF-full memory", "SeCO/HF-ckpt memory"]
+        wide = summary.pivot_table(index=["chunk_size", "length", "lora"], columns="tag", values=cols)
+        wide.columns = [f"{c} ({tag})" for c, tag in wide.columns]
+        parts += ["### Before / after the speed work", table(wide.reset_index())]
+    tgt = targets(summary, df)
+    parts += ["### Targets of the issue", table(tgt), "### Stratified relay cost", STRATIFIED_COST]
+    for path in sorted(results_dir.glob("hf_profile_*.csv")):
+        prof = pd.read_csv(path)
+        parts += [f"### Profile of one SeCO step ({prof.tag.iloc[0]}, {int(prof.length.iloc[0])} tokens): "
+                  f"matmul + attention = {profile_share(prof):.1%} of self CPU time",
+                  table(prof[["op", "self_cpu_s", "share", "calls"]])]
+    return [p + "\n" for p in parts]
