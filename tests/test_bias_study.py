@@ -320,3 +320,23 @@ def test_report_paper_settings_table_comes_from_paper_csv(quick_study):
     timing = load_bias(quick_study).meta["timing"]
     assert set(timing["worker_seconds_by_part"]) == {"chain_basis_grid", "paper_exact", "paper_monte_carlo_uniform",
                                                      "paper_monte_carlo_bernoulli"}
+
+
+def test_guidance_numbers_come_from_paper_csv(quick_study):
+    """The "Which scheme should I use?" variance prices and residuals against a direct computation."""
+    s = summarize_bias(load_bias(quick_study))["paper"]
+    cells = paper_cells(pd.read_csv(quick_study / "paper.csv"))
+    (L, k), = QUICK.paper_cells
+    g = s["guidance"][L]
+    for t in QUICK.paper_budgets:
+        def mean(scheme, metric, t=t):
+            return cells[(cells.scheme == scheme) & (cells.t == t)][metric].mean()
+
+        assert g["var_price"]["falling-factorial"][t] == pytest.approx(
+            mean("falling-factorial", "mc_rel_var") / mean("paper", "mc_rel_var"), rel=1e-12)
+        assert g["at"]["best_scale_residual"]["paper-capped C=2"][t] == pytest.approx(
+            mean("paper-capped C=2", "best_scale_residual"), rel=1e-12)
+    text = bias_report(quick_study, quick_study / "report_guide" / "bias_study.md").read_text()
+    guide = text.split("## Which scheme should I use?", 1)[1].split("\n## ", 1)[0]
+    t0 = QUICK.paper_budgets[0]
+    assert f"t = {t0}: {g['var_price']['falling-factorial'][t0]:.3g}×" in guide

@@ -119,19 +119,29 @@ def guidance_section(p: dict) -> list[str]:
           f"- **The variance price of unbiasedness** (variance relative to `{pa}`): `{ff}` "
           + ", ".join(f"t = {t}: {g['var_price'][ff][t]:.3g}×" for t in ts) + f"; `{be}` "
           + ", ".join(f"t = {t}: {g['var_price'][be][t]:.3g}×" for t in ts) + f"; `{ru}` "
-          + ", ".join(f"t = {t}: {g['var_price'][ru][t]:.3g}×" for t in ts) + ". Lowest MSE: "
-          + "; ".join(f"t = {t}: lowest `{best_mse(at, t)}`" for t in ts) + ".",
+          + ", ".join(f"t = {t}: {g['var_price'][ru][t]:.3g}×" for t in ts) + ". "
+          + same_direction_text(at, ts, pa, ru) + "Lowest MSE (which also counts the scale error): "
+          + "; ".join(f"t = {t}: `{best_mse(at, t)}`" for t in ts) + ".",
           "- **Backprop cost.** Every uniform scheme backpropagates exactly t chunks; `" + be + "` a random number "
           f"with mean t (mean drawn at t = {t0}: {fmt(at['mc_cost'][be][t0])}). What differs is the relay "
           "(`Scheme.constant_relay`): when c_q is the same for every hop count one relay buffer carries all chains; "
-          "otherwise the sparse backward keeps one buffer per hop count (P+1 vector–Jacobian products per chunk "
-          f"instead of 2, `reports/benchmarks.md`). At k = {k}:\n",
+          "otherwise the sparse backward keeps one buffer per hop count, which costs time and memory "
+          f"(`reports/benchmarks.md` measures the stratified relay against the constant one). At k = {k}:\n",
           table(p["relay"]) + "\n",
           f"- **In short.** Need an unbiased gradient: `{ff}` when t ≥ L+1 (at the price above and a stratified "
           f"relay), else `{be}`. Accept a bias to save variance: `{pa}` uncapped errs "
           + ("mostly in scale" if mostly_scale else "in direction too") + f"; the cap (`{cap}`, "
           f"`{PAPER_CHAIN_CAPPED_2.label}`) and `{rel}` trade variance for a direction error.\n"]
     return md
+
+
+def same_direction_text(at: dict, budgets, paper: str, other: str) -> str:
+    """A sentence when ``other``'s expectation is a multiple of ``paper``'s (equal direction bias at every t)."""
+    d = at["direction_bias"]
+    if not all(abs(d[other][t] - d[paper][t]) <= 1e-9 * max(d[paper][t], 1e-300) for t in budgets):
+        return ""
+    return (f"`{other}`'s expectation is a multiple (k/t) of `{paper}`'s (equal direction bias at every t): it removes "
+            "the scale error but none of the direction error, for the variance factor above. ")
 
 
 def best_mse(at: dict, budget: int) -> str:
