@@ -90,14 +90,16 @@ def guidance_section(p: dict) -> list[str]:
     rb, bs, pt = at["rel_bias"][pa][t0], at["best_scale_residual"][pa][t0], at["per_tensor_residual"][pa][t0]
     mostly_scale = bs < 0.25 * rb
     shares = ", ".join(f"p = {q}: {fmt(x)}" for q, x in enumerate(p["strata"].get(L, [])))
+    w = ", ".join(f"w({q}) = {fmt(x)}" for q, x in enumerate(g["paper_weights"][t0]))
     if mostly_scale:
-        scale_text = (f"its bias is mostly a **scale** error: E ĝ ≈ g / {fmt(at['scale'][pa][t0])} — the direct term "
-                      "keeps weight 1 while the hop strata are mis-weighted, and they carry little of the gradient "
-                      f"(‖g(p)‖/‖g‖, {shares}), so a larger learning rate (or Adam's normalisation) absorbs most of "
-                      "it; the residual columns are what is left")
+        scale_text = (f"its bias is mostly a **scale** error. The direct term is not compensated and the hop strata "
+                      f"get nearly its weight ({w}, t/k = {fmt(t0 / k)}), so E ĝ ≈ g / "
+                      f"{fmt(at['scale'][pa][t0])}: a larger learning rate (or Adam's normalisation) absorbs that. "
+                      "What is left, the residual columns, comes from the hop strata weighted a little less than "
+                      f"the direct term (they carry ‖g(p)‖/‖g‖ = {shares})")
     else:
-        scale_text = ("its bias is largely a **direction** error, which no learning rate absorbs "
-                      f"(‖g(p)‖/‖g‖, {shares})")
+        scale_text = (f"its bias is largely a **direction** error, which no learning rate absorbs ({w}; "
+                      f"‖g(p)‖/‖g‖: {shares})")
     unb = p["unbiased"]
     md = ["## Which scheme should I use?\n",
           f"Evidence from the paper-settings cells (L = {L}, k = {k}; the table above).\n",

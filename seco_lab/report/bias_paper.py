@@ -77,7 +77,10 @@ def guidance(mean: pd.DataFrame, n_layers: int, num_chunks: int, budgets) -> dic
     var = at["mc_rel_var"]
     price = {s.label: {t: var[s.label][t] / var[PAPER.label][t] for t in budgets}
              for s in (FALLING_FACTORIAL, BERNOULLI, RELEASED_UNBIASED)}
-    return {"L": n_layers, "k": num_chunks, "budgets": list(budgets), "at": at, "var_price": price}
+    d = mean[(mean.scheme == PAPER.label) & (mean.L == n_layers) & (mean.k == num_chunks)].set_index("t")
+    paper_w = {int(t): [float(d.loc[t, f"w_p{p}"]) for p in range(n_layers + 1)] for t in budgets}
+    return {"L": n_layers, "k": num_chunks, "budgets": list(budgets), "at": at, "var_price": price,
+            "paper_weights": paper_w}
 
 
 def unbiased_where(cells: pd.DataFrame) -> dict:
