@@ -16,6 +16,9 @@ from scipy import stats
 
 from seco_lab import dense_grad, flatten, hop_strata
 from seco_lab.report import bias_report, load_bias, summarize_bias
+from seco_lab.report.bias_paper import PAPER_METRICS, paper_cells
+from seco_lab.report.markdown import fmt
+from seco_lab.strata_stats import StrataGram, bias_metrics
 from seco_lab.study import (
     PAPER,
     QUICK,
@@ -25,12 +28,14 @@ from seco_lab.study import (
     StudyDefinitionError,
     load_cell,
     run_group,
+    run_paper_group,
     run_study,
     seed_sequence,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ("results", "checks", "groups", "convergence")
+PAPER_TABLES = ("paper", "checks", "groups")  # the tables a paper-settings group writes
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +54,10 @@ def test_quick_study_writes_tidy_results_and_report(quick_study):
     assert "seconds" not in set(res.metric)  # timings only in study.json: the tables are reproducible
     md = bias_report(quick_study, quick_study / "report" / "bias_study.md")
     text = md.read_text()
-    assert "## Headline numbers" in text and "Software: Python" in text and "seco-lab bias-study" in text
-    assert "docs/estimators.md" in text
-    for fig in ["bias_vs_ratio", "variance_mse_vs_ratio", "convergence", "weights", "cap_tradeoff"]:
+    assert "## At the paper's settings" in text and "## Which scheme should I use?" in text
+    assert "## The schemes" in text and "Software: Python" in text and "seco-lab bias-study" in text
+    assert "docs/estimators.md" in text and "k/t = 16 (k = 16, t = 1)" not in text
+    for fig in ["bias_vs_ratio", "variance_mse_vs_ratio", "convergence", "weights", "cap_tradeoff", "paper_settings"]:
         assert (md.parent / "figures" / "bias_study" / f"{fig}.png").stat().st_size > 10_000
 
 
@@ -156,24 +162,25 @@ def test_study_resumes_after_being_killed(tmp_path):
     cells = out / "cells"
     proc = subprocess.Popen(_cli(out), cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+    n_groups = len(QUICK.groups()) + len(QUICK.paper_groups())
     deadline = time.time() + 120
-    while time.time() < deadline and len(list(cells.glob("L*.json"))) < 2:
+    while time.time() < deadline and len(list(cells.glob("*.json"))) < 3:  # the paper-settings group runs first
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    finished = sorted(cells.glob("L*.json"))
-    assert 2 <= len(finished) < 8, "the kill must land mid-study"
+    finished = sorted(cells.glob("*.json"))
+    assert 3 <= len(finished) < n_groups, "the kill must land mid-study"
     for f in finished:  # nothing half-written: every group marked done has all its tables
-        for name in TABLES:
+        for name in PAPER_TABLES if f.name.startswith("paper_") else TABLES:
             assert len(pd.read_csv(f.with_suffix(f".{name}.csv")))
     before = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in finished}
 
     rerun = subprocess.run(_cli(out), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
-    assert f"{len(finished)} already done, {8 - len(finished)} to compute" in rerun.stdout
+    assert f"{len(finished)} already done, {n_groups - len(finished)} to compute" in rerun.stdout
     for f in finished:
         assert (f.stat().st_ino, f.stat().st_mtime_ns) == before[f.name], f"{f.name} was recomputed"
-    assert len(list(cells.glob("L*.json"))) == 8 and not list(cells.glob("*.tmp*"))
+    assert len(list(cells.glob("*.json"))) == n_groups and not list(cells.glob("*.tmp*"))
     # reproducible run to run: one group recomputed here, in another process, gives the same bytes
     cfg = replace(QUICK, draws=500)
     L, k, seed = cfg.groups()[-1]
@@ -220,3 +227,116 @@ def test_cli_out_that_is_a_file_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--quick", "--out", str(tmp_path / "f")])
     assert e.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- paper-settings groups
+
+
+def test_paper_settings_group_is_stored_and_exact(quick_study):
+    """The quick grid's paper-settings group (k = 32): one row per scheme x budget x metric in paper.csv,
+    its strata sum to the dense gradient, and the Monte Carlo columns are present and sane."""
+    paper = pd.read_csv(quick_study / "paper.csv")
+    assert tuple(paper.columns) == RESULT_COLUMNS
+    assert not paper.duplicated(["L", "k", "seed", "t", "scheme", "metric"]).any()
+    cells = paper_cells(paper)
+    (L, k), = QUICK.paper_cells
+    assert set(zip(cells.L, cells.k)) == {(L, k)} and set(cells.t) == set(QUICK.paper_budgets)
+    assert set(cells.scheme) == {v.label for v in SCHEMES}
+    assert set(PAPER_METRICS) <= set(cells.columns)
+    assert (cells.mc_rel_var > 0).all() and set(cells.mc_covered.dropna()) <= {0.0, 1.0}
+    assert np.allclose(cells.rel_mse, cells.rel_bias**2 + cells.mc_rel_var, rtol=1e-12)
+    checks = pd.read_csv(quick_study / "checks.csv")
+    assert checks[checks.check == "paper_strata_sum_vs_dense"].value.max() < 1e-12
+    assert len(pd.read_csv(quick_study / "results.csv").query("k == @k")) == 0  # kept apart from results.csv
+
+
+@pytest.mark.parametrize("scheme", ["paper", "paper-capped C=2", "released", "falling-factorial"])
+def test_load_cell_recomputes_stored_paper_settings_metrics(quick_study, scheme):
+    """Every first-order metric stored for a paper-settings cell, recomputed from load_cell + hop_strata with
+    explicit vectors (E ĝ = Σ_p w(p) g(p), per tensor too), not through the Gram matrices the study used."""
+    (L, k), = QUICK.paper_cells
+    seed, t = QUICK.paper_seeds[0], QUICK.paper_budgets[0]
+    cell = load_cell(quick_study, L, k, seed)
+    _, dense = dense_grad(cell.model, cell.tokens, cell.targets)
+    strata = hop_strata(cell.model, cell.tokens, cell.targets, cell.config.chunk_size, max_hops=L)
+    variant = next(v for v in cell.config.schemes if v.label == scheme)
+    w = variant.build().expected_weights(k, t, L)
+    mean = {n: sum(float(w[p]) * s[n] for p, s in enumerate(strata.strata)) for n in dense}
+    g, m = flatten(dense), flatten(mean)
+    cos = float(m @ g / (m.norm() * g.norm()))
+    # per tensor: the best scale a_i = <m_i, g_i> / ||m_i||², and what is left, ||a_i m_i − g_i||²
+    resid = sum(float((float(mean[n].flatten() @ dense[n].flatten() / mean[n].norm() ** 2) * mean[n] - dense[n])
+                      .norm() ** 2) for n in dense)
+    expected = {"rel_bias": float((m - g).norm() / g.norm()), "direction_bias": 1 - cos,
+                "best_scale_residual": float(np.sqrt(1 - cos**2)),
+                "per_tensor_residual": float(np.sqrt(resid) / g.norm())}
+    res = pd.read_csv(quick_study / "paper.csv")
+    stored = res[(res.L == L) & (res.k == k) & (res.seed == seed) & (res.t == t) & (res.scheme == scheme)]
+    stored = stored.set_index("metric").value
+    assert expected["rel_bias"] > 0.01
+    for name, value in expected.items():
+        assert float(stored[name]) == pytest.approx(value, rel=1e-9, abs=1e-13), name
+    # the library's difference form agrees where the residual is not tiny
+    again = bias_metrics(StrataGram.of(strata), w)
+    assert again["per_tensor_residual"] == pytest.approx(float(stored["per_tensor_residual"]), rel=1e-6)
+
+
+def test_unbiased_schemes_have_exactly_zero_residuals_at_the_paper_settings(quick_study):
+    """bernoulli is unbiased at every t: every first-order metric is 0 up to rounding, per tensor too (the
+    residual is computed as a norm of the residual, not as a difference of squares)."""
+    cells = paper_cells(pd.read_csv(quick_study / "paper.csv"))
+    be = cells[cells.scheme == "bernoulli"]
+    assert len(be) and (be[["rel_bias", "best_scale_residual", "per_tensor_residual"]].abs() < 1e-12).all().all()
+
+
+def test_paper_settings_group_reruns_byte_identical(quick_study):
+    (L, k), = QUICK.paper_cells
+    seed = QUICK.paper_seeds[0]
+    again, seconds = run_paper_group(QUICK, L, k, seed)
+    assert set(seconds) == {"exact", "monte_carlo_uniform", "monte_carlo_bernoulli"}
+    for name, df in [("paper", again.results), ("checks", again.checks), ("groups", again.facts)]:
+        stored = (quick_study / "cells" / f"paper_L{L}_k{k}_s{seed}.{name}.csv").read_text()
+        assert df.to_csv(index=False) == stored, name
+
+
+def test_report_paper_settings_table_comes_from_paper_csv(quick_study):
+    """Parse the report's paper-settings table and compare every cell with paper.csv's mean over seeds."""
+    md = bias_report(quick_study, quick_study / "report_paper" / "bias_study.md").read_text()
+    section = md.split("## At the paper's settings", 1)[1].split("\n## ", 1)[0].split("<details>")[0]
+    rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith("| scheme")]
+    assert rows, "the paper-settings table is missing"
+    cells = paper_cells(pd.read_csv(quick_study / "paper.csv"))
+    mean = cells.groupby(["L", "k", "t", "scheme"], as_index=False).mean(numeric_only=True)
+    (L, k), = QUICK.paper_cells
+    headline = {"paper", "paper-capped C=2", "released", "released-unbiased", "falling-factorial", "bernoulli"}
+    seen = set()
+    for r in rows:
+        fields = [x.strip() for x in r.strip("|").split("|")]
+        scheme, t = fields[0], int(fields[1])
+        ref = mean[(mean.L == L) & (mean.k == k) & (mean.t == t) & (mean.scheme == scheme)].iloc[0]
+        assert fields[2:] == [fmt(float(ref[m])) for m in PAPER_METRICS], (scheme, t)
+        seen.add((scheme, t))
+    assert seen == {(s, t) for s in headline for t in QUICK.paper_budgets}
+    timing = load_bias(quick_study).meta["timing"]
+    assert set(timing["worker_seconds_by_part"]) == {"chain_basis_grid", "paper_exact", "paper_monte_carlo_uniform",
+                                                     "paper_monte_carlo_bernoulli"}
+
+
+def test_guidance_numbers_come_from_paper_csv(quick_study):
+    """The "Which scheme should I use?" variance prices and residuals against a direct computation."""
+    s = summarize_bias(load_bias(quick_study))["paper"]
+    cells = paper_cells(pd.read_csv(quick_study / "paper.csv"))
+    (L, k), = QUICK.paper_cells
+    g = s["guidance"][L]
+    for t in QUICK.paper_budgets:
+        def mean(scheme, metric, t=t):
+            return cells[(cells.scheme == scheme) & (cells.t == t)][metric].mean()
+
+        assert g["var_price"]["falling-factorial"][t] == pytest.approx(
+            mean("falling-factorial", "mc_rel_var") / mean("paper", "mc_rel_var"), rel=1e-12)
+        assert g["at"]["best_scale_residual"]["paper-capped C=2"][t] == pytest.approx(
+            mean("paper-capped C=2", "best_scale_residual"), rel=1e-12)
+    text = bias_report(quick_study, quick_study / "report_guide" / "bias_study.md").read_text()
+    guide = text.split("## Which scheme should I use?", 1)[1].split("\n## ", 1)[0]
+    t0 = QUICK.paper_budgets[0]
+    assert f"t = {t0}: {g['var_price']['falling-factorial'][t0]:.3g}×" in guide

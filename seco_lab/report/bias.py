@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..study.definition import BERNOULLI, FALLING_FACTORIAL, PAPER_CAPPED_2
 from . import bias_figures as figs
+from .bias_guide import guidance_section, paper_settings_section, real_lm_section, scheme_definitions_section
 from .bias_summary import COVERAGE_BAND, PRODUCE_BIAS, UNBIASED_TOL, load_bias, summarize_bias
 from .markdown import fmt, generated_note, table, write_markdown
 
@@ -22,15 +23,10 @@ def _spread(d: dict) -> str:
 def headline_section(s: dict) -> list[str]:
     h, unb = s["headline"], s["unbiased"].set_index("scheme")
     ff, be = unb.loc[FALLING_FACTORIAL.label], unb.loc[BERNOULLI.label]
-    md = ["## Headline numbers\n",
-          f"- **Paper formula at the paper's ratio k/t = {h['ratio']:g}** (k = {h['k']}, t = {h['t']}, mean over "
-          f"depths and seeds): relative bias **{fmt(h['rel_bias'])}**, direction bias 1 − cos "
-          f"**{fmt(h['direction_bias'])}**, best-scale residual **{fmt(h['best_scale_residual'])}**."]
-    for r, o in h["others"].items():
-        if r == h["ratio"] and o["k"] == h["k"]:
-            continue  # already the headline (a grid without k/t = 16 falls back to the nearest ratio)
-        md.append(f"- Paper formula at k/t = {r} (k = {o['k']}, t = {o['t']}): relative bias {fmt(o['rel_bias'])}, "
-                  f"direction bias {fmt(o['direction_bias'])} (mean over depths and seeds).")
+    md = [f"## The small grid (k ≤ {h['kmax']}): exact bias *and* variance\n",
+          "At k ≤ 16 every KV-cache chain is enumerable (the chain basis), so variance and MSE are exact too and "
+          "the Monte Carlo statistics can be checked against them. These cells are small: at k = 16, t = 1 only "
+          "the direct term survives, so the paper's k/t = 16 is read at k = 128 above, not here.\n"]
     rg = h["range"]
     md.append(
         f"- Paper formula over every budget t < k at k = {h['kmax']}: relative bias {fmt(rg['rel_bias'][0])}–"
@@ -102,6 +98,8 @@ def statistics_section(s: dict, cfg: dict) -> list[str]:
          "value": ck.get("engine_vs_chain_basis", float("nan"))},
         {"check": "enumerated vs analytic squared bias and covariance trace (max, relative to ‖g‖²)",
          "value": ck.get("enumerated_vs_analytic", float("nan"))},
+        {"check": "paper settings: Σ_{p ≤ L} g(p) of the stratified pass vs dense gradient (max rel. error)",
+         "value": ck.get("paper_strata_sum_vs_dense", float("nan"))},
     ])) + "\n")
     return md
 
@@ -121,11 +119,34 @@ def settings_section(meta: dict) -> list[str]:
             "check (`seco_lab.study.definition`); `seco_lab.study.load_cell(folder, L, k, seed)` rebuilds any "
             "group's model and data. Exact covariance by enumeration where the number of subsets is ≤ "
             f"{cfg['max_enumerated_subsets']:,}, and by the pair-inclusion formula everywhere.\n"
+            f"- Paper-settings groups: (L, k) ∈ {{{', '.join(f'({a}, {b})' for a, b in cfg['paper_cells'])}}}, budgets "
+            f"t ∈ {{{', '.join(map(str, cfg['paper_budgets']))}}}, seeds {cfg['paper_seeds']}; {cfg['paper_draws']} "
+            f"Monte Carlo draws per (t, sampler) in {cfg['paper_batches']} jackknife batches (its own seed purpose, "
+            "`STRATA_MONTE_CARLO`).\n"
             f"- Run: {meta.get('total_draws', 0):,.0f} draws; {timing.get('compute_seconds', 0):.0f} s of worker time; "
-            f"last run {timing.get('wall_seconds_this_run', 0):.1f} s wall with {meta.get('jobs')} worker(s).\n"
+            f"last run {timing.get('wall_seconds_this_run', 0):.1f} s wall with {meta.get('jobs')} worker(s). "
+            + cost_by_part(timing) + "\n"
             f"- Software: Python {sw['python']}, torch {sw['torch']}, numpy {sw['numpy']}, scipy {sw['scipy']}, "
             f"pandas {sw['pandas']}, matplotlib {sw['matplotlib']}; {sw['platform']}, {sw['cpus']} CPUs.\n"
             f"- Study definition digest `{meta['digest']}` (`seco_lab.study`).\n"]
+
+
+PART_NAMES = {"chain_basis_grid": "chain-basis grid (k ≤ 16)", "paper_exact": "paper settings, exact strata",
+              "paper_monte_carlo_uniform": "paper settings, Monte Carlo (uniform)",
+              "paper_monte_carlo_bernoulli": "paper settings, Monte Carlo (Bernoulli)"}
+
+
+def cost_by_part(timing: dict) -> str:
+    """Worker seconds of each part of the study and the wall span of each kind of group (from study.json)."""
+    parts = timing.get("worker_seconds_by_part", {})
+    if not parts:
+        return ""
+    text = "Worker seconds by part: " + ", ".join(f"{PART_NAMES.get(k, k)} {v:.0f} s" for k, v in parts.items())
+    spans = timing.get("wall_seconds_by_kind_this_run", {})
+    if spans:
+        text += "; wall span of each kind in the last run (they overlap: both workers take whichever group is " \
+                "next): " + ", ".join(f"{k} groups {v:.0f} s" for k, v in spans.items())
+    return text + "."
 
 
 def estimators_link(out_md: Path) -> str:
@@ -157,6 +178,14 @@ def bias_report(folder: Path, out_md: Path) -> Path:
           "w(p) = (k/t)^p (t)_{p+1}/(k)_{p+1} ≠ 1. This study measures, exactly and by Monte Carlo, how far each "
           "compensation scheme's expectation is from the true gradient and what each costs in variance "
           f"({estimators_link(out_md)} defines every scheme and the verification tiers).\n"]
+    p = s["paper"]
+    if p is not None:
+        f_paper = figs.fig_paper_settings(p["mean"], p["k"], figdir)
+        md += paper_settings_section(p, study.meta["config"], study.meta.get("timing", {}), f"{rel}/{f_paper}")
+    md += real_lm_section(out_md)  # HOOK: "On a pretrained LM" (seco_lab.real_report), wired by the lead
+    if p is not None:
+        md += guidance_section(p)
+    md += scheme_definitions_section()
     md += headline_section(s)
     md += ["## Which schemes are unbiased, and when\n",
            f"A scheme is counted unbiased in a cell when its exact relative bias is below {UNBIASED_TOL:g} (rounding "
@@ -166,6 +195,8 @@ def bias_report(folder: Path, out_md: Path) -> Path:
            "Direction bias 1 − cos(E ĝ, g) (a global scale only rescales the learning rate; this does not):\n",
            table(s["tables"]["direction_bias"]) + "\n",
            "Relative MSE E||ĝ − g||² / ||g||² (bias² + variance):\n", table(s["tables"]["rel_mse"]) + "\n",
+           "In the figures the paper-family variants coincide wherever their cap does not bind (C ≥ k/t): each "
+           "scheme has its own marker and its points are offset sideways so every curve stays visible.\n",
            f"![bias vs t/k]({rel}/{f_bias})\n", f"![variance and MSE]({rel}/{f_var})\n",
            "## Effective weights per hop stratum\n",
            "E ĝ = Σ_p w(p) g(p) with w(p) = W(p) π(p); a scheme is unbiased iff w(p) = 1 for every stratum present. "

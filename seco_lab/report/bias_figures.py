@@ -9,13 +9,14 @@ import pandas as pd
 
 from ..study.definition import PAPER, SCHEMES
 from .bias_summary import UNBIASED_TOL
-from .figures import new_figure, save_figure, scheme_order, scheme_style
+from .figures import new_figure, save_figure, scheme_marker, scheme_offset, scheme_order, scheme_style
 
 PAPER_FAMILY = tuple(v.label for v in SCHEMES if v.name.startswith(PAPER.name))
 
 
 def _legend(fig, ax) -> None:
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 5), fontsize=8)
 
 
 def fig_bias_vs_ratio(cells: pd.DataFrame, out: Path) -> str:
@@ -28,7 +29,8 @@ def fig_bias_vs_ratio(cells: pd.DataFrame, out: Path) -> str:
             for s in scheme_order(cells.scheme):
                 d = mean[(mean.k == k) & (mean.L == L) & (mean.scheme == s)].sort_values("ratio")
                 col, ls = scheme_style(s)
-                ax.plot(d.ratio, d.rel_bias, ls, color=col, marker="o", ms=3, label=s)
+                ax.plot(d.ratio * scheme_offset(s), d.rel_bias, ls, color=col, marker=scheme_marker(s), ms=4,
+                        mfc="none", label=s)
             ax.axvline((L + 1) / k, color="gray", lw=0.8, ls=":")
             ax.set_xscale("log", base=2)
             ax.set_title(f"L={L} layers, k={k} chunks", fontsize=9)
@@ -36,7 +38,8 @@ def fig_bias_vs_ratio(cells: pd.DataFrame, out: Path) -> str:
             if c == 0:
                 ax.set_ylabel("exact relative bias ||E ĝ - g|| / ||g||")
     _legend(fig, axes[0][0])
-    fig.suptitle("Exact relative bias of each compensation scheme (mean over seeds)")
+    fig.suptitle("Exact relative bias of each compensation scheme (mean over seeds; points offset sideways so "
+                 "coinciding curves stay visible)", fontsize=10)
     return save_figure(fig, out / "bias_vs_ratio.png")
 
 
@@ -50,8 +53,9 @@ def fig_variance_mse(cells: pd.DataFrame, out: Path) -> str:
         for s in scheme_order(cells.scheme):
             e = d[(d.L == L) & (d.scheme == s)].sort_values("ratio")
             col, ls = scheme_style(s)
-            axes[0][c].plot(e.ratio, e.rel_var, ls, color=col, marker="o", ms=3, label=s)
-            axes[1][c].plot(e.ratio, e.rel_mse, ls, color=col, marker="o", ms=3, label=s)
+            x, mk = e.ratio * scheme_offset(s), scheme_marker(s)
+            axes[0][c].plot(x, e.rel_var, ls, color=col, marker=mk, ms=4, mfc="none", label=s)
+            axes[1][c].plot(x, e.rel_mse, ls, color=col, marker=mk, ms=4, mfc="none", label=s)
         for r, name in enumerate(["relative variance tr Σ / ||g||²", "relative MSE E||ĝ - g||² / ||g||²"]):
             ax = axes[r][c]
             ax.set_xscale("log", base=2)
@@ -83,7 +87,7 @@ def fig_convergence(conv: pd.DataFrame, cells: pd.DataFrame, out: Path) -> tuple
         if e.empty:
             continue
         col, ls = scheme_style(s)
-        ax.loglog(e.n, e.rel_err, ls, color=col, label=s)
+        ax.loglog(e.n, e.rel_err, ls, color=col, marker=scheme_marker(s), ms=3, mfc="none", markevery=4, label=s)
         b = float(e.exact_rel_bias.iloc[0])
         if b > UNBIASED_TOL:
             ax.axhline(b, color=col, lw=0.7, ls=":")
@@ -101,48 +105,103 @@ def fig_convergence(conv: pd.DataFrame, cells: pd.DataFrame, out: Path) -> tuple
 
 
 def fig_weights(cells: pd.DataFrame, out: Path) -> tuple[str, tuple]:
+    """w(p) per hop count on a log axis; a weight of exactly 0 (the chain cannot survive or is cut) is drawn
+    as a hollow triangle on the separate "0" row below the axis break, never joined to the curve by a slope."""
     L, k = int(cells.L.max()), int(cells.k.max())
     ts = [x for x in sorted(cells[(cells.L == L) & (cells.k == k)].t.unique()) if x < k]
-    fig, axes = new_figure(1, len(ts), figsize=(3.4 * len(ts), 3.6), sharey=True)
+    d0 = cells[(cells.L == L) & (cells.k == k) & (cells.seed == cells.seed.min())]
+    w_all = np.concatenate([d0[f"w_p{p}"].to_numpy(float) for p in range(L + 1)])
+    positive = w_all[w_all > 0]
+    floor = 10 ** np.floor(np.log10(positive.min())) / 10 if len(positive) else 1e-3  # the "0" row
+    fig, axes = new_figure(1, len(ts), figsize=(3.4 * len(ts), 3.8), sharey=True)
+    labels = scheme_order(cells.scheme)
     for ax, t in zip(axes[0], ts):
-        d = cells[(cells.L == L) & (cells.k == k) & (cells.t == t) & (cells.seed == cells.seed.min())]
-        for s in scheme_order(cells.scheme):
+        d = d0[d0.t == t]
+        for i, s in enumerate(labels):
             row = d[d.scheme == s]
             if row.empty:
                 continue
-            w = [float(row[f"w_p{p}"].iloc[0]) for p in range(L + 1)]
+            w = np.array([float(row[f"w_p{p}"].iloc[0]) for p in range(L + 1)])
+            x = np.arange(L + 1) + 0.05 * (i - (len(labels) - 1) / 2)  # side by side where curves coincide
             col, ls = scheme_style(s)
-            ax.plot(range(L + 1), w, ls, color=col, marker="o", ms=4, label=s)
+            ax.plot(x, np.where(w > 0, w, np.nan), ls, color=col, marker=scheme_marker(s), ms=5, mfc="none", label=s)
+            zero = w == 0
+            ax.plot(x[zero], np.full(zero.sum(), floor), "v", color=col, ms=5, mfc="none")
         ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_yscale("symlog", linthresh=0.01)
+        ax.axhline(floor * 1.8, color="gray", lw=0.6, ls=(0, (2, 2)))
+        ax.set_yscale("log")
+        ax.set_ylim(floor / 1.6, None)
         ax.set_xticks(range(L + 1))
         ax.set_xlabel("hops p")
         ax.set_title(f"k={k}, t={t}", fontsize=9)
+    ticks = [x for x in axes[0][0].get_yticks() if x > floor * 2]
+    axes[0][0].set_yticks([floor, *ticks], ["0", *[f"{x:g}" for x in ticks]])
+    axes[0][0].set_ylim(floor / 1.6, None)
     axes[0][0].set_ylabel("effective weight w(p) = W(p) π(p)")
     _legend(fig, axes[0][0])
-    fig.suptitle("Expected weight of each hop stratum (1 = unbiased)")
+    fig.suptitle("Expected weight of each hop stratum (1 = unbiased)\nhollow triangles on the bottom row: w(p) = 0 "
+                 "exactly (below the dotted break)", fontsize=9)
     return save_figure(fig, out / "weights.png"), (L, k)
 
 
 def fig_cap_tradeoff(cells: pd.DataFrame, out: Path) -> str:
+    """Bias against variance of the paper family; every point labelled by its t in its curve's colour."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     k = cells.k.max()
     d = cells[(cells.k == k) & (cells.t < k) & cells.scheme.isin(PAPER_FAMILY)]
     d = d.groupby(["L", "t", "scheme"], as_index=False)[["rel_bias", "rel_var", "rel_mse"]].mean()
     Ls = sorted(d.L.unique())
-    fig, axes = new_figure(1, len(Ls), figsize=(4.4 * len(Ls), 3.8))
+    fig, axes = new_figure(1, len(Ls), figsize=(4.8 * len(Ls), 4.2))
+    labels = scheme_order(d.scheme)
     for ax, L in zip(axes[0], Ls):
-        for s in scheme_order(d.scheme):
+        for i, s in enumerate(labels):
             e = d[(d.L == L) & (d.scheme == s)].sort_values("t")
             col, ls = scheme_style(s)
-            ax.plot(e.rel_var, e.rel_bias, ls, color=col, marker="o", ms=4, label=s)
-            if s == PAPER.label:
-                for _, r in e.iterrows():
-                    ax.annotate(f"t={int(r.t)}", (r.rel_var, r.rel_bias), fontsize=7, xytext=(3, 3),
-                                textcoords="offset points")
+            ax.plot(e.rel_var * scheme_offset(s, 0.1), e.rel_bias, ls, color=col, marker=scheme_marker(s), ms=5,
+                    mfc="none", label=s)
+            for _, r in e.iterrows():
+                ax.annotate(f"t={int(r.t)}", (r.rel_var * scheme_offset(s, 0.1), r.rel_bias), fontsize=6, color=col,
+                            xytext=(4, -3 + 7 * (i - (len(labels) - 1) / 2)), textcoords="offset points")
         ax.set_xscale("log")
+        # ticks at 1, 2, 5 x 10^n, printed short and tilted so they never collide; no minor labels
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=8))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.2g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
         ax.set_xlabel("relative variance tr Σ / ||g||²")
         ax.set_title(f"L={L}, k={k}", fontsize=9)
     axes[0][0].set_ylabel("relative bias")
     _legend(fig, axes[0][0])
-    fig.suptitle("What the cap trades: bias against variance (paper formula, capped and uncapped)")
+    fig.suptitle("What the cap trades: bias against variance (paper formula, capped and uncapped; where the cap does "
+                 "not bind the curves coincide and are offset sideways)", fontsize=9)
     return save_figure(fig, out / "cap_tradeoff.png")
+
+
+PAPER_PANELS = {"rel_bias": "relative bias", "best_scale_residual": "best-scale residual",
+                "per_tensor_residual": "per-tensor residual", "mc_rel_var": "variance tr Σ/||g||² (MC)"}
+
+
+def fig_paper_settings(mean: pd.DataFrame, num_chunks: int, out: Path) -> str:
+    """Every scheme's exact bias and residuals and Monte Carlo variance against t at k = ``num_chunks``,
+    one row per depth L (points offset sideways so coinciding schemes stay visible)."""
+    d = mean[mean.k == num_chunks]
+    Ls = sorted(d.L.unique())
+    fig, axes = new_figure(len(Ls), len(PAPER_PANELS), figsize=(3.6 * len(PAPER_PANELS), 3.1 * len(Ls)))
+    for r, L in enumerate(Ls):
+        for c, (metric, name) in enumerate(PAPER_PANELS.items()):
+            ax = axes[r][c]
+            for s in scheme_order(d.scheme):
+                e = d[(d.L == L) & (d.scheme == s)].sort_values("t")
+                col, ls = scheme_style(s)
+                y = e[metric].where(e[metric] > 0)  # exact zeros (unbiased) leave the log axis
+                ax.plot(e.t * scheme_offset(s), y, ls, color=col, marker=scheme_marker(s), ms=5, mfc="none", label=s)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks(sorted(d.t.unique()), [str(int(t)) for t in sorted(d.t.unique())])
+            ax.set_xlabel("budget t (chunks backpropagated)")
+            ax.set_title(f"{name}, L={L}, k={num_chunks}", fontsize=9)
+    _legend(fig, axes[0][0])
+    fig.suptitle(f"At the paper's settings (k = {num_chunks}); unbiased schemes have no bias point (exactly 0)",
+                 fontsize=10)
+    return save_figure(fig, out / "paper_settings.png")

@@ -17,6 +17,7 @@ from ..study.definition import (
     PAPER_CAPPED_2,
     RESULT_COLUMNS,
 )
+from .bias_paper import summarize_paper
 from .figures import scheme_order
 from .markdown import MissingResultsError, require
 
@@ -25,7 +26,7 @@ PAPER_RATIO = 16  # the paper's chunks-to-budget ratio k/t (k = 128 chunks of 12
 OTHER_PAPER_RATIOS = (8, 4)  # the paper's other budgets at k = 128: t = 16, 32
 COVERAGE_BAND = 0.99  # a scheme's count of covering intervals is flagged outside this binomial band
 PRODUCE_BIAS = "`seco-lab bias-study` (in the repository: `make bias-study`)"
-STUDY_FILES = ("results.csv", "checks.csv", "groups.csv", "convergence.csv", "study.json")
+STUDY_FILES = ("results.csv", "paper.csv", "checks.csv", "groups.csv", "convergence.csv", "study.json")
 
 
 @dataclass
@@ -37,6 +38,7 @@ class BiasStudy:
     groups: pd.DataFrame
     convergence: pd.DataFrame
     meta: dict
+    paper: pd.DataFrame  # paper.csv, long: one metric of one scheme x paper-settings cell
 
 
 def load_bias(folder: Path) -> BiasStudy:
@@ -55,8 +57,12 @@ def load_bias(folder: Path) -> BiasStudy:
     cells = cells.dropna(subset=["rel_bias"])
     cells.columns.name = None
     cells["ratio"] = cells.t / cells.k
+    paper = pd.read_csv(folder / "paper.csv")
+    if tuple(paper.columns) != RESULT_COLUMNS:
+        raise MissingResultsError(f"{folder}/paper.csv has columns {list(paper.columns)}, not {list(RESULT_COLUMNS)}:"
+                                  " it was written by an older study; rerun the study with --fresh")
     return BiasStudy(cells, pd.read_csv(folder / "checks.csv"), pd.read_csv(folder / "groups.csv"),
-                     pd.read_csv(folder / "convergence.csv"), meta)
+                     pd.read_csv(folder / "convergence.csv"), meta, paper)
 
 
 def _verdict(unbiased: pd.Series, mask: pd.Series) -> str:
@@ -162,4 +168,5 @@ def summarize_bias(study: BiasStudy) -> dict:
         "tables": {m: by_budget(main, m) for m in ("rel_bias", "direction_bias", "rel_mse")},
         "checks": checks.groupby("kind").value.max().to_dict(),
         "mc_vs_exact_var": (float(mc_vs_exact.median()), float(mc_vs_exact.max())),
+        "paper": summarize_paper(study.paper, study.groups, cfg["ci_level"]),
     }

@@ -35,6 +35,23 @@ def scheme_style(label: str) -> tuple[str, str]:
     return SCHEME_COLOURS.get(variant.name, "gray"), "-" if variant == first else "--"
 
 
+# one marker per variant, so curves that coincide (the paper family where no cap binds) stay distinguishable
+SCHEME_MARKERS = ("o", "s", "D", "^", "v", "P", "X", "*", "h")
+
+
+def scheme_marker(label: str) -> str:
+    """The variant's marker (by its position in the study's scheme list); '.' for an unknown label."""
+    labels = [v.label for v in SCHEMES]
+    return SCHEME_MARKERS[labels.index(label) % len(SCHEME_MARKERS)] if label in labels else "."
+
+
+def scheme_offset(label: str, spread: float = 0.06) -> float:
+    """A small multiplicative x offset per variant (for log-x axes): coinciding points sit side by side."""
+    labels = [v.label for v in SCHEMES]
+    i = labels.index(label) if label in labels else len(labels) // 2
+    return 2.0 ** (spread * (i - (len(labels) - 1) / 2))
+
+
 def scheme_order(labels) -> list[str]:
     """The labels present, in the study's scheme order (unknown labels last, as found)."""
     present = list(dict.fromkeys(labels))

@@ -30,12 +30,14 @@ def load_study_config(results_dir: Path) -> StudyConfig:
 
 
 def load_cell(results_dir: Path, n_layers: int, num_chunks: int, seed: int) -> Cell:
-    """The model, tokens and targets of group (L = n_layers, k = num_chunks, seed) of a stored study,
-    exactly as the study built them, so any stored number can be recomputed from them."""
+    """The model, tokens and targets of group (L = n_layers, k = num_chunks, seed) of a stored study
+    (a chain-basis or a paper-settings group), exactly as the study built them, so any stored number
+    can be recomputed from them."""
     cfg = load_study_config(results_dir)
-    if (n_layers, num_chunks, seed) not in cfg.groups():
+    if (n_layers, num_chunks, seed) not in cfg.groups() + cfg.paper_groups():
         raise ValueError(f"(L={n_layers}, k={num_chunks}, seed={seed}) is not a group of the study in {results_dir}: "
-                         f"depths {cfg.depths}, chunk counts {cfg.chunk_counts}, seeds {cfg.seeds}")
+                         f"depths {cfg.depths}, chunk counts {cfg.chunk_counts}, seeds {cfg.seeds}; paper-settings "
+                         f"(L, k) {cfg.paper_cells}, seeds {cfg.paper_seeds}")
     model = build_model(cfg, n_layers, num_chunks, seed)
     tokens, targets = build_tokens(cfg, n_layers, num_chunks, seed)
     return Cell(model, tokens, targets, cfg)

@@ -16,7 +16,14 @@ append (t, sampler code) so every cell and sampler has its own stream.  Purposes
 * ``MONTE_CARLO``  -- the N Monte Carlo draws of one (t, sampler), shared by all
   schemes of that sampler (common random numbers);
 * ``ENGINE_CHECK`` -- the few drawn sets on which the real sparse engine is compared
-  with the chain-basis estimate.
+  with the chain-basis estimate;
+* ``STRATA_MONTE_CARLO`` -- the draws of one (t, sampler) of a *paper-settings* group
+  (k = 128 and up), where every draw is one stratified sparse sweep.
+
+Two kinds of group: the *chain-basis* grid (``depths`` x ``chunk_counts`` x ``seeds``, k <= 16,
+exact variance) and the *paper-settings* groups (``paper_cells`` x ``paper_seeds``, the paper's
+k = 128 with t in ``paper_budgets``): exact first-order metrics from one stratified pass with
+P = L (``seco_lab.strata_stats.bias_metrics``), variance and MSE by ``strata_monte_carlo``.
 """
 
 from __future__ import annotations
@@ -38,14 +45,16 @@ class Purpose(IntEnum):
     TOKENS = 1
     MONTE_CARLO = 2
     ENGINE_CHECK = 3
+    STRATA_MONTE_CARLO = 4
 
 
 SAMPLER_CODES = {"uniform": 0, "bernoulli": 1}  # the Monte Carlo stream's extra entropy per sampler kind
 
 IGNORE_INDEX = -100
 # Bumped whenever the seeding rule or the stored tables change, so a folder written by an older
-# study is never resumed as if it were this one (2: one SeedSequence rule, checks.csv, groups.csv).
-STUDY_FORMAT = 2
+# study is never resumed as if it were this one (2: one SeedSequence rule, checks.csv, groups.csv;
+# 3: paper-settings groups and paper.csv, per_tensor_residual in results.csv).
+STUDY_FORMAT = 3
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,7 @@ SCHEMES = (PAPER, PAPER_CAPPED_2, PAPER_CAPPED_4, PAPER_CHAIN_CAPPED_2, PAPER_CH
 
 # Column layout of the stored tables (the report reads them by these names).
 RESULT_COLUMNS = ("L", "k", "seed", "t", "scheme", "metric", "value")  # results.csv: one metric of one scheme x cell
+PAPER_COLUMNS = RESULT_COLUMNS  # paper.csv: the same layout, for the paper-settings groups
 CHECK_COLUMNS = ("L", "k", "seed", "t", "check", "value")  # checks.csv: internal exactness checks (t = 0: whole group)
 GROUP_COLUMNS = ("L", "k", "seed", "metric", "value")  # groups.csv: per-group facts (gradient norm, strata, chains)
 CONVERGENCE_COLUMNS = ("L", "k", "seed", "t", "scheme", "n", "rel_err", "exact_rel_bias")
@@ -101,11 +111,22 @@ class StudyConfig:
     engine_check_draws: int = 2
     schemes: tuple[SchemeVariant, ...] = SCHEMES
     arch: str = "tiny"  # "tiny" (seco_lab's transformer) or "hf-llama" / "hf-qwen2" (transformers, random weights)
+    # paper-settings groups: (L, k) pairs x seeds, budgets t, Monte Carlo draws per (t, sampler) and batches
+    paper_cells: tuple[tuple[int, int], ...] = ((2, 128), (4, 128), (2, 256))
+    paper_budgets: tuple[int, ...] = (8, 16, 32)
+    paper_seeds: tuple[int, ...] = (0, 1)
+    paper_draws: int = 30
+    paper_batches: int = 10
 
     def groups(self) -> list[tuple[int, int, int]]:
-        """Every (L, k, seed), largest first so parallel workers finish together."""
+        """Every chain-basis (L, k, seed), largest first so parallel workers finish together."""
         g = [(L, k, s) for L in self.depths for k in self.chunk_counts for s in self.seeds]
         return sorted(g, key=lambda x: (-x[1], -x[0], x[2]))
+
+    def paper_groups(self) -> list[tuple[int, int, int]]:
+        """Every paper-settings (L, k, seed), most expensive first."""
+        g = [(L, k, s) for L, k in self.paper_cells for s in self.paper_seeds]
+        return sorted(g, key=lambda x: (-x[0] * x[1], x[2]))
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -116,8 +137,9 @@ class StudyConfig:
     def from_json(cls, d: dict) -> StudyConfig:
         """Inverse of ``to_json`` (the definition stored in ``study.json``)."""
         d = dict(d)
-        for name in ("depths", "chunk_counts", "seeds"):
+        for name in ("depths", "chunk_counts", "seeds", "paper_budgets", "paper_seeds"):
             d[name] = tuple(d[name])
+        d["paper_cells"] = tuple(tuple(c) for c in d["paper_cells"])
         d["budgets"] = {int(k): tuple(v) for k, v in d["budgets"].items()}
         d["schemes"] = tuple(SchemeVariant(**s) for s in d["schemes"])
         return cls(**d)
@@ -130,7 +152,8 @@ class StudyConfig:
 
 DEFAULT = StudyConfig()
 QUICK = replace(DEFAULT, depths=(1, 2), chunk_counts=(4, 8), budgets={4: (1, 2, 4), 8: (1, 2, 3, 8)}, seeds=(0, 1),
-                draws=2000)
+                draws=2000, paper_cells=((2, 32),), paper_budgets=(2, 8), paper_seeds=(0,), paper_draws=12,
+                paper_batches=3)
 
 
 def seed_sequence(cfg: StudyConfig, n_layers: int, num_chunks: int, seed: int, purpose: Purpose,

@@ -13,6 +13,9 @@ Metrics written to ``results.csv`` (all relative to the exact gradient g; ĝ is 
   ``rel_bias`` = ||E ĝ − g|| / ||g||, ``rel_var`` = tr Cov ĝ / ||g||², ``rel_mse`` = E||ĝ − g||² / ||g||²,
   ``direction_bias`` = 1 − cos(E ĝ, g), ``best_scale_residual`` = min_s ||s E ĝ − g|| / ||g|| = sin(E ĝ, g),
   ``w_p{p}`` = the expected weight w(p) = W(p) π(p) of hop stratum p (1 = unbiased);
+* exact, from the hop strata's per-tensor Gram matrices (``seco_lab.strata_stats.bias_metrics``):
+  ``per_tensor_residual`` = min over one scale per parameter tensor of ||(a_i E ĝ_i − g_i)_i|| / ||g||
+  (what Adam's per-coordinate rescaling cannot absorb);
 * Monte Carlo over N draws: ``mc_rel_sq_bias`` (debiased ||mean − g||² − tr Σ̂/N), its jackknife standard error
   ``mc_rel_sq_bias_se`` and interval ``mc_rel_sq_bias_ci_low``/``_high``, ``mc_rel_var`` (sample tr Σ̂),
   ``mc_cost`` (mean number of chunks drawn) and ``mc_covered`` (1 if the interval holds the exact squared bias;
@@ -38,6 +41,7 @@ from ..analysis import (
 )
 from ..engine import dense_grad
 from ..estimators import ChainBasis, chain_basis, flatten, hop_strata, spaco_grad
+from ..strata_stats import StrataGram
 from .definition import (
     CHECK_COLUMNS,
     CONVERGENCE_COLUMNS,
@@ -50,6 +54,7 @@ from .definition import (
     build_tokens,
     seed_sequence,
 )
+from .strata import per_tensor_residual
 
 # below this tr Cov / ||g||² the estimate is deterministic (t = k) and an interval's coverage means nothing
 DETERMINISTIC_VAR = 1e-20
@@ -76,6 +81,7 @@ class GroupData:
     dense: torch.Tensor  # flat exact gradient
     basis: ChainBasis
     space: ChainSpace
+    gram: StrataGram  # per-tensor Gram matrices of the hop strata g(p), p = 0..k-1
 
 
 def group_data(cfg: StudyConfig, n_layers: int, num_chunks: int, seed: int) -> GroupData:
@@ -83,13 +89,14 @@ def group_data(cfg: StudyConfig, n_layers: int, num_chunks: int, seed: int) -> G
     tokens, targets = build_tokens(cfg, n_layers, num_chunks, seed)
     _, dense = dense_grad(model, tokens, targets)
     basis = chain_basis(model, tokens, targets, cfg.chunk_size, max_hops=min(n_layers, num_chunks - 1))
-    return GroupData(model, tokens, targets, flatten(dense), basis, ChainSpace.from_basis(basis))
+    gram = StrataGram.of(hop_strata(model, tokens, targets, cfg.chunk_size))
+    return GroupData(model, tokens, targets, flatten(dense), basis, ChainSpace.from_basis(basis), gram)
 
 
 def group_checks(cfg: StudyConfig, data: GroupData, n_layers: int) -> tuple[list[tuple], list[tuple]]:
     """(checks, facts) rows: the chain basis sums to the dense gradient, strata stop at depth L."""
     g_norm = float(data.dense.norm())
-    strata = hop_strata(data.model, data.tokens, data.targets, cfg.chunk_size).norms() / g_norm
+    strata = data.gram.norms() / g_norm
     chain_sum = data.basis.vectors.sum(0)
     checks = [(0, "chain_sum_vs_dense", float((chain_sum - data.dense).norm()) / g_norm),
               (0, "strata_beyond_depth", float(max([0.0, *strata[n_layers + 1:]])))]
@@ -107,6 +114,7 @@ def scheme_metrics(cfg: StudyConfig, data: GroupData, variant, scheme, inc: Incl
     ex = exact_stats(space, W, inc)
     m = dict(ex.relative(g2))
     m.update({f"w_p{p}": float(w) for p, w in enumerate(scheme.expected_weights(k, t, n_layers))})
+    m["per_tensor_residual"] = per_tensor_residual(data.gram, scheme.expected_weights(k, t, data.gram.max_hops))
     ms = monte_carlo_stats(space, mc, W, cfg.ci_level)
     m.update(mc_rel_sq_bias=ms.sq_bias / g2, mc_rel_sq_bias_se=ms.sq_bias_se / g2, mc_rel_sq_bias_ci_low=ms.ci_low / g2,
              mc_rel_sq_bias_ci_high=ms.ci_high / g2, mc_rel_var=ms.cov_trace / g2, mc_cost=float(mc.mean_size))

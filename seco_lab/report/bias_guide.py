@@ -1,0 +1,170 @@
+"""The bias report's researcher-facing sections: "At the paper's settings", "Which scheme should
+I use?", the scheme definitions, and the hook for "On a pretrained LM".  Every number comes from
+``summarize_paper`` (stored ``paper.csv``) except the relay structure, which is a property of the
+schemes themselves (``Scheme.constant_relay``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..study.definition import (
+    BERNOULLI,
+    FALLING_FACTORIAL,
+    PAPER,
+    PAPER_CAPPED_2,
+    PAPER_CHAIN_CAPPED_2,
+    RELEASED,
+    RELEASED_UNBIASED,
+)
+from .bias_paper import PAPER_METRICS, UNBIASED_TOL, scheme_definitions
+from .markdown import fmt, table
+
+
+def paper_settings_section(p: dict, cfg: dict, timing: dict, figure: str | None) -> list[str]:
+    """The headline: every scheme's bias, direction, residuals, variance and MSE at k = 128, t ∈ {8, 16, 32}."""
+    k, ts = p["k"], ", ".join(map(str, p["budgets"]))
+    md = ["## At the paper's settings\n",
+          "The paper trains on 16K tokens in 128-token chunks (k = 128 chunks) with t ∈ {8, 16, 32}. Here: "
+          f"**k = {k} chunks, t ∈ {{{ts}}}** (k/t = " + ", ".join(f"{k / t:g}" for t in p["budgets"])
+          + "), on the study's tiny random-init model "
+          f"(d_model {cfg['model']['d_model']}, chunks of {cfg['chunk_size']} tokens) with L ∈ "
+          f"{{{', '.join(map(str, p['depths']))}}} layers, mean over seeds {p['seeds']}. Bias, direction and "
+          "residuals are **exact**: E ĝ = Σ_p w(p) g(p) from one stratified pass with P = L "
+          "(`seco_lab.strata_stats.bias_metrics`). Variance is **Monte Carlo**: "
+          f"N = {cfg['paper_draws']} draws per (t, sampler), each one stratified sparse sweep shared by every scheme "
+          "of that sampler (`strata_monte_carlo`); MSE = exact bias² + Monte Carlo variance.\n",
+          "Columns: relative bias ‖E ĝ − g‖/‖g‖; direction bias 1 − cos(E ĝ, g); best-scale residual "
+          "min_a ‖a E ĝ − g‖/‖g‖ (what no learning rate can absorb); per-tensor residual, the same with one scale "
+          "per parameter tensor (closer to what Adam's per-coordinate normalisation absorbs); variance tr Σ/‖g‖²; "
+          "MSE E‖ĝ − g‖²/‖g‖².\n"]
+    for L, tab in p["tables"].items():
+        md += [f"**L = {L} layers, k = {k}** (mean over seeds):\n", table(tab, integer_columns=("t",)) + "\n"]
+    same = [f"t = {t}: " + "; ".join(" = ".join(f"`{x}`" for x in grp) for grp in groups)
+            for t, groups in p["coinciding"][max(p["coinciding"])].items() if groups]
+    if same:
+        md.append(f"Identical rows (L = {max(p['coinciding'])}; equal metrics and variance: the same expected "
+                  "weights on every stratum that can survive, e.g. where a cap does not bind, C ≥ k/t): "
+                  + ", ".join(same) + ". In the figure their points sit side by side.\n")
+    deep = max(p["all_schemes"])
+    md += [f"<details><summary>All {p['all_schemes'][deep].scheme.nunique()} scheme variants at L = {deep}, "
+           f"k = {k}</summary>\n", table(p["all_schemes"][deep], integer_columns=("t",)) + "\n", "</details>\n"]
+    for (L, k2), tab in p["other_k"].items():
+        md += [f"**L = {L}, k = {k2}** (a longer sequence at the same budgets):\n",
+               table(tab, integer_columns=("t",)) + "\n"]
+    hit, n = p["covered"]
+    if n:
+        md.append(f"The {p['level']:.0%} jackknife intervals for the squared bias (B = {cfg['paper_batches']} "
+                  f"batches of the N draws) covered the exact value in {hit} of {n} paper-settings cells "
+                  f"({hit / n:.0%}).\n")
+    if figure:
+        md.append(f"![paper settings]({figure})\n")
+    md.append(paper_cost_line(timing, cfg))
+    return md
+
+
+def paper_cost_line(timing: dict, cfg: dict) -> str:
+    """What the paper-settings cells cost, from study.json's timing record."""
+    cells = timing.get("paper_worker_seconds_by_cell", {})
+    if not cells:
+        return ""
+    parts = []
+    for name, c in cells.items():
+        per = [f"{c[key]:.2f} s/draw ({key.split('_')[2]})" for key in c if key.endswith("_seconds_per_draw")]
+        parts.append(f"{name.replace('_', ', ')}: exact strata {c.get('exact', 0):.1f} s over its seeds, "
+                     + ", ".join(per))
+    return ("Cost (worker seconds, last run; one stratified sparse sweep per draw): " + "; ".join(parts) + ".\n")
+
+
+def guidance_section(p: dict) -> list[str]:
+    """ "Which scheme should I use?" at the deepest paper-settings depth, every number from the study."""
+    L = max(p["guidance"])
+    g = p["guidance"][L]
+    at, ts, k = g["at"], g["budgets"], g["k"]
+    t0 = ts[0]
+
+    def row(metric, label):
+        return ", ".join(f"t = {t}: {fmt(at[metric][label][t])}" for t in ts)
+
+    pa, cap, rel, ff, be, ru = (PAPER.label, PAPER_CAPPED_2.label, RELEASED.label, FALLING_FACTORIAL.label,
+                                BERNOULLI.label, RELEASED_UNBIASED.label)
+    rb, bs, pt = at["rel_bias"][pa][t0], at["best_scale_residual"][pa][t0], at["per_tensor_residual"][pa][t0]
+    mostly_scale = bs < 0.25 * rb
+    shares = ", ".join(f"p = {q}: {fmt(x)}" for q, x in enumerate(p["strata"].get(L, [])))
+    w = ", ".join(f"w({q}) = {fmt(x)}" for q, x in enumerate(g["paper_weights"][t0]))
+    if mostly_scale:
+        scale_text = (f"its bias is mostly a **scale** error. The direct term is not compensated and the hop strata "
+                      f"get nearly its weight ({w}, t/k = {fmt(t0 / k)}), so E ĝ ≈ g / "
+                      f"{fmt(at['scale'][pa][t0])}: a larger learning rate (or Adam's normalisation) absorbs that. "
+                      "What is left, the residual columns, comes from the hop strata weighted a little less than "
+                      f"the direct term (they carry ‖g(p)‖/‖g‖ = {shares})")
+    else:
+        scale_text = (f"its bias is largely a **direction** error, which no learning rate absorbs ({w}; "
+                      f"‖g(p)‖/‖g‖: {shares})")
+    unb = p["unbiased"]
+    md = ["## Which scheme should I use?\n",
+          f"Evidence from the paper-settings cells (L = {L}, k = {k}; the table above).\n",
+          f"- **Scale error vs direction error.** At t = {t0} the paper formula's relative bias is {fmt(rb)} but "
+          f"its best-scale residual is {fmt(bs)} (per-tensor {fmt(pt)}): {scale_text}.",
+          f"- **The cap and the public code's defaults bend the direction.** Best-scale residual of `{pa}`: "
+          f"{row('best_scale_residual', pa)}; of `{cap}` (what the paper ran, Sec. 6.4): "
+          f"{row('best_scale_residual', cap)}; of `{rel}` (public code, default flags): "
+          f"{row('best_scale_residual', rel)}. Capping c_q at C < k/t shrinks the hop strata while the direct "
+          "term stays, and `released` scales the direct term by k/t but never the hops: both change the relative "
+          "weight of the strata, which no scalar can undo.",
+          f"- **When each scheme is unbiased.** `{ff}`: exactly when t ≥ L+1 (largest relative bias there "
+          f"{fmt(unb.get(ff, {}).get('t ≥ L+1'))}; at the paper's t ≥ 8 this needs L ≤ 7 layers, not the paper's "
+          f"32: deeper chains get w(p) = 0 for p ≥ t). `{be}` (Bernoulli inclusion, c = 1/ρ): in every cell "
+          f"(largest {fmt(unb.get(be, {}).get('t ≥ L+1'))}). `{ru}` (public code's --unbiased_estimate) is not: "
+          f"relative bias {row('rel_bias', ru)}, because drawing t *distinct* chunks keeps a p-hop chain with "
+          "probability (t)_{p+1}/(k)_{p+1}, not (t/k)^{p+1}. Every other scheme is biased "
+          f"(below {UNBIASED_TOL:g} counts as unbiased).",
+          f"- **The variance price of unbiasedness** (variance relative to `{pa}`): `{ff}` "
+          + ", ".join(f"t = {t}: {g['var_price'][ff][t]:.3g}×" for t in ts) + f"; `{be}` "
+          + ", ".join(f"t = {t}: {g['var_price'][be][t]:.3g}×" for t in ts) + f"; `{ru}` "
+          + ", ".join(f"t = {t}: {g['var_price'][ru][t]:.3g}×" for t in ts) + ". "
+          + same_direction_text(at, ts, pa, ru) + "Lowest MSE (which also counts the scale error): "
+          + "; ".join(f"t = {t}: `{best_mse(at, t)}`" for t in ts) + ".",
+          "- **Backprop cost.** Every uniform scheme backpropagates exactly t chunks; `" + be + "` a random number "
+          f"with mean t (mean drawn at t = {t0}: {fmt(at['mc_cost'][be][t0])}). What differs is the relay "
+          "(`Scheme.constant_relay`): when c_q is the same for every hop count one relay buffer carries all chains; "
+          "otherwise the sparse backward keeps one buffer per hop count, which costs time and memory "
+          f"(`reports/benchmarks.md` measures the stratified relay against the constant one). At k = {k}:\n",
+          table(p["relay"]) + "\n",
+          f"- **In short.** Need an unbiased gradient: `{ff}` when t ≥ L+1 (at the price above and a stratified "
+          f"relay), else `{be}`. Accept a bias to save variance: `{pa}` uncapped errs "
+          + ("mostly in scale" if mostly_scale else "in direction too") + f"; the cap (`{cap}`, "
+          f"`{PAPER_CHAIN_CAPPED_2.label}`) and `{rel}` trade variance for a direction error.\n"]
+    return md
+
+
+def same_direction_text(at: dict, budgets, paper: str, other: str) -> str:
+    """A sentence when ``other``'s expectation is a multiple of ``paper``'s (equal direction bias at every t)."""
+    d = at["direction_bias"]
+    if not all(abs(d[other][t] - d[paper][t]) <= 1e-9 * max(d[paper][t], 1e-300) for t in budgets):
+        return ""
+    return (f"`{other}`'s expectation is a multiple (k/t) of `{paper}`'s (equal direction bias at every t): it removes "
+            "the scale error but none of the direction error, for the variance factor above. ")
+
+
+def best_mse(at: dict, budget: int) -> str:
+    mse = {s: v[budget] for s, v in at["rel_mse"].items() if v[budget] == v[budget]}
+    return min(mse, key=mse.get)
+
+
+def scheme_definitions_section() -> list[str]:
+    return ["## The schemes\n",
+            "A sparse step draws a set I of chunks and backpropagates, for every j ∈ I, c_0 times its own loss's "
+            "gradient plus c_q times what reaches it through q KV-cache hops; a p-hop chain gets W(p) = c_0 c_1 … "
+            "c_p and survives with probability π(p), so E ĝ = Σ_p W(p) π(p) g(p). Uniform sampling draws t distinct "
+            "chunks of k; Bernoulli includes each chunk with probability ρ = t/k.\n",
+            table(scheme_definitions()) + "\n"]
+
+
+def real_lm_section(out_md: Path) -> list[str]:
+    """HOOK -- "On a pretrained LM" (issue 12 §3): to be wired by the lead to ``seco_lab.real_report``
+    (summarize/render of ``reports/real_study/``, another helper's work).  Returns the section's Markdown
+    lines; empty until wired, so the report simply omits the section."""
+    return []
+
+
+PAPER_TABLE_HEADINGS = tuple(PAPER_METRICS.values())  # the paper-settings table's metric columns (for tests)
