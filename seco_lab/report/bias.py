@@ -182,7 +182,7 @@ def bias_report(folder: Path, out_md: Path) -> Path:
     if p is not None:
         f_paper = figs.fig_paper_settings(p["mean"], p["k"], figdir)
         md += paper_settings_section(p, study.meta["config"], study.meta.get("timing", {}), f"{rel}/{f_paper}")
-    md += real_lm_section(out_md)  # HOOK: "On a pretrained LM" (seco_lab.real_report), wired by the lead
+    md += real_lm_section(out_md)  # "On a pretrained LM", when its cells are stored beside the report
     if p is not None:
         md += guidance_section(p)
     md += scheme_definitions_section()

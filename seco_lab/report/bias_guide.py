@@ -161,10 +161,16 @@ def scheme_definitions_section() -> list[str]:
 
 
 def real_lm_section(out_md: Path) -> list[str]:
-    """HOOK -- "On a pretrained LM" (issue 12 §3): to be wired by the lead to ``seco_lab.real_report``
-    (summarize/render of ``reports/real_study/``, another helper's work).  Returns the section's Markdown
-    lines; empty until wired, so the report simply omits the section."""
-    return []
+    """"On a pretrained LM": the real-LM cells stored beside the report (``real_study/k16x16`` next to
+    ``out_md``, written by ``make real-study``), rendered by :mod:`seco_lab.report.real`; omitted when absent."""
+    from .real import render
+
+    folder = Path(out_md).parent / "real_study" / "k16x16"
+    if not (folder / "study.json").exists():
+        return []
+    text = render(folder).replace("## A pretrained LM: SmolLM2-135M on real Python",
+                                  "## On a pretrained LM: SmolLM2-135M on real Python", 1)
+    return [text, "Full report: [real_study.md](real_study.md) (`seco-lab report real`).\n"]
 
 
 PAPER_TABLE_HEADINGS = tuple(PAPER_METRICS.values())  # the paper-settings table's metric columns (for tests)

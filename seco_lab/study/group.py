@@ -41,7 +41,7 @@ from ..analysis import (
 )
 from ..engine import dense_grad
 from ..estimators import ChainBasis, chain_basis, flatten, hop_strata, spaco_grad
-from ..strata_stats import StrataGram
+from ..strata_stats import StrataGram, bias_metrics
 from .definition import (
     CHECK_COLUMNS,
     CONVERGENCE_COLUMNS,
@@ -54,7 +54,6 @@ from .definition import (
     build_tokens,
     seed_sequence,
 )
-from .strata import per_tensor_residual
 
 # below this tr Cov / ||g||² the estimate is deterministic (t = k) and an interval's coverage means nothing
 DETERMINISTIC_VAR = 1e-20
@@ -114,7 +113,8 @@ def scheme_metrics(cfg: StudyConfig, data: GroupData, variant, scheme, inc: Incl
     ex = exact_stats(space, W, inc)
     m = dict(ex.relative(g2))
     m.update({f"w_p{p}": float(w) for p, w in enumerate(scheme.expected_weights(k, t, n_layers))})
-    m["per_tensor_residual"] = per_tensor_residual(data.gram, scheme.expected_weights(k, t, data.gram.max_hops))
+    m["per_tensor_residual"] = bias_metrics(data.gram, scheme.expected_weights(k, t, data.gram.max_hops))[
+        "per_tensor_residual"]
     ms = monte_carlo_stats(space, mc, W, cfg.ci_level)
     m.update(mc_rel_sq_bias=ms.sq_bias / g2, mc_rel_sq_bias_se=ms.sq_bias_se / g2, mc_rel_sq_bias_ci_low=ms.ci_low / g2,
              mc_rel_sq_bias_ci_high=ms.ci_high / g2, mc_rel_var=ms.cov_trace / g2, mc_cost=float(mc.mean_size))

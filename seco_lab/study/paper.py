@@ -4,7 +4,7 @@
 * exact, first order -- one stratified pass with P = L gives g(p), p = 0..L, and their
   per-tensor Gram matrices; every scheme's E ĝ = Σ_p w(p) g(p), so ``bias_metrics`` gives
   ``rel_bias``, ``direction_bias``, ``best_scale_residual`` and ``scale`` exactly
-  (``seco_lab.strata_stats``), and ``per_tensor_residual`` (:func:`per_tensor_residual`);
+  (``seco_lab.strata_stats``), and ``per_tensor_residual``;
 * Monte Carlo, second order -- per budget t and sampler, ``strata_monte_carlo`` draws N sets,
   one stratified sparse sweep each, shared by every scheme of that sampler: ``mc_rel_var``
   (sample tr Σ̂ / ||g||²), ``mc_rel_sq_bias`` (debiased ||mean − g||² − tr Σ̂/N) with its
@@ -40,14 +40,12 @@ from .definition import (
     seed_sequence,
 )
 from .group import DETERMINISTIC_VAR, GroupResult
-from .strata import per_tensor_residual
 
 
 def exact_metrics(gram: StrataGram, scheme, num_chunks: int, budget: int) -> dict[str, float]:
     """First-order metrics of one scheme at (k, t) from the strata's Gram matrices, and its weights w(p)."""
     w = scheme.expected_weights(num_chunks, budget, gram.max_hops)
     m = bias_metrics(gram, w)
-    m["per_tensor_residual"] = per_tensor_residual(gram, w)
     m.update({f"w_p{p}": float(x) for p, x in enumerate(w)})
     return m
 
