@@ -50,7 +50,7 @@ class BenchConfig:
 
 
 DEFAULT = BenchConfig()
-QUICK = replace(DEFAULT, lengths=(512, 1024), chunk_size=128, ratios=(2,),
+QUICK = replace(DEFAULT, lengths=(1024, 2048), chunk_size=256, ratios=(2,),
                 model=dict(vocab_size=256, d_model=128, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=256,
                            max_positions=4096), rounds=2, threads=1)
 
