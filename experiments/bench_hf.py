@@ -219,7 +219,7 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
         for r in ([] if isinstance(res, dict) else res):
             rows.append({**common, "length": n, "lora": lora, "label": r["label"], "metric": "time_s",
                          "value": r["time_s"], "rounds": r["rounds"], "load1": r["load1"],
-                         "note": " ".join(f"{t:.6f}" for t in r["times"])})
+                         "note": " ".join(f"{t:.9e}" for t in r["times"])})
         if isinstance(res, dict):
             rows.append({**common, "length": n, "lora": lora, "label": "*", "metric": "error", "value": np.nan,
                          "note": res["error"]})
