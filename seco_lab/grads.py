@@ -52,7 +52,3 @@ def accumulate_grads(model, grads: GradDict, scale: float = 1.0) -> None:
             p.grad = g if scale == 1.0 else g * scale
         else:
             p.grad.add_(g, alpha=scale)
-
-
-def zeros_like_params(params: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
-    return [torch.zeros_like(p) for _, p in params]

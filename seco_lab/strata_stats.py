@@ -100,7 +100,7 @@ def bias_metrics(gram: StrataGram, expected_weights) -> dict[str, float]:
         "direction_bias": s2 / (1.0 + np.sqrt(1.0 - s2)) if cos >= 0 else 1.0 - cos,
         "best_scale_residual": float(np.sqrt(max(global_resid, 0.0) / gg)),
         "per_tensor_residual": float(np.sqrt(max(tensor_resid, 0.0) / gg)),
-        "scale": mg / mm if mm > 0 else 0.0,  # the best global a: E g_hat * a ~ g
+        "scale": a,  # the best global a: a E g_hat ~ g
     }
 
 
