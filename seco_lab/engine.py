@@ -178,6 +178,7 @@ def backward_sweep(
     direct_scale: float,
     relay: Relay,
     collect: Collect,
+    collect_total: bool = False,
 ) -> None:
     """Pass 2, generalised.  Visits ``visit`` in decreasing order; at chunk j backprops
 
@@ -186,6 +187,11 @@ def backward_sweep(
 
     with one vector-Jacobian product per distinct label (batched when several).
     ``collect(label, j, param_grads)`` receives the parameter gradient of each label.
+    ``collect_total=True`` is for callers that only want the sum over labels (SpaCO with a
+    hop-dependent relay): ``collect(None, j, param_grads)`` then receives the summed
+    parameter gradient, computed by one product of the summed seed w.r.t. the parameters,
+    and only the labels that are relayed get a product of their own -- w.r.t. the earlier
+    leaves alone, which skips every weight-gradient matmul (about half a backward each).
     The gradient a label's seed puts on an earlier visited leaf m'_i is added to
     G_i[new_label] * factor, where ``relay(label, j, i) -> (new_label, factor)``;
     ``None`` drops it.  Chunks outside ``visit`` are never rebuilt and receive nothing.
@@ -226,10 +232,17 @@ def backward_sweep(
         for lab, g in buffers.pop(j, {}).items():
             seeds.setdefault(lab, [out.loss_sum.new_zeros(()), None])[1] = g
         labels = list(seeds)
-        grads = _vjp(outputs, [seeds[lab] for lab in labels], list(params) + src_leaves)
-        n_par = len(params)
+        if collect_total:
+            labels = [lab for lab in labels if any(relay(lab, j, i) is not None for i in sources)]
+            grads = _vjp(outputs, [seeds[lab] for lab in labels], src_leaves, retain_graph=True) if labels else []
+            collect(None, j, [g[0] for g in _vjp(outputs, [_summed(seeds.values())], list(params))])
+            n_par = 0
+        else:
+            grads = _vjp(outputs, [seeds[lab] for lab in labels], list(params) + src_leaves)
+            n_par = len(params)
         for s, lab in enumerate(labels):
-            collect(lab, j, [g[s] for g in grads[:n_par]])
+            if not collect_total:
+                collect(lab, j, [g[s] for g in grads[:n_par]])
             for pos, i in enumerate(sources):
                 routed = relay(lab, j, i)
                 if routed is None:
@@ -311,11 +324,28 @@ def relay_sweep(
     return loss_sum if isinstance(loss_sum, torch.Tensor) else torch.zeros(())
 
 
-def _vjp(outputs: list[torch.Tensor], seeds: list[list], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+def _summed(seeds) -> list:
+    """The seed [sum of loss coefficients, sum of cache gradients] of several labels."""
+    seeds = list(seeds)
+    coef = sum(s[0] for s in seeds)
+    caches = [s[1] for s in seeds if s[1] is not None]
+    if not caches:
+        return [coef, None]
+    total = [g.clone() for g in caches[0]]
+    for other in caches[1:]:
+        for a, g in zip(total, other):
+            a.add_(g)
+    return [coef, total]
+
+
+def _vjp(outputs: list[torch.Tensor], seeds: list[list], inputs: list[torch.Tensor],
+         retain_graph: bool = False) -> list[torch.Tensor]:
     """Vector-Jacobian products of ``outputs`` for several seeds at once.
 
     Each seed is [loss_coefficient, cache_grads or None]; returns, for every
     input, a tensor with a leading seed dimension (zeros where unreachable).
+    Autograd computes only what the requested ``inputs`` need: products w.r.t. the
+    cache leaves alone skip the weight-gradient matmuls.
     """
     n = len(seeds)
 
@@ -334,11 +364,12 @@ def _vjp(outputs: list[torch.Tensor], seeds: list[list], inputs: list[torch.Tens
     grad_outputs = [stacked(i) for i in live]
     if n == 1:
         res = torch.autograd.grad(
-            outs, inputs, [g[0] for g in grad_outputs], retain_graph=False, allow_unused=True, materialize_grads=True
+            outs, inputs, [g[0] for g in grad_outputs], retain_graph=retain_graph, allow_unused=True,
+            materialize_grads=True
         )
         return [r.unsqueeze(0) for r in res]
-    res = torch.autograd.grad(outs, inputs, grad_outputs, is_grads_batched=True, allow_unused=True,
-                              materialize_grads=True)
+    res = torch.autograd.grad(outs, inputs, grad_outputs, retain_graph=retain_graph, is_grads_batched=True,
+                              allow_unused=True, materialize_grads=True)
     return list(res)
 
 

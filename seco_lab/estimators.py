@@ -75,6 +75,7 @@ def spaco_grad(
     backward_sweep(
         model, batch, leaves, [p for _, p in params], subset,
         direct_label=lambda j: 0, direct_scale=float(c[0]), relay=relay, collect=accumulate_into(acc),
+        collect_total=True,
     )
     return loss, named_grads(params, acc)
 
