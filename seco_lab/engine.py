@@ -139,17 +139,20 @@ def trainable(model) -> list[tuple[str, torch.nn.Parameter]]:
 
 
 @torch.no_grad()
-def cache_leaves(model: ChunkModel, batch: ChunkedBatch,
-                 with_loss: bool = True) -> tuple[list[ChunkCache], torch.Tensor | None]:
+def cache_leaves(model: ChunkModel, batch: ChunkedBatch, with_loss: bool = True,
+                 include_last: bool = True) -> tuple[list[ChunkCache], torch.Tensor | None]:
     """Pass 1: forward every chunk without a graph; return the caches as leaves and the mean loss.
 
     ``with_loss=False`` passes no targets (a model may then skip its output head, e.g. the
     LM head over a large vocabulary) and returns ``None`` for the loss: for engines whose
-    pass 2 rebuilds every chunk and sums the loss there (SeCO).
+    pass 2 rebuilds every chunk and sums the loss there (SeCO).  ``include_last=False`` (only
+    with ``with_loss=False``) also skips the last chunk, whose cache no chunk reads: k - 1 leaves.
     """
+    if with_loss and not include_last:
+        raise ValueError("include_last=False needs with_loss=False: the last chunk's loss comes from its forward")
     leaves: list[ChunkCache] = []
     total = 0.0
-    for j in range(batch.num_chunks):
+    for j in range(batch.num_chunks if include_last else batch.num_chunks - 1):
         tok, tgt, start = batch.chunk(j)
         out = checked_chunk(model.chunk_forward(tok, tgt if with_loss else None, leaves, start, batch.ignore_index), j)
         total = total + out.loss_sum
@@ -301,8 +304,10 @@ def relay_sweep(
     order = sorted(set(int(j) for j in visit), reverse=True)
     visited = set(order)
     loss_sum = 0.0
+    # a chunk without a leaf (the last one, when pass 1 skipped it) relays nothing to itself
+    own_leaves = [flat_cache(leaves[j]) if j < len(leaves) else [] for j in range(max(order, default=-1) + 1)]
     for j in order:
-        for leaf in flat_cache(leaves[j]):
+        for leaf in own_leaves[j]:
             leaf.grad = None
     for j in order:
         tok, tgt, start = batch.chunk(j)
@@ -310,7 +315,7 @@ def relay_sweep(
         with torch.enable_grad():  # checked before its backward: a NaN loss accumulates nothing
             out = checked_chunk(model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index), j)
         outs, seeds = [out.loss_sum], [out.loss_sum.new_tensor(direct_scale / batch.n_targets)]
-        for o, leaf in zip(flat_cache(out.cache), flat_cache(leaves[j])):
+        for o, leaf in zip(flat_cache(out.cache), own_leaves[j]):
             if leaf.grad is not None and o.requires_grad:
                 outs.append(o)
                 seeds.append(leaf.grad if relay_factor == 1.0 else leaf.grad.mul_(relay_factor))
@@ -318,7 +323,7 @@ def relay_sweep(
         live = [(o, g) for o, g in zip(outs, seeds) if o.requires_grad]
         if live:
             torch.autograd.backward([o for o, _ in live], [g for _, g in live], inputs=list(params) + src)
-        for leaf in flat_cache(leaves[j]):
+        for leaf in own_leaves[j]:
             leaf.grad = None
         del out, outs, seeds, live
     return loss_sum if isinstance(loss_sum, torch.Tensor) else torch.zeros(())
@@ -421,8 +426,9 @@ def seco_grad(
 
 
 def _seco_into_grad(model: ChunkModel, batch: ChunkedBatch, params: Sequence[torch.Tensor], scale: float):
-    # pass 2 rebuilds every chunk, so the loss is summed there and pass 1 needs no targets
-    leaves, _ = cache_leaves(model, batch, with_loss=False)
+    # pass 2 rebuilds every chunk, so the loss is summed there: pass 1 needs no targets, and
+    # not the last chunk at all (no chunk reads its cache) -- F/k less work than checkpointing
+    leaves, _ = cache_leaves(model, batch, with_loss=False, include_last=False)
     loss_sum = relay_sweep(model, batch, leaves, params, range(batch.num_chunks), direct_scale=scale)
     return loss_sum / batch.n_targets
 

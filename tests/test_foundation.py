@@ -101,6 +101,25 @@ def test_seco_step_accumulates_into_grad_and_leaves_frozen_alone():
     assert rel_err(got, {n: 2 * g for n, g in ref.items()}) <= TOL
 
 
+def test_seco_forwards_k_minus_1_chunks_without_a_graph_and_k_with_one():
+    """Pass 1 skips the last chunk (no chunk reads its cache); pass 2 rebuilds all k."""
+    model = tiny_model()
+    tok, tgt = random_batch(17, 2, 10)
+    calls = []
+    forward = model.chunk_forward
+
+    def spy(tokens, targets, past=(), start=0, ignore_index=-100):
+        calls.append((start, torch.is_grad_enabled(), targets is not None))
+        return forward(tokens, targets, past, start, ignore_index)
+
+    model.chunk_forward = spy
+    _, got = seco_grad(model, tok, tgt, chunk_size=3)  # k = 4 chunks, the last one of 1 token
+    del model.chunk_forward
+    assert [c for c in calls if not c[1]] == [(0, False, False), (3, False, False), (6, False, False)]
+    assert [c for c in calls if c[1]] == [(9, True, True), (6, True, True), (3, True, True), (0, True, True)]
+    assert rel_err(got, dense_grad(model, tok, tgt)[1]) <= TOL
+
+
 class NotAModel:
     pass
 
