@@ -203,7 +203,8 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
     def save():  # after every child: a long run interrupted keeps what it measured
         df = pd.DataFrame(rows)
         if old is not None:
-            df = pd.concat([old[~((old.tag == tag) & old.length.isin(cfg.lengths) & old.chunk_size.eq(cfg.chunk_size)
+            df = pd.concat([old[~((old.tag == tag) & old.n_layers.eq(cfg.n_layers) & old.length.isin(cfg.lengths)
+                                  & old.chunk_size.eq(cfg.chunk_size)
                                   & old.label.isin([label(m) for n in cfg.lengths for m in methods(cfg, n)] + ["*"])
                                   & old.lora.isin(cfg.lora))], df], ignore_index=True)
         atomic_write_csv(df, path)
@@ -245,6 +246,7 @@ def main(argv=None):
     ap.add_argument("--chunk-size", type=int, default=None)
     ap.add_argument("--lora-only", action="store_true")
     ap.add_argument("--methods", nargs="+", default=None)
+    ap.add_argument("--schemes", nargs="+", default=None, help="SpaCO schemes (default: %s)" % " ".join(DEFAULT.schemes))
     ap.add_argument("--no-lora", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--no-time", action="store_true")
@@ -263,7 +265,7 @@ def main(argv=None):
         return
     cfg = QUICK if a.quick else DEFAULT
     over = {"n_layers": a.layers, "lengths": tuple(a.lengths) if a.lengths else None, "rounds": a.rounds,
-            "methods": tuple(a.methods) if a.methods else None,
+            "methods": tuple(a.methods) if a.methods else None, "schemes": tuple(a.schemes) if a.schemes else None,
             "lora": (False,) if a.no_lora else (True,) if a.lora_only else None, "warmup": a.warmup,
             "chunk_size": a.chunk_size}
     cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
