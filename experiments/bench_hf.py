@@ -8,7 +8,10 @@ Model: SmolLM2-135M's shape (hidden 576, 9 heads / 3 KV heads, MLP 1536, vocab 4
 tied embeddings) with random weights, ``--layers`` decoder layers, float32, batch 1,
 transformers' sdpa attention (SeCO/SpaCO run it through :class:`seco_lab.hf.HFChunkModel`).
 HF full = ``model(ids, labels=ids).loss.backward()``.  Time: one process per (length, lora)
-runs every method in turn, round after round (interleaved) after a warm-up round; medians.
+runs every method in turn, round after round (interleaved) after a warm-up round; medians of
+both the wall time and the process's CPU time.  On a shared machine run with ``--threads 1``:
+a single-threaded process's CPU time counts the work it did, whatever else runs beside it
+(wall time does not, and a multi-threaded process's CPU time counts its threads' spin-waits).
 Memory: a fresh process per (method, length, lora); peak resident set during the step minus
 the resident set after building the model and inputs.  ``os.getloadavg()`` is recorded with
 every timing, because the machine is shared.  ``--profile`` adds a torch.profiler table of
@@ -136,18 +139,23 @@ def memory_child(cfg: HFBenchConfig, n: int, lora: bool, m: dict) -> dict:
 
 def timing_child(cfg: HFBenchConfig, n: int, lora: bool) -> list[dict]:
     """Inside one process per (length, lora): every method, interleaved, after a warm-up round."""
+    import torch
+
     built = build(cfg, n, lora)
     ms = methods(cfg, n)
     times: dict[str, list[float]] = {label(m): [] for m in ms}
+    cpu: dict[str, list[float]] = {label(m): [] for m in ms}
     loads: list[float] = []
     for rnd in range(cfg.warmup + cfg.rounds):
         for m in ms:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             step(cfg, m, *built)
             if rnd >= cfg.warmup:
                 times[label(m)].append(time.perf_counter() - t0)
+                cpu[label(m)].append(time.process_time() - c0)
                 loads.append(os.getloadavg()[0])
-    return [{"label": lab, "time_s": float(np.median(v)), "rounds": len(v), "times": v,
+    return [{"label": lab, "time_s": float(np.median(v)), "cpu_s": float(np.median(cpu[lab])), "rounds": len(v),
+             "times": v, "cpu_times": cpu[lab], "threads": torch.get_num_threads(),
              "load1": float(np.mean(loads)) if loads else float("nan")} for lab, v in times.items()]
 
 
@@ -218,9 +226,10 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
     for n, lora in tqdm(grid if timing else [], desc="time (interleaved)"):
         res = _child("timing", cfg, n, lora, None, timeout)
         for r in ([] if isinstance(res, dict) else res):
-            rows.append({**common, "length": n, "lora": lora, "label": r["label"], "metric": "time_s",
-                         "value": r["time_s"], "rounds": r["rounds"], "load1": r["load1"],
-                         "note": " ".join(f"{t:.9e}" for t in r["times"])})
+            for metric, per_round in (("time_s", "times"), ("cpu_s", "cpu_times")):
+                rows.append({**common, "length": n, "lora": lora, "label": r["label"], "metric": metric,
+                             "value": r[metric], "rounds": r["rounds"], "load1": r["load1"],
+                             "threads": r["threads"], "note": " ".join(f"{t:.9e}" for t in r[per_round])})
         if isinstance(res, dict):
             rows.append({**common, "length": n, "lora": lora, "label": "*", "metric": "error", "value": np.nan,
                          "note": res["error"]})
@@ -244,6 +253,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=None, help="untimed rounds first (default 1)")
     ap.add_argument("--chunk-size", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads per process (1 on a shared machine)")
     ap.add_argument("--lora-only", action="store_true")
     ap.add_argument("--methods", nargs="+", default=None)
     ap.add_argument("--schemes", nargs="+", default=None, help="SpaCO schemes (default: %s)" % " ".join(DEFAULT.schemes))
@@ -267,7 +277,7 @@ def main(argv=None):
     over = {"n_layers": a.layers, "lengths": tuple(a.lengths) if a.lengths else None, "rounds": a.rounds,
             "methods": tuple(a.methods) if a.methods else None, "schemes": tuple(a.schemes) if a.schemes else None,
             "lora": (False,) if a.no_lora else (True,) if a.lora_only else None, "warmup": a.warmup,
-            "chunk_size": a.chunk_size}
+            "chunk_size": a.chunk_size, "threads": a.threads}
     cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
     t0 = time.perf_counter()
     run(cfg, a.out, a.tag, memory=not a.no_memory, profile_length=a.profile, timing=not a.no_time)

@@ -20,7 +20,7 @@ SECO_TIME_OVER_DENSE_MAX = 1.4  # SeCO step time <= 1.4x dense at chunk >= 256
 SECO_MEMORY_OVER_KV_GROWTH_MAX = 1.1  # SeCO memory grows at most 1.1x the KV cache's growth
 SPACO_RATIO = 16  # the paper's SpaCO budget t/k = 1/16 ...
 SPACO_TIME_OVER_FORWARD_MAX = 1.5  # ... costs <= 1.5x forward-only time ...
-SECO_OVER_SPACO_TIME_MIN = 2.5  # ... and is >= 2.5x faster than SeCO
+SPACO_OVER_SECO_TIME_MAX = 1 / 2.5  # ... and is >= 2.5x faster than SeCO (SpaCO/SeCO time <= 0.4)
 INTEGER_COLUMNS = ("length", "longest length within cap")
 
 
@@ -56,12 +56,13 @@ def summarize_bench(df: pd.DataFrame, meta: dict) -> dict:
     lengths = sorted(df.length.unique())
     n_lo, n_hi = lengths[0], lengths[-1]
     core = pd.DataFrame([{"length": n, "SeCO/dense time": _at(t, n, "seco") / _at(t, n, "dense"),
+                          "SeCO/checkpoint time": _at(t, n, "seco") / _at(t, n, "checkpoint"),
                           "SeCO/dense memory": _at(mem, n, "seco") / _at(mem, n, "dense"),
                           "SeCO/checkpoint memory": _at(mem, n, "seco") / _at(mem, n, "checkpoint")}
                          for n in lengths])
     sp = spaco_labels(df)
     vs = [{"length": n, "method": r.label, "SpaCO/forward time": _at(t, n, r.label) / _at(t, n, "forward"),
-           "SeCO/SpaCO time": _at(t, n, "seco") / _at(t, n, r.label)}
+           "SpaCO/SeCO time": _at(t, n, r.label) / _at(t, n, "seco")}
           for r in sp.itertuples() for n in lengths if not np.isnan(_at(t, n, r.label))]
     strat_rows = []
     for r in sp[sp.scheme == cfg["stratified_scheme"]].itertuples():
@@ -75,7 +76,7 @@ def summarize_bench(df: pd.DataFrame, meta: dict) -> dict:
                           for ok in [df[(df.label == c) & (df.metric == "peak_mib")].length]])
     seco_t = [_at(t, n, "seco") / _at(t, n, "dense") for n in lengths]
     dense_ok = [n for n in lengths if not np.isnan(_at(mem, n, "dense"))]
-    sparse = [(r.label, _at(t, n_hi, r.label) / _at(t, n_hi, "forward"), _at(t, n_hi, "seco") / _at(t, n_hi, r.label))
+    sparse = [(r.label, _at(t, n_hi, r.label) / _at(t, n_hi, "forward"), _at(t, n_hi, r.label) / _at(t, n_hi, "seco"))
               for r in sp[sp.ratio == SPACO_RATIO].itertuples()]
     return {"time": t, "memory": mem, "lengths": lengths, "core": core, "spaco": pd.DataFrame(vs),
             "stratified": pd.DataFrame(strat_rows).dropna(), "reach": reach, "errors": df[df.metric == "error"],
@@ -88,13 +89,18 @@ def summarize_bench(df: pd.DataFrame, meta: dict) -> dict:
 def bench_figures(s: dict, meta: dict, figdir: Path) -> list[str]:
     cfg = meta["config"]
 
+    ratios = sorted({int(c.split("1/")[-1]) for c in s["time"].columns if c.startswith("spaco")})
+    dashes, markers = ["-", "--", "-.", ":"], ["o", "s", "^", "v", "D", "P"]
+
     def style(c):
+        """(colour, line style, marker): colour per scheme, line style and marker per budget, so every
+        line differs from every other in at least two of the three."""
         if c.startswith("spaco"):
-            r = int(c.split("1/")[-1])
+            i = ratios.index(int(c.split("1/")[-1]))
             colour = "tab:blue" if cfg["stratified_scheme"] in c else "tab:green"
-            return colour, ("-" if r == SPACO_RATIO else ":"), min(0.4 + r / 32, 1)
-        return {"forward": ("k", "--", 1), "dense": ("tab:red", "-", 1), "checkpoint": ("tab:orange", "-", 1),
-                "seco": ("tab:purple", "-", 1)}.get(c, ("gray", "-", 1))
+            return colour, dashes[i % len(dashes)], markers[i % len(markers)]
+        return {"forward": ("k", "--", "x"), "dense": ("tab:red", "-", "o"), "checkpoint": ("tab:orange", "-", "s"),
+                "seco": ("tab:purple", "-", "D")}.get(c, ("gray", "-", "o"))
 
     names = []
     for name, tab, ylabel in [("time_vs_length", s["time"], "seconds per step (median)"),
@@ -102,8 +108,8 @@ def bench_figures(s: dict, meta: dict, figdir: Path) -> list[str]:
         fig, axes = new_figure(figsize=(8, 5))
         ax = axes[0][0]
         for c in tab.columns:
-            col, ls, alpha = style(c)
-            ax.loglog(tab.index, tab[c], ls, color=col, alpha=alpha, marker="o", ms=3, label=c)
+            col, ls, marker = style(c)
+            ax.loglog(tab.index, tab[c], ls, color=col, marker=marker, ms=4, lw=1.2, label=c)
         if name == "memory_vs_length":
             ax.loglog(s["lengths"], [kv_cache_mib(cfg, n) for n in s["lengths"]], "k:", lw=1, label="KV cache size")
         ax.set_xlabel("sequence length (tokens)")
@@ -134,8 +140,9 @@ def targets_section(s: dict, chunk: int) -> list[str]:
                   + (f" and does not fit the cap at {n_hi}." if d_hi < n_hi else "."))
     for label, a, b in s["spaco_targets"]:
         md.append(f"- {label} at {n_hi}: {fmt(a)}× forward-only time (target ≤ {SPACO_TIME_OVER_FORWARD_MAX}: "
-                  f"{'met' if a <= SPACO_TIME_OVER_FORWARD_MAX else 'not met'}), {fmt(b)}× faster than SeCO (target "
-                  f"≥ {SECO_OVER_SPACO_TIME_MIN}: {'met' if b >= SECO_OVER_SPACO_TIME_MIN else 'not met'}).")
+                  f"{'met' if a <= SPACO_TIME_OVER_FORWARD_MAX else 'not met'}), {fmt(b)}× SeCO's time (target "
+                  f"≤ {fmt(SPACO_OVER_SECO_TIME_MAX)}, i.e. ≥ 2.5× faster: "
+                  f"{'met' if b <= SPACO_OVER_SECO_TIME_MAX else 'not met'}).")
     return md
 
 
