@@ -12,6 +12,9 @@ process exceeds the memory cap (RLIMIT_AS on CPU) is recorded as out of memory.
 Time: one process per length builds the model once and runs every method in
 turn, round after round (interleaved), after a warm-up round; the median over
 rounds is reported, so the ratios are taken side by side on a noisy machine.
+On CPU the process's CPU time is recorded beside the wall time; with
+``--threads 1`` it counts the step's work whatever else shares the machine,
+and the report's ratios use it.
 """
 
 from __future__ import annotations
@@ -145,16 +148,17 @@ def timing_child(cfg: BenchConfig, n: int, device: str) -> list[dict]:
     ms = methods(cfg, n)
     skip = set()
     times: dict[str, list[float]] = {label(m): [] for m in ms}
+    cpu: dict[str, list[float]] = {label(m): [] for m in ms}
     for rnd in range(cfg.rounds + 1):
         for m in ms:
             if label(m) in skip:
                 continue
             try:
                 _sync(device)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 step(cfg, m, model, tokens, targets)
                 _sync(device)
-                dt = time.perf_counter() - t0
+                dt, dc = time.perf_counter() - t0, time.process_time() - c0
             except (MemoryError, RuntimeError) as e:  # out of memory under the cap
                 if "memory" not in str(e).lower() and not isinstance(e, MemoryError):
                     raise
@@ -162,7 +166,9 @@ def timing_child(cfg: BenchConfig, n: int, device: str) -> list[dict]:
                 continue
             if rnd > 0:
                 times[label(m)].append(dt)
-    return [{"length": n, "label": lab, "time_s": float(np.median(v)) if v else np.nan, "rounds": len(v)}
+                cpu[label(m)].append(dc)
+    return [{"length": n, "label": lab, "time_s": float(np.median(v)) if v else np.nan,
+             "cpu_s": float(np.median(cpu[lab])) if v and not device.startswith("cuda") else np.nan, "rounds": len(v)}
             for lab, v in times.items()]
 
 
@@ -218,8 +224,10 @@ def run(cfg: BenchConfig, out: Path, device: str, timeout: float = 900.0) -> pd.
             continue
         for r in res:
             m = meta_by_label[(n, r["label"])]
-            rows.append({"length": n, "label": r["label"], "metric": "time_s", "value": r["time_s"], "note": "",
-                         **{k: m.get(k) for k in ("method", "scheme", "budget", "ratio")}})
+            for metric in ("time_s", "cpu_s"):
+                if np.isfinite(r.get(metric, np.nan)):
+                    rows.append({"length": n, "label": r["label"], "metric": metric, "value": r[metric], "note": "",
+                                 **{k: m.get(k) for k in ("method", "scheme", "budget", "ratio")}})
     df = pd.DataFrame(rows)
     from seco_lab.study import atomic_write_csv, atomic_write_text, software_versions
 
@@ -239,6 +247,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="sub-minute smoke run")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads per process (1 on a shared machine)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -253,6 +262,8 @@ def main(argv=None):
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
     cfg = QUICK if a.quick else DEFAULT
+    if a.threads:
+        cfg = replace(cfg, threads=a.threads)
     suffix = "" if device == "cpu" else "_gpu"
     out = a.out or ROOT / "reports" / (("_work/bench_quick" if a.quick else "bench") + suffix)
     t0 = time.perf_counter()

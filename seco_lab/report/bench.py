@@ -51,7 +51,7 @@ def spaco_labels(df: pd.DataFrame) -> pd.DataFrame:
 def summarize_bench(df: pd.DataFrame, meta: dict) -> dict:
     """Ratio tables and the paper's targets from the tidy results (one row per length x method x metric)."""
     cfg = meta["config"]
-    t = df[df.metric == "time_s"].pivot_table(index="length", columns="label", values="value")
+    t = df[df.metric == bench_hf.clock(df)].pivot_table(index="length", columns="label", values="value")
     mem = df[df.metric == "peak_mib"].pivot_table(index="length", columns="label", values="value")
     lengths = sorted(df.length.unique())
     n_lo, n_hi = lengths[0], lengths[-1]
@@ -159,7 +159,9 @@ def bench_report(folder: Path, out_md: Path) -> Path:
           f"Device: **{meta['device_name']}** ({meta['device']}). Model: tiny Llama-style, {cfg['model']}, "
           f"{meta['n_params']:,} parameters, {cfg['dtype']}, batch {cfg['batch']}; chunk size "
           f"{cfg['chunk_size']}. One training step = forward + backward, no optimizer. Time: median of "
-          f"{cfg['rounds']} interleaved rounds after a warm-up round, every method in one process per length. "
+          f"{cfg['rounds']} interleaved rounds after a warm-up round, every method in one process per length"
+          + (f", as the CPU time of a process with {cfg['threads']} thread(s) (it counts the step's work whatever "
+             "else ran on the machine). " if bench_hf.clock(df) == "cpu_s" else " (wall time). ") +
           "Memory: each (method, length) in a fresh process; peak above the baseline after building the model "
           f"(CPU: resident set; GPU: allocator). Memory cap: {cfg['memory_cap_gib']} GiB of address space per "
           "process on CPU. SpaCO backpropagates a fixed set (the last t chunks) so rounds do equal work; "
