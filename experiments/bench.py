@@ -248,6 +248,7 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=None, help="torch threads per process (1 on a shared machine)")
+    ap.add_argument("--lengths", type=int, nargs="+", default=None, help="sequence lengths (default 1K-16K)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -264,6 +265,8 @@ def main(argv=None):
     cfg = QUICK if a.quick else DEFAULT
     if a.threads:
         cfg = replace(cfg, threads=a.threads)
+    if a.lengths:
+        cfg = replace(cfg, lengths=tuple(a.lengths))
     suffix = "" if device == "cpu" else "_gpu"
     out = a.out or ROOT / "reports" / (("_work/bench_quick" if a.quick else "bench") + suffix)
     t0 = time.perf_counter()

@@ -107,7 +107,9 @@ def bench_figures(s: dict, meta: dict, figdir: Path) -> list[str]:
                               ("memory_vs_length", s["memory"], "peak memory above baseline (MiB)")]:
         fig, axes = new_figure(figsize=(8, 5))
         ax = axes[0][0]
-        for c in tab.columns:
+        order = sorted(tab.columns, key=lambda c: (c.startswith("spaco"), c.split(" t/k")[0],
+                                                     int(c.split("1/")[-1]) if c.startswith("spaco") else 0))
+        for c in order:
             col, ls, marker = style(c)
             ax.loglog(tab.index, tab[c], ls, color=col, marker=marker, ms=4, lw=1.2, label=c)
         if name == "memory_vs_length":
