@@ -99,7 +99,9 @@ def load(path: Path, model, optimizer) -> dict:
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optimizer": optim_sd}
-    dcp_load(state, checkpoint_id=str(path))
+    with warnings.catch_warnings():  # one process without a process group reads the whole checkpoint: intended
+        warnings.filterwarnings("ignore", message=r"torch.distributed is disabled, unavailable or uninitialized")
+        dcp_load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     return torch.load(Path(path) / EXTRA, map_location="cpu", weights_only=False)
 

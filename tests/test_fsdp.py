@@ -162,6 +162,12 @@ def test_fsdp_hf_llama_with_lora_matches_one_process(tmp_path):
     ]
     launch(jobs, tmp_path)
     check_against_single_process(jobs, tmp_path, hf=True)
+    from safetensors.torch import load_file  # the adapter a sharded run writes = the one-process run's
+
+    for name in ("hf_seco_step", "hf_spaco_subset_chunk"):
+        a, b = (load_file(tmp_path / n / "adapter" / "adapter_model.safetensors") for n in (name, name + "_single"))
+        assert sorted(a) == sorted(b) and len(a) == 8  # lora_A, lora_B on q_proj, v_proj of 2 layers
+        assert rel_err(a, b) <= 1e-10, name
 
 
 @pytest.mark.slow
@@ -207,3 +213,12 @@ def test_gather_policy_is_validated_and_needs_shard_fsdp():
         RunControl(fsdp_gather="chunk").validate()
     with pytest.raises(ValueError, match="unknown fsdp_gather 'layer'"):
         RunControl(shard="fsdp", fsdp_gather="layer").validate()
+
+
+def test_cli_shard_fsdp_outside_torchrun_fails_with_the_launch_recipe(tmp_path, capsys):
+    from seco_lab.cli import main
+
+    code = main(["train", "--shard", "fsdp", "--run-dir", str(tmp_path / "r"), "--steps", "1", "--device", "cpu"])
+    assert code == 2
+    assert "--shard fsdp needs a process group: launch under torchrun" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
