@@ -10,7 +10,8 @@ checkpoint directory is complete or absent, as with the ``.pt`` files of replica
 
 Loading reads the checkpoint into whatever layout the loading trainer has: DCP reshards
 on load, so a checkpoint saved by N ranks resumes on M ranks, sharded or not, and a
-process without a process group reads it too.  Multi-node runs need the run directory on
+process without a process group reads it too.  A replicated run's ``.pt`` checkpoint
+loads into a sharded trainer through :func:`load_replicated`.  Multi-node runs need the run directory on
 a filesystem every node sees.
 """
 
@@ -104,6 +105,26 @@ def load(path: Path, model, optimizer) -> dict:
         dcp_load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     return torch.load(Path(path) / EXTRA, map_location="cpu", weights_only=False)
+
+
+def load_replicated(state: dict, model, optimizer) -> None:
+    """Load a replicated run's whole state (``step_N.pt``: ``model.state_dict()`` and
+    ``optimizer.state_dict()``) into a sharded ``model`` and ``optimizer``: every rank keeps its shards.
+
+    The optimizer's state is keyed by parameter position; positions are the trainable parameters
+    in ``named_parameters()`` order (how the trainer builds AdamW), turned into names for
+    ``set_state_dict(..., full_state_dict=True)``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    osd = state["optimizer"]
+    if sorted(i for g in osd["param_groups"] for i in g["params"]) != list(range(len(names))):
+        raise ValueError(f"the checkpoint's optimizer holds {sum(len(g['params']) for g in osd['param_groups'])} "
+                         f"parameters, the model {len(names)} trainable ones")
+    named = {"state": {names[i]: v for i, v in osd["state"].items()},
+             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]}
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=named,
+                   options=StateDictOptions(full_state_dict=True))
 
 
 def newest(checkpoints: Path) -> list[Path]:

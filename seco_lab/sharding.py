@@ -115,8 +115,8 @@ class ShardedModel:
         self.gather = gather
         self.root = model
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
-        device = next(model.parameters()).device
-        self.mesh = mesh or init_device_mesh(device.type, (self.world,))
+        self.device = next(model.parameters()).device
+        self.mesh = mesh or init_device_mesh(self.device.type, (self.world,))
         self.blocks = decoder_blocks(model)
         for block in self.blocks:
             fully_shard(block, mesh=self.mesh, reshard_after_forward=True)
@@ -229,9 +229,10 @@ class ShardedModel:
                                             stride=p.stride())
         self._acc = {}
         names = list(stats)
-        buf = torch.tensor([float(stats[n]) for n in names], dtype=torch.float64) / denom
+        # on the parameters' device: NCCL reduces device tensors only
+        buf = torch.tensor([float(stats[n]) for n in names], dtype=torch.float64, device=self.device) / denom
         dist.all_reduce(buf)
-        return dict(zip(names, buf.tolist())), calls + 1
+        return dict(zip(names, buf.cpu().tolist())), calls + 1
 
 
 def clip_grad_norm(params, max_norm: float | None) -> float:
@@ -244,7 +245,7 @@ def clip_grad_norm(params, max_norm: float | None) -> float:
     from torch.distributed.tensor import DTensor
 
     local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
-    sq = torch.stack([torch.linalg.vector_norm(g) ** 2 for g in local]).sum()
+    sq = torch.stack([torch.linalg.vector_norm(g) ** 2 for g in local]).sum() if local else torch.zeros(())
     dist.all_reduce(sq)
     norm = sq.sqrt()
     if max_norm is not None:

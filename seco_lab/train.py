@@ -192,10 +192,11 @@ class Trainer:
         files = sorted(self.run_dir.checkpoints.glob("step_*.pt"))
         if sharded and (not files or sharded[0].name.split(".")[0] >= files[-1].name.split(".")[0]):
             return sharded_checkpoint.load(sharded[0], self.model, self.opt)
-        if self.sharded is not None and files:
-            raise RunDirError(f"{self.run_dir.path} holds replicated checkpoints (step_*.pt), which --shard fsdp does "
-                              "not read; resume it without --shard (a sharded run's checkpoints load either way)")
-        return self.run_dir.load_checkpoint(map_location="cpu")  # load_state_dict moves it to the model
+        state = self.run_dir.load_checkpoint(map_location="cpu")  # load_state_dict moves it to the model
+        if state is not None and self.sharded is not None:  # a replicated run continued sharded
+            sharded_checkpoint.load_replicated(state, self.model, self.opt)
+            state = {k: v for k, v in state.items() if k not in ("model", "optimizer")}
+        return state
 
     def save_checkpoint(self) -> None:
         if self.sharded is not None:  # collective: every rank writes its shards

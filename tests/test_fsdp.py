@@ -8,7 +8,8 @@ single-process references are computed here.  What is checked:
   with both gather policies and gradient accumulation, for the tiny model and a tiny HF Llama + LoRA;
 * the collectives of every optimizer step against seco_lab.sharding's documented counts;
 * sharded checkpoints: stop + resume = uninterrupted, bit for bit; a 2-rank checkpoint continued
-  in one process (no process group, unsharded) = the 2-rank continuation to <= 1e-10.
+  in one process (no process group, unsharded) = the 2-rank continuation to <= 1e-10; a replicated
+  run's ``.pt`` checkpoint continued with --shard fsdp = the replicated continuation to <= 1e-10.
 """
 
 import datetime
@@ -171,7 +172,7 @@ def test_fsdp_hf_llama_with_lora_matches_one_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_sharded_checkpoints_resume_bit_for_bit_and_on_one_rank(tmp_path):
+def test_sharded_checkpoints_resume_bit_for_bit_on_one_rank_and_from_replicated(tmp_path):
     spaco = dict(mode="spaco", scheme="paper-capped", budget=2, steps=4)  # rank-dependent random draws
     jobs = [
         job("spaco_full", **spaco),
@@ -181,6 +182,9 @@ def test_sharded_checkpoints_resume_bit_for_bit_and_on_one_rank(tmp_path):
         job("seco_split", stop_at=2, steps=4, gather="chunk"),
         {"copy": "seco_split", "to": "seco_one_rank"},
         dict(job("seco_split", steps=4, gather="chunk"), resume=True),
+        job("rep_full", shard=False, steps=4),  # replicated (2 ranks), its .pt checkpoint continued sharded
+        job("rep_split", shard=False, stop_at=2, steps=4),
+        dict(job("rep_split", steps=4), resume=True),
     ]
     launch(jobs, tmp_path)
     for name in ("spaco", "seco"):
@@ -200,6 +204,12 @@ def test_sharded_checkpoints_resume_bit_for_bit_and_on_one_rank(tmp_path):
     full = torch.load(tmp_path / "seco_full.result.pt")["params"]
     err = rel_err(full_params(one.model), full)
     assert err <= 1e-10, f"2-rank checkpoint continued on 1 rank: relative error {err:.2e}"
+    # a replicated run's step_2.pt continued with --shard fsdp = the replicated run's own continuation
+    rep = torch.load(tmp_path / "rep_full.result.pt")["params"]
+    err = rel_err(torch.load(tmp_path / "rep_split.resumed.result.pt")["params"], rep)
+    assert err <= 1e-10, f"replicated checkpoint continued sharded: relative error {err:.2e}"
+    assert checkpoint_steps(tmp_path / "rep_split") == [2, 4]
+    assert (tmp_path / "rep_split" / "checkpoints" / "step_000004.dcp").is_dir()
 
 
 def test_shard_fsdp_without_a_process_group_says_how_to_launch(tmp_path):
@@ -222,3 +232,22 @@ def test_cli_shard_fsdp_outside_torchrun_fails_with_the_launch_recipe(tmp_path, 
     assert code == 2
     assert "--shard fsdp needs a process group: launch under torchrun" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_fsdp_bench_section_takes_ratios_within_each_round():
+    import pandas as pd
+
+    from seco_lab.report.bench_fsdp import summarize
+
+    rows = []
+    for rnd, slow in ((0, 1.0), (1, 2.0), (2, 4.0)):  # a machine slowing down: ratios stay 0.5 / 1.5
+        for mode, peak, step in (("replicated", 900, 1.0), ("fsdp step", 600, 1.5), ("fsdp chunk", 500, 3.0)):
+            for rank in (0, 1):
+                rows.append(dict(round=rnd, mode=mode, rank=rank, base_mib=300, peak_mib=peak + rank,
+                                 step_s=step * slow * (1 + 0.1 * rank), all_gather=3, reduce_scatter=3, all_reduce=2))
+    s = summarize(pd.DataFrame(rows)).set_index("mode")
+    assert list(s.index) == ["replicated", "fsdp step", "fsdp chunk"]
+    assert s.loc["fsdp step", "memory_ratio"] == pytest.approx(601 / 901)
+    assert s.loc["fsdp step", "above_ratio"] == pytest.approx(301 / 601)
+    assert s.loc["fsdp chunk", "time_ratio"] == pytest.approx(3.0)
+    assert s.loc["replicated", "rounds"] == 3 and s.loc["replicated", "step_s"] == pytest.approx(2.2)
