@@ -106,9 +106,9 @@ class ShardedModel:
         if gather not in GATHER_POLICIES:
             raise ShardingError(f"unknown gather policy {gather!r}; choose one of {', '.join(GATHER_POLICIES)}")
         if not (dist.is_available() and dist.is_initialized()):
-            raise ShardingError("--shard fsdp needs a process group: launch under torchrun, e.g. `torchrun "
-                                "--nproc_per_node 2 -m seco_lab.cli train --shard fsdp ...` (gloo on CPU, NCCL on "
-                                "GPU), or drop --shard to train in one process")
+            raise ShardingError("--shard fsdp needs a process group: launch under torchrun with 2 or more "
+                                "processes, e.g. `torchrun --nproc_per_node 2 -m seco_lab.cli train --shard fsdp ...` "
+                                "(gloo on CPU, NCCL on GPU), or drop --shard to train in one process")
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 

@@ -251,3 +251,22 @@ def test_fsdp_bench_section_takes_ratios_within_each_round():
     assert s.loc["fsdp step", "above_ratio"] == pytest.approx(301 / 601)
     assert s.loc["fsdp chunk", "time_ratio"] == pytest.approx(3.0)
     assert s.loc["replicated", "rounds"] == 3 and s.loc["replicated", "step_s"] == pytest.approx(2.2)
+
+
+def test_stored_fsdp_benchmark_shows_the_documented_collectives_and_less_memory():
+    """reports/bench/fsdp_results.csv (make bench-fsdp): 8 blocks + root = 9 groups, k = 4, one micro-batch."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from seco_lab.report.bench_fsdp import summarize
+
+    df = pd.read_csv(Path(__file__).parents[1] / "reports" / "bench" / "fsdp_results.csv")
+    g = json.loads(df.model.iloc[0])["n_layers"] + 1
+    k = int(df.seq_len.iloc[0] // df.chunk_size.iloc[0])
+    s = summarize(df).set_index("mode")
+    assert s.loc["fsdp step", ["all_gather", "reduce_scatter", "all_reduce"]].tolist() == [g, g, 2]
+    assert s.loc["fsdp chunk", ["all_gather", "reduce_scatter", "all_reduce"]].tolist() == [g * 3 * k, g, 2]
+    assert s.loc["replicated", ["all_gather", "reduce_scatter"]].tolist() == [0, 0]
+    assert s.loc["fsdp chunk", "memory_ratio"] < s.loc["fsdp step", "memory_ratio"] < 1.0
