@@ -10,18 +10,21 @@ chunk's graph), and returns full-size gradients as for a replicated model.
 
 Communication per optimizer step, with G = FSDP groups (L blocks + the root), G_t = groups
 holding trainable parameters (G; L with LoRA on the blocks), k = chunks per sequence and
-t_m = chunks backpropagated in micro-batch m (t_m = k for SeCO and dense):
+t_m = chunks backpropagated in micro-batch m:
 
 * parameters, ``gather="step"`` (default): every group is all-gathered once at the start
   of the step and kept unsharded through every micro-batch, the no-grad first pass and
   every chunk's rebuild and backward (FSDP's ``reshard_after_forward`` and
   ``reshard_after_backward`` off), then resharded:  **G all-gathers per step**, whatever
   k, t and ``grad_accum``.  Peak: all parameters unsharded on every rank during the step.
-* parameters, ``gather="chunk"``: a group is gathered for each chunk forward and again for
-  each chunk backward and freed after each (FSDP's reshard after forward and backward):
-  **G * sum_m (k + 2 t_m) all-gathers per step** (k in the no-grad first pass, 2 per
-  rebuilt chunk).  Peak: one block unsharded at a time; for models whose full parameters
-  do not fit one device.
+* parameters, ``gather="chunk"``: a group is gathered for each chunk forward the engine
+  runs and again for each backward pass, and freed after each (FSDP's reshard after
+  forward and backward):  **G * (F + B) all-gathers per step**, F = chunk forwards, B =
+  backward passes (autograd calls).  Per micro-batch, SeCO: F = (k - 1) + k (the no-grad
+  pass skips the last chunk, whose cache no chunk reads; k rebuilds), B = k, so G (3k - 1);
+  constant-relay SpaCO: F = k + t_m, B = t_m; a hop-dependent scheme adds one backward per
+  relayed hop label of a chunk.  Peak: one block unsharded at a time; for models whose
+  full parameters do not fit one device.
 * gradients: FSDP's own per-backward reduction stays off (``set_requires_gradient_sync
   (False)``).  The engine's gradients of all micro-batches are summed locally at full
   size, then each group's sum is reduce-scattered once, in one flat buffer laid out as
@@ -90,6 +93,8 @@ class GatheredView:
         return iter(self._full.values())
 
     def __getattr__(self, name):  # max_positions, vocab_size, deterministic, training, ...
+        if name.startswith("_"):  # e.g. while copying, before _root exists
+            raise AttributeError(name)
         return getattr(self._root, name)
 
 
