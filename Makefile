@@ -10,7 +10,7 @@ TORCH   ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
 JOBS    ?= 2
 
 .PHONY: install test lint bias-study bias-study-quick real-study report train-demo train-compare train-study \
-        train-study-quick bench clean
+        train-study-quick bench bench-fsdp clean
 
 install: $(STAMP)
 
@@ -72,6 +72,12 @@ HF_BENCH ?= --layers 2 --lengths 1024 2048 4096
 bench: $(STAMP)
 	$(BIN)/python -m experiments.bench
 	$(BIN)/python -m experiments.bench_hf $(HF_BENCH)
+	$(BIN)/python -m experiments.bench_fsdp
+	$(BIN)/seco-lab report bench
+
+# Per-rank memory and step time of --shard fsdp against replicated data parallelism (2 CPU ranks, ~5 min).
+bench-fsdp: $(STAMP)
+	$(BIN)/python -m experiments.bench_fsdp
 	$(BIN)/seco-lab report bench
 
 clean:

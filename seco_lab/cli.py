@@ -10,7 +10,7 @@ verification of the SpaCO gradient estimators.
 
 Settings come from the defaults (or, with --resume, the run's saved config), then the
 config file, then the flags given.  Launch under ``torchrun --nproc_per_node N`` for
-data parallelism.
+data parallelism, with ``--shard fsdp`` for sharded (FSDP2) training.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from .model import TinyConfig
 GROUPS = ("model", "data", "estimator", "optimisation", "run control", "HF")
 DISTRIBUTED_HELP = ("distributed: launch under `torchrun --nproc_per_node N -m seco_lab.cli train ...`; "
                     "--batch-size is split over ranks and micro-batches, gradients are all-reduced once per step "
-                    "(gloo on CPU, NCCL on GPU).")
+                    "(gloo on CPU, NCCL on GPU). --shard fsdp shards parameters, gradients and optimizer state "
+                    "with FSDP2 (gradients reduce-scattered once per step; see docs/training.md).")
 MODEL_HELP = {"vocab_size": "vocabulary (synthetic data; text data is 256 bytes)", "d_model": "width",
               "n_layers": "transformer blocks", "n_heads": "attention heads",
               "n_kv_heads": "key/value heads (grouped-query attention; default: n_heads)", "d_ff": "MLP hidden width",

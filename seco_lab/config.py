@@ -27,6 +27,8 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 ATTENTION = ("eager", "sdpa", "eager_exact")
 HF_ARCHITECTURES = ("llama", "qwen2")
 TEXT_VOCAB = 256  # byte-level text
+SHARD_MODES = ("none", "fsdp")
+GATHER_POLICIES = ("step", "chunk")  # seco_lab.sharding documents each
 
 
 def opt(default, help: str, group: str, **meta):
@@ -198,11 +200,19 @@ class RunControl:
     progress: bool = opt(True, "show a progress bar", "run control")
     tensorboard: bool = opt(False, "also log to RUN_DIR/tensorboard (needs the tensorboard package)",
                             "run control")
+    shard: str = opt("none", "none: every rank holds the whole model and optimizer (gradients all-reduced); "
+                             "fsdp: FSDP2 shards parameters, gradients and optimizer state over the ranks (under "
+                             "torchrun; sharded checkpoints)", "run control", choices=SHARD_MODES)
+    fsdp_gather: str = opt("step", "--shard fsdp: all-gather each block once per optimizer step and keep it (step), "
+                                   "or per chunk forward and backward, freeing it after each (chunk: least memory)",
+                           "run control", choices=GATHER_POLICIES)
 
     def validate(self) -> RunControl:
         check_fields(self)
         if self.resume and self.overwrite:
             raise ValueError("--resume and --overwrite exclude each other: continue the run, or replace it")
+        if self.shard != "fsdp" and self.fsdp_gather != "step":
+            raise ValueError("--fsdp-gather applies to --shard fsdp only; add --shard fsdp or drop --fsdp-gather")
         parse_device(self.device)
         if self.tensorboard:
             try:

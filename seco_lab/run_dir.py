@@ -2,7 +2,8 @@
 
     RUN_DIR/config.json      the experiment (TrainConfig) -- the truth a resume continues
     RUN_DIR/metrics.jsonl    one JSON record per line, appended
-    RUN_DIR/checkpoints/     step_NNNNNN.pt (written to a temporary name, then renamed) and ``latest``
+    RUN_DIR/checkpoints/     step_NNNNNN.pt (written to a temporary name, then renamed) and ``latest``;
+                             sharded runs write step_NNNNNN.dcp/ directories (seco_lab.sharded_checkpoint)
     RUN_DIR/.lock            held with ``fcntl.flock`` by the trainer that owns the directory
 
 A second trainer on the same directory is refused with the owner's pid.  On resume a
@@ -130,6 +131,10 @@ class RunDir:
         atomic_write_text(self.checkpoints / "latest", out.name)
         return out
 
+    def point_latest(self, name: str) -> None:
+        """Name the newest complete checkpoint (file or sharded directory) in ``latest``."""
+        atomic_write_text(self.checkpoints / "latest", name)
+
     def load_checkpoint(self, map_location=None) -> dict | None:
         """The newest intact checkpoint (``latest`` first, then older steps), or None when there is none.
         A damaged one is reported with a warning and skipped."""
@@ -202,5 +207,6 @@ def read_metrics(run_dir) -> list[dict]:
 
 
 def checkpoint_steps(run_dir) -> list[int]:
-    return sorted(int(m.group(1)) for p in (Path(run_dir) / "checkpoints").glob("step_*.pt")
-                  if (m := re.fullmatch(r"step_(\d+)\.pt", p.name)))
+    """Steps with a checkpoint: ``step_NNNNNN.pt`` files and sharded ``step_NNNNNN.dcp`` directories."""
+    return sorted({int(m.group(1)) for p in (Path(run_dir) / "checkpoints").glob("step_*")
+                   if (m := re.fullmatch(r"step_(\d+)\.(pt|dcp)", p.name))})

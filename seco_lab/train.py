@@ -8,12 +8,16 @@ The loop lives here; its parts are separate: :mod:`seco_lab.config` (what a run 
 
 Gradients of one optimizer step come from ``grad_accum`` micro-batches on every
 rank; ranks all-reduce the accumulated gradient once per optimizer step (a single
-flat buffer), never per chunk backward.  SpaCO draws its chunk subsets from
+flat buffer), never per chunk backward.  With ``--shard fsdp`` (:mod:`seco_lab.sharding`)
+parameters, gradients and optimizer state are sharded with FSDP2: the engine runs on the
+gathered parameters, the summed gradient is reduce-scattered once per optimizer step and
+checkpoints are sharded (:mod:`seco_lab.sharded_checkpoint`).  SpaCO draws its chunk subsets from
 ``numpy.random.default_rng([seed, step, micro, rank])``: every rank draws its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -25,6 +29,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from . import sharded_checkpoint
 from .config import DTYPES, MODES, RunControl, TrainConfig, parse_device
 from .data import Batch, KeyValueTask, TextCorpus
 from .engine import forward_loss
@@ -33,6 +38,7 @@ from .metric_log import MetricLogger
 from .model import TinyTransformer
 from .report.runs import plot_run
 from .run_dir import RunDir, RunDirError, check_usable, read_config, read_metrics
+from .sharding import ShardedModel, clip_grad_norm
 from .step import allreduce_mean, chunk_grads, lr_factor
 
 __all__ = ["DTYPES", "MODES", "NonFiniteLoss", "RunControl", "TrainConfig", "Trainer", "TrainingInterrupted",
@@ -97,6 +103,10 @@ class Trainer:
         self.dtype = DTYPES[cfg.dtype]
         self.data = data or build_data(cfg)
         self.model = model or build_model(cfg, self.data.vocab_size, self.device)
+        self.sharded = None
+        if self.run.shard == "fsdp":
+            self.sharded = ShardedModel(self.model, self.run.fsdp_gather)  # before the optimizer sees parameters
+        self.engine_model = self.model if self.sharded is None else self.sharded.view  # what the engine runs
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
@@ -106,7 +116,7 @@ class Trainer:
         self.scheme = cfg.build_scheme() if cfg.mode == "spaco" else None
         self.run_dir = RunDir(self.run.run_dir)
         self.step = 0
-        self.allreduce_calls = 0
+        self.allreduce_calls = 0  # gradient collectives issued (all-reduces; reduce-scatters under --shard fsdp)
         self.logger: MetricLogger | None = None
         self._stop_requested = False
 
@@ -157,13 +167,14 @@ class Trainer:
         if diff:
             raise RunDirError(f"--resume: the config differs from the run in {self.run_dir.path} in: "
                               + ", ".join(diff) + "; resume with the saved settings or start a new --run-dir")
-        state = self.run_dir.load_checkpoint(map_location="cpu")  # load_state_dict moves it to the model
+        state = self._load_newest_checkpoint()
         if state is not None:
             if state["step"] > self.cfg.steps:
                 raise RunDirError(f"--steps {self.cfg.steps} is below the run's step {state['step']}; a run can "
                                   "only be extended")
-            self.model.load_state_dict(state["model"])
-            self.opt.load_state_dict(state["optimizer"])
+            if "model" in state:  # a replicated .pt checkpoint; a sharded one is already loaded
+                self.model.load_state_dict(state["model"])
+                self.opt.load_state_dict(state["optimizer"])
             self.sched.load_state_dict(state["scheduler"])
             torch.set_rng_state(state["torch_rng"])
             np.random.set_state(state["numpy_rng"])
@@ -174,7 +185,27 @@ class Trainer:
             if saved.steps != self.cfg.steps:
                 self.run_dir.write_config(experiment_record(self.cfg, self.model))
 
+    def _load_newest_checkpoint(self) -> dict | None:
+        """The newest checkpoint's state: a sharded directory is read into the model and optimizer
+        here (resharded to this run's ranks) and its extras returned; a ``.pt`` file is returned whole."""
+        sharded = sharded_checkpoint.newest(self.run_dir.checkpoints)
+        files = sorted(self.run_dir.checkpoints.glob("step_*.pt"))
+        if sharded and (not files or sharded[0].name.split(".")[0] >= files[-1].name.split(".")[0]):
+            return sharded_checkpoint.load(sharded[0], self.model, self.opt)
+        state = self.run_dir.load_checkpoint(map_location="cpu")  # load_state_dict moves it to the model
+        if state is not None and self.sharded is not None:  # a replicated run continued sharded
+            sharded_checkpoint.load_replicated(state, self.model, self.opt)
+            state = {k: v for k, v in state.items() if k not in ("model", "optimizer")}
+        return state
+
     def save_checkpoint(self) -> None:
+        if self.sharded is not None:  # collective: every rank writes its shards
+            extra = {"step": self.step, "scheduler": self.sched.state_dict(), "torch_rng": torch.get_rng_state(),
+                     "numpy_rng": np.random.get_state(), "config": self.cfg.to_dict(), "world_size": self.world}
+            path = sharded_checkpoint.save(self.run_dir.checkpoints, self.step, self.model, self.opt, extra)
+            if self.rank == 0:
+                self.run_dir.point_latest(path.name)
+            return
         if self.rank == 0:
             self.run_dir.save_checkpoint({
                 "step": self.step, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
@@ -182,14 +213,23 @@ class Trainer:
                 "numpy_rng": np.random.get_state(), "config": self.cfg.to_dict()})
 
     def save_adapter(self):
-        """peft's own adapter format, under run_dir/adapter (LoRA runs only), naming its base model."""
+        """peft's own adapter format, under run_dir/adapter (LoRA runs only), naming its base model.
+        Sharded: every rank calls it (the full weights are gathered to rank 0, which writes them)."""
         inner = getattr(self.model, "model", None)
         if not self.cfg.lora or inner is None or not hasattr(inner, "save_pretrained"):
+            return None
+        state = None
+        if self.sharded is not None:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            state = {k.removeprefix("model."): v for k, v in full.items()}
+        if self.rank != 0:
             return None
         for peft_cfg in getattr(inner, "peft_config", {}).values():
             peft_cfg.base_model_name_or_path = peft_cfg.base_model_name_or_path or self.cfg.hf_model
         out = self.run_dir.path / "adapter"
-        inner.save_pretrained(str(out))
+        inner.save_pretrained(str(out), **({} if state is None else {"state_dict": state}))
         return out
 
     def _barrier(self):
@@ -212,25 +252,36 @@ class Trainer:
             p.grad = None
         t0 = time.perf_counter()
         loss_sum, chunks = 0.0, 0
-        for micro, mb in enumerate(self.micro_batches(batch)):
-            mb = Batch(mb.tokens.to(self.device), mb.targets.to(self.device), mb.far)
-            rng = np.random.default_rng([c.seed, self.step, micro, self.rank])
-            try:
-                loss, grads, stats = chunk_grads(self.model, mb, c, rng, self.scheme)
-            except FloatingPointError:
-                # the engine refuses a NaN/inf forward; keep every rank in step (the all-reduce below
-                # still runs) and let the finiteness check name the step
-                loss, stats = float("nan"), {"chunks": 0}
-                grads = {n: torch.zeros_like(p) for n, p in self.model.named_parameters() if p.requires_grad}
-            loss_sum += float(loss)
-            chunks += stats["chunks"]
-            accumulate_grads(self.model, grads)
-        stats, calls = allreduce_mean(self.params, {"loss": loss_sum, "chunks": chunks,
-                                                    "stop": float(self._stop_requested)}, c.grad_accum, self.world)
+        with self.sharded.step() if self.sharded is not None else contextlib.nullcontext():
+            for micro, mb in enumerate(self.micro_batches(batch)):
+                mb = Batch(mb.tokens.to(self.device), mb.targets.to(self.device), mb.far)
+                rng = np.random.default_rng([c.seed, self.step, micro, self.rank])
+                try:
+                    loss, grads, stats = chunk_grads(self.engine_model, mb, c, rng, self.scheme)
+                except FloatingPointError:
+                    # the engine refuses a NaN/inf forward; keep every rank in step (the all-reduce below
+                    # still runs) and let the finiteness check name the step
+                    loss, stats = float("nan"), {"chunks": 0}
+                    grads = {n: torch.zeros_like(p) for n, p in self.engine_model.named_parameters()
+                             if p.requires_grad}
+                loss_sum += float(loss)
+                chunks += stats["chunks"]
+                if self.sharded is None:
+                    accumulate_grads(self.model, grads)
+                else:
+                    self.sharded.accumulate(grads)
+            totals = {"loss": loss_sum, "chunks": chunks, "stop": float(self._stop_requested)}
+            if self.sharded is None:
+                stats, calls = allreduce_mean(self.params, totals, c.grad_accum, self.world)
+            else:  # one reduce-scatter per FSDP group into the sharded .grad, and the statistics' all-reduce
+                stats, calls = self.sharded.reduce_mean(totals, c.grad_accum, self.world)
         self.allreduce_calls += calls
         self._stop_requested = stats["stop"] > 0  # one rank interrupted: every rank stops after this step
         max_norm = c.clip if c.clip is not None else float("inf")
-        gnorm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        if self.sharded is None:
+            gnorm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        else:
+            gnorm = clip_grad_norm(self.params, c.clip)
         if not (math.isfinite(stats["loss"]) and math.isfinite(gnorm)):
             what = "loss" if not math.isfinite(stats["loss"]) else "gradient norm"
             value = stats["loss"] if what == "loss" else gnorm
@@ -246,7 +297,7 @@ class Trainer:
                 "seconds": elapsed}
 
     def forward_loss(self, tokens, targets) -> torch.Tensor:
-        return forward_loss(self.model, tokens.to(self.device), targets.to(self.device), self.cfg.chunk_size)
+        return forward_loss(self.engine_model, tokens.to(self.device), targets.to(self.device), self.cfg.chunk_size)
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -274,7 +325,7 @@ class Trainer:
                    disable=not self.run.progress or self.rank != 0)
         last = {}
         try:
-            if self.step == 0 and self.rank == 0:
+            if self.step == 0 and (self.rank == 0 or self.sharded is not None):  # sharded: a collective forward
                 self._log({"step": 0, **self.evaluate()})
             while self.step < stop:
                 last = self._one_step(stop)
@@ -287,9 +338,11 @@ class Trainer:
                         plot_run(self.run_dir.path)
                     raise TrainingInterrupted(self.step)
             self._barrier()
-            if self.rank == 0 and self.step == c.steps:
-                plot_run(self.run_dir.path)
-                self.save_adapter()
+            if self.step == c.steps:
+                if self.rank == 0:
+                    plot_run(self.run_dir.path)
+                if self.rank == 0 or self.sharded is not None:
+                    self.save_adapter()
         finally:
             bar.close()
             restore()

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import bench_hf
+from . import bench_fsdp, bench_hf
 from .figures import new_figure, save_figure
 from .markdown import fmt, generated_note, require, table, write_markdown
 
@@ -182,6 +182,8 @@ def bench_report(folder: Path, out_md: Path) -> Path:
     md += targets_section(s, cfg["chunk_size"])
     if (folder / "hf_results.csv").exists():
         md += bench_hf.render(folder)
+    if (folder / "fsdp_results.csv").exists():
+        md += bench_fsdp.render(folder)
     sw = meta["software"]
     md.append(f"\nSoftware: Python {sw['python']}, torch {sw['torch']}; {sw['platform']}.\n")
     return write_markdown(md, out_md)

@@ -1,0 +1,68 @@
+"""The FSDP section of ``reports/benchmarks.md``, from ``experiments/bench_fsdp.py``'s CSV.
+
+``summarize(results)`` -> one row per mode: per-rank peak resident set (the larger rank, median
+over rounds), the same above the pre-model baseline, the median step time (slower rank), the
+collectives of one optimizer step, and the ratios to the replicated path -- computed within
+each round (the modes of a round ran back to back) and then the median over rounds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from .markdown import table
+
+BASELINE = "replicated"
+PRODUCE = "`make bench-fsdp` (python -m experiments.bench_fsdp)"
+INTEGER_COLUMNS = ("rounds", "all-gathers / step", "reduce-scatters / step", "all-reduces / step")
+
+
+def summarize(results: pd.DataFrame | str | Path) -> pd.DataFrame:
+    df = pd.read_csv(results) if not isinstance(results, pd.DataFrame) else results
+    df = df.assign(above_mib=df.peak_mib - df.base_mib)
+    per = df.groupby(["round", "mode"]).agg(peak_mib=("peak_mib", "max"), above_mib=("above_mib", "max"),
+                                            step_s=("step_s", "max"), all_gather=("all_gather", "max"),
+                                            reduce_scatter=("reduce_scatter", "max"),
+                                            all_reduce=("all_reduce", "max")).reset_index()
+    base = per[per["mode"] == BASELINE].set_index("round")
+    if base.empty:
+        raise ValueError(f"{BASELINE!r} rows are missing from the FSDP benchmark results: rerun {PRODUCE}")
+    per["memory_ratio"] = per.peak_mib / per["round"].map(base.peak_mib)
+    per["above_ratio"] = per.above_mib / per["round"].map(base.above_mib)
+    per["time_ratio"] = per.step_s / per["round"].map(base.step_s)
+    order = {m: i for i, m in enumerate(dict.fromkeys([BASELINE, *df["mode"]]))}  # as measured
+    out = per.groupby("mode").median(numeric_only=True).drop(columns="round")
+    out = out.loc[sorted(out.index, key=order.get)]
+    out.insert(0, "rounds", per.groupby("mode").size())
+    return out.reset_index()
+
+
+def render(folder: Path) -> list[str]:
+    df = pd.read_csv(Path(folder) / "fsdp_results.csv")
+    s = summarize(df)
+    model = json.loads(df.model.iloc[0])
+    params = int(df.parameters.iloc[0])
+    show = s.rename(columns={"peak_mib": "peak MiB / rank", "above_mib": "above baseline MiB",
+                             "step_s": "step s", "memory_ratio": "peak / replicated",
+                             "above_ratio": "above baseline / replicated", "time_ratio": "step time / replicated",
+                             "all_gather": "all-gathers / step", "reduce_scatter": "reduce-scatters / step",
+                             "all_reduce": "all-reduces / step"})
+    return ["\n## Sharded training: FSDP against replicated data parallelism\n",
+            f"Generated from `{Path(folder).name}/fsdp_results.csv` by {PRODUCE}. Two ranks (`torchrun "
+            f"--nproc_per_node 2`, gloo, one thread each) on CPU; tiny transformer ({model['n_layers']} blocks, "
+            f"d_model {model['d_model']}, d_ff {model['d_ff']}, vocab {model['vocab_size']}), {params:,} "
+            f"parameters, float32; SeCO, sequence {int(df.seq_len.iloc[0])}, chunk {int(df.chunk_size.iloc[0])}, "
+            "one sequence per rank, AdamW. Every (round, mode) is a fresh launch; modes alternate within a round. "
+            "Peak: the resident set's high-water mark of the larger rank; *above baseline*: minus its resident "
+            "set before the model was built (imports only); children run with glibc's `MALLOC_MMAP_THRESHOLD_=65536` "
+            "so that freed tensors leave the resident set (with the default adaptive threshold the high-water mark "
+            "follows the heap's history: both modes then peak near 1.3 GiB). Step time: median over the timed "
+            "steps, slower rank. Ratios are taken within each round, then the median over rounds. Replicated: "
+            "one all-reduce of the gradients and one of the statistics (float32). FSDP: see `docs/training.md` "
+            "for the collectives policy.\n",
+            table(show, INTEGER_COLUMNS) + "\n",
+            f"Load average during the runs (median): {df.loadavg.median():.1f} on this shared machine; step-time "
+            "ratios come from modes run back to back.\n"]
