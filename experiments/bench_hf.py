@@ -256,7 +256,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None, help="torch threads per process (1 on a shared machine)")
     ap.add_argument("--lora-only", action="store_true")
     ap.add_argument("--methods", nargs="+", default=None)
-    ap.add_argument("--schemes", nargs="+", default=None, help="SpaCO schemes (default: %s)" % " ".join(DEFAULT.schemes))
+    ap.add_argument("--schemes", nargs="+", default=None,
+                    help=f"SpaCO schemes (default: {' '.join(DEFAULT.schemes)})")
     ap.add_argument("--no-lora", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--no-time", action="store_true")

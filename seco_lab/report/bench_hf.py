@@ -104,18 +104,11 @@ def targets(summary: pd.DataFrame, results: pd.DataFrame, tag: str = "after") ->
 
 
 STRATIFIED_COST = """\
-Why the stratified relay (`falling-factorial`) costs more than a constant relay: its hop factor
-c_q = (k-q)/(t-q) depends on how many hops q a relayed gradient has already taken, and the chain weight
-W(p) = c_0 c_1 ... c_p is not geometric, so one buffer scaled once per hop (which yields W(p) = c_0 c^p) cannot
-reproduce it; fewer than P + 1 buffers would need W written as a short sum of geometric sequences, whose
-coefficients come from an ill-conditioned Vandermonde solve that float rounding would not survive.  A chunk
-therefore keeps one relay buffer per hop count.  What is implemented (`backward_sweep(..., collect_total=True)`, used by `spaco_grad`) is
-the cheaper exact form: the parameter gradient is needed only summed over labels, so it takes one
-vector-Jacobian product of the summed seed, and each relayed label takes one product w.r.t. the earlier cache
-leaves alone (autograd then skips every weight-gradient matmul, about half a backward): about 1 + P/2
-backwards per chunk instead of P + 1.  Measured on the SmolLM2 shape with 4 layers, 2,048 tokens, chunk 256,
-t = 4 of k = 8: 8.9 s -> 6.4 s per step (constant relay 4.7 s, forward 1.5 s).  `bernoulli`
-(c_q = 1/rho, one buffer, unbiased) runs at the constant-relay cost and is benchmarked beside it.
+The stratified relay (`falling-factorial`) weights a chain of p hops by W(p) = c_0 c_1 ... c_p, which is not
+geometric, so it keeps one relay buffer per hop count; `spaco_grad` takes one vector-Jacobian product of the
+summed seed for the parameters and one per relayed hop count w.r.t. the earlier cache leaves alone (no
+weight-gradient matmuls): about 1 + P/2 backwards per visited chunk, P = min(t - 1, layers).  `bernoulli`
+(unbiased, one buffer) costs what a constant relay costs.  Derivation: docs/cost.md.
 """
 
 MATMUL_OR_ATTENTION = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "attention", "scaled_dot_product")
