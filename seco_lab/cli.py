@@ -30,7 +30,7 @@ from .model import TinyConfig
 GROUPS = ("model", "data", "estimator", "optimisation", "run control", "HF")
 DISTRIBUTED_HELP = ("distributed: launch under `torchrun --nproc_per_node N -m seco_lab.cli train ...`; "
                     "--batch-size is split over ranks and micro-batches, gradients are all-reduced once per step "
-                    "(gloo on CPU, NCCL on GPU). --shard fsdp shards parameters, gradients and optimizer state "
+                    "(gloo on CPU, NCCL on GPU). --shard fsdp shards parameters, optimizer state and stored gradients "
                     "with FSDP2 (gradients reduce-scattered once per step; see docs/training.md).")
 MODEL_HELP = {"vocab_size": "vocabulary (synthetic data; text data is 256 bytes)", "d_model": "width",
               "n_layers": "transformer blocks", "n_heads": "attention heads",

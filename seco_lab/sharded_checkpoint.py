@@ -82,13 +82,13 @@ def save(checkpoints: Path, step: int, model, optimizer, extra: dict) -> Path:
             os.fsync(f.fileno())
     _barrier()  # every rank's shards are on disk
     if rank == 0:
+        old = final.with_name(final.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
         if final.exists():  # the same step saved before (a rerun after a damaged later checkpoint)
-            old = final.with_name(final.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            shutil.rmtree(old)
+            os.replace(final, old)  # two renames back to back; the old copy is deleted only after
         os.replace(tmp, final)
         _fsync_dir(final.parent)
+        shutil.rmtree(old, ignore_errors=True)
     _barrier()
     return final
 

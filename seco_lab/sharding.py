@@ -23,8 +23,11 @@ t_m = chunks backpropagated in micro-batch m:
   backward passes (autograd calls).  Per micro-batch, SeCO: F = (k - 1) + k (the no-grad
   pass skips the last chunk, whose cache no chunk reads; k rebuilds), B = k, so G (3k - 1);
   constant-relay SpaCO: F = k + t_m, B = t_m; a hop-dependent scheme adds one backward per
-  relayed hop label of a chunk.  Peak: one block unsharded at a time; for models whose
-  full parameters do not fit one device.
+  visited chunk that relays to an earlier visited chunk (its hop labels are batched into one
+  product).  Every rank must run the same F and B: a Bernoulli sampler is refused
+  (``seco_lab.train.check_gather_policy``).  Peak: one block's parameters unsharded at a
+  time -- but every rank still builds the whole model before sharding and sums full-size
+  gradients during the step, so the model must fit one device.
 * gradients: FSDP's own per-backward reduction stays off (``set_requires_gradient_sync
   (False)``).  The engine's gradients of all micro-batches are summed locally at full
   size, then each group's sum is reduce-scattered once, in one flat buffer laid out as
@@ -114,8 +117,12 @@ class ShardedModel:
             raise ShardingError("--shard fsdp needs a process group: launch under torchrun with 2 or more "
                                 "processes, e.g. `torchrun --nproc_per_node 2 -m seco_lab.cli train --shard fsdp ...` "
                                 "(gloo on CPU, NCCL on GPU), or drop --shard to train in one process")
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+        try:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+        except ImportError as e:
+            raise ShardingError(f"--shard fsdp needs FSDP2 (torch >= 2.6; this is torch {torch.__version__}): "
+                                "upgrade torch or train without --shard") from e
 
         self.gather = gather
         self.root = model
@@ -218,8 +225,7 @@ class ShardedModel:
                 rows.append(flat.reshape(world, -1))
             send = torch.cat(rows, dim=1).div_(denom)
             recv = send.new_empty(send.shape[1])
-            reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-            reduce_scatter(recv, send.reshape(-1), group=self.mesh.get_group())
+            dist.reduce_scatter_tensor(recv, send.reshape(-1), group=self.mesh.get_group())
             calls += 1
             pos = 0
             for name, p in trainable:

@@ -9,7 +9,7 @@ The loop lives here; its parts are separate: :mod:`seco_lab.config` (what a run 
 Gradients of one optimizer step come from ``grad_accum`` micro-batches on every
 rank; ranks all-reduce the accumulated gradient once per optimizer step (a single
 flat buffer), never per chunk backward.  With ``--shard fsdp`` (:mod:`seco_lab.sharding`)
-parameters, gradients and optimizer state are sharded with FSDP2: the engine runs on the
+parameters, optimizer state and stored gradients are sharded with FSDP2: the engine runs on the
 gathered parameters, the summed gradient is reduce-scattered once per optimizer step and
 checkpoints are sharded (:mod:`seco_lab.sharded_checkpoint`).  SpaCO draws its chunk subsets from
 ``numpy.random.default_rng([seed, step, micro, rank])``: every rank draws its own.
@@ -38,7 +38,7 @@ from .metric_log import MetricLogger
 from .model import TinyTransformer
 from .report.runs import plot_run
 from .run_dir import RunDir, RunDirError, check_usable, read_config, read_metrics
-from .sharding import ShardedModel, clip_grad_norm
+from .sharding import ShardedModel, ShardingError, clip_grad_norm
 from .step import allreduce_mean, chunk_grads, lr_factor
 
 __all__ = ["DTYPES", "MODES", "NonFiniteLoss", "RunControl", "TrainConfig", "Trainer", "TrainingInterrupted",
@@ -105,6 +105,7 @@ class Trainer:
         self.model = model or build_model(cfg, self.data.vocab_size, self.device)
         self.sharded = None
         if self.run.shard == "fsdp":
+            check_gather_policy(self.run.fsdp_gather, cfg)
             self.sharded = ShardedModel(self.model, self.run.fsdp_gather)  # before the optimizer sees parameters
         self.engine_model = self.model if self.sharded is None else self.sharded.view  # what the engine runs
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -260,7 +261,13 @@ class Trainer:
                     loss, grads, stats = chunk_grads(self.engine_model, mb, c, rng, self.scheme)
                 except FloatingPointError:
                     # the engine refuses a NaN/inf forward; keep every rank in step (the all-reduce below
-                    # still runs) and let the finiteness check name the step
+                    # still runs) and let the finiteness check name the step.  Under --fsdp-gather chunk the
+                    # other ranks are still gathering per chunk: this rank cannot rejoin them, so it stops here
+                    if self.sharded is not None and self.sharded.gather == "chunk":
+                        raise NonFiniteLoss(f"a non-finite loss at step {self.step + 1} on rank {self.rank}; with "
+                                            "--fsdp-gather chunk the ranks cannot stay in step, so the run stops "
+                                            "(the last checkpoint stays); lower --lr or train in float32/float64")
+
                     loss, stats = float("nan"), {"chunks": 0}
                     grads = {n: torch.zeros_like(p) for n, p in self.engine_model.named_parameters()
                              if p.requires_grad}
@@ -396,6 +403,19 @@ def build_data(cfg: TrainConfig):
 
         return TokenCorpus(cfg.seq_len, load_tokenizer(cfg.hf_model), paths=cfg.text_paths or None, seed=cfg.seed)
     return TextCorpus(cfg.seq_len, paths=cfg.text_paths or None, seed=cfg.seed)
+
+
+def check_gather_policy(gather: str, cfg: TrainConfig) -> None:
+    """``--fsdp-gather chunk`` issues collectives per chunk forward and backward, so every rank must run
+    the same number of them: refuse a sampler whose subset size differs between ranks (Bernoulli)."""
+    if gather != "chunk" or cfg.mode != "spaco":
+        return
+    sampler = cfg.build_scheme().sampler
+    if sampler.kind != "uniform":
+        raise ShardingError(
+            f"--fsdp-gather chunk with scheme {cfg.scheme!r}: its {sampler.kind} sampler draws a different number "
+            "of chunks on each rank, so the ranks would issue different per-chunk all-gathers and deadlock; use "
+            "--fsdp-gather step (one gather per step, any scheme) or a fixed-size (uniform) scheme")
 
 
 def is_pretrained(hf_model: str) -> bool:

@@ -179,7 +179,7 @@ def check_against_single_process(jobs, root, hf=False):
 def test_fsdp_tiny_model_matches_one_process_and_issues_the_documented_collectives(tmp_path):
     jobs = [
         job("seco_step"),
-        job("seco_chunk_accum", gather="chunk", grad_accum=2),
+        job("seco_chunk_accum", gather="chunk", grad_accum=2, clip=0.05),  # clipping scales every step
         job("spaco_tk_step_accum", mode="spaco", scheme="paper-capped", budget=K, grad_accum=2),
         job("spaco_subset_chunk", gather="chunk", mode="spaco", scheme="falling-factorial", budget=3,
             subset=(0, 2, 3)),  # hop-dependent factors: the per-hop relay path (autograd.grad)
@@ -192,7 +192,7 @@ def test_fsdp_tiny_model_matches_one_process_and_issues_the_documented_collectiv
 def test_fsdp_hf_llama_with_lora_matches_one_process(tmp_path):
     hf = dict(hf_model="llama", lora=True, model=None)
     jobs = [
-        job("hf_seco_step", **hf),
+        job("hf_seco_step", clip=0.05, **hf),  # the sharded global norm clips every step
         job("hf_spaco_subset_chunk", gather="chunk", mode="spaco", scheme="falling-factorial", budget=3,
             subset=(0, 1, 3), **hf),
     ]
@@ -251,6 +251,18 @@ def test_shard_fsdp_without_a_process_group_says_how_to_launch(tmp_path):
     spec = job("nopg")
     with pytest.raises(ShardingError, match="needs a process group: launch under torchrun"):
         Trainer(TrainConfig.from_dict(spec["cfg"]), RunControl(run_dir=str(tmp_path / "r"), **spec["run"]))
+
+
+def test_chunk_gather_refuses_a_sampler_whose_draw_size_differs_between_ranks(tmp_path):
+    """Per-chunk gathers need the same number of chunk forwards/backwards on every rank; a Bernoulli
+    draw differs per rank (a reviewer's 2-rank run deadlocked), so it is refused before any collective."""
+    spec = job("bern", gather="chunk", mode="spaco", scheme="bernoulli", budget=2)
+    with pytest.raises(ShardingError, match="draws a different number of chunks on each rank"):
+        Trainer(TrainConfig.from_dict(spec["cfg"]), RunControl(run_dir=str(tmp_path / "r"), **spec["run"]))
+    for gather, scheme in (("chunk", "falling-factorial"), ("step", "bernoulli")):  # allowed: reaches the launch check
+        spec = job("ok", gather=gather, mode="spaco", scheme=scheme, budget=2)
+        with pytest.raises(ShardingError, match="needs a process group"):
+            Trainer(TrainConfig.from_dict(spec["cfg"]), RunControl(run_dir=str(tmp_path / gather), **spec["run"]))
 
 
 def test_gather_policy_is_validated_and_needs_shard_fsdp():
