@@ -201,8 +201,8 @@ class RunControl:
     tensorboard: bool = opt(False, "also log to RUN_DIR/tensorboard (needs the tensorboard package)",
                             "run control")
     shard: str = opt("none", "none: every rank holds the whole model and optimizer (gradients all-reduced); "
-                             "fsdp: FSDP2 shards parameters, optimizer state and stored gradients over the ranks (under "
-                             "torchrun; sharded checkpoints)", "run control", choices=SHARD_MODES)
+                             "fsdp: FSDP2 shards parameters, optimizer state and stored gradients over the ranks "
+                             "(under torchrun; sharded checkpoints)", "run control", choices=SHARD_MODES)
     fsdp_gather: str = opt("step", "--shard fsdp: all-gather each block once per optimizer step and keep it (step), "
                                    "or per chunk forward and backward, freeing it after each (chunk: least memory)",
                            "run control", choices=GATHER_POLICIES)

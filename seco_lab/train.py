@@ -259,15 +259,14 @@ class Trainer:
                 rng = np.random.default_rng([c.seed, self.step, micro, self.rank])
                 try:
                     loss, grads, stats = chunk_grads(self.engine_model, mb, c, rng, self.scheme)
-                except FloatingPointError:
+                except FloatingPointError as err:
                     # the engine refuses a NaN/inf forward; keep every rank in step (the all-reduce below
                     # still runs) and let the finiteness check name the step.  Under --fsdp-gather chunk the
                     # other ranks are still gathering per chunk: this rank cannot rejoin them, so it stops here
                     if self.sharded is not None and self.sharded.gather == "chunk":
                         raise NonFiniteLoss(f"a non-finite loss at step {self.step + 1} on rank {self.rank}; with "
                                             "--fsdp-gather chunk the ranks cannot stay in step, so the run stops "
-                                            "(the last checkpoint stays); lower --lr or train in float32/float64")
-
+                                            "(the last checkpoint stays); lower --lr or train in float32/float64") from err
                     loss, stats = float("nan"), {"chunks": 0}
                     grads = {n: torch.zeros_like(p) for n, p in self.engine_model.named_parameters()
                              if p.requires_grad}
