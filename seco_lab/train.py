@@ -266,7 +266,8 @@ class Trainer:
                     if self.sharded is not None and self.sharded.gather == "chunk":
                         raise NonFiniteLoss(f"a non-finite loss at step {self.step + 1} on rank {self.rank}; with "
                                             "--fsdp-gather chunk the ranks cannot stay in step, so the run stops "
-                                            "(the last checkpoint stays); lower --lr or train in float32/float64") from err
+                                            "(the last checkpoint stays); lower --lr or train in float32/float64"
+                                            ) from err
                     loss, stats = float("nan"), {"chunks": 0}
                     grads = {n: torch.zeros_like(p) for n, p in self.engine_model.named_parameters()
                              if p.requires_grad}
