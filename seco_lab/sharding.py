@@ -182,12 +182,23 @@ class ShardedModel:
         try:
             for m in self.modules:
                 m.unshard()
+            self._check_unsharded()
             yield
         finally:
             for m in self.modules:
                 m.reshard()
                 m.set_reshard_after_forward(True, recurse=False)
                 m.set_reshard_after_backward(True, recurse=False)
+
+    def _check_unsharded(self) -> None:
+        """The engine differentiates w.r.t. the unsharded parameters recorded at wrapping time; FSDP2
+        refills those same tensors on every gather (checked here, so a change of that behaviour in a
+        later torch fails loudly instead of yielding zero gradients)."""
+        now = dict(self.root.named_parameters())
+        stale = [n for n, p in self.view.named_parameters() if now.get(n) is not p]
+        if stale:
+            raise ShardingError(f"FSDP2 replaced the unsharded parameters {stale[:3]} since wrapping; this torch "
+                                f"({torch.__version__}) behaves differently from the one seco_lab.sharding was built on")
 
     def accumulate(self, grads: dict[str, torch.Tensor]) -> None:
         """Sum one micro-batch's full-size gradients (by name) into this step's local buffer."""
