@@ -208,13 +208,18 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
     out.mkdir(parents=True, exist_ok=True)
     old = pd.read_csv(path) if path.exists() else None
 
+    # what this run measures replaces the same rows of an earlier run, nothing else (a memory-only or
+    # profile-only run keeps the stored timings of the same lengths)
+    kinds = ({"time_s", "cpu_s", "error*"} if timing else set()) | ({"peak_mib", "error"} if memory else set())
+
     def save():  # after every child: a long run interrupted keeps what it measured
         df = pd.DataFrame(rows)
         if old is not None:
+            kind = old.metric.where(~((old.metric == "error") & (old.label == "*")), "error*")
             df = pd.concat([old[~((old.tag == tag) & old.n_layers.eq(cfg.n_layers) & old.length.isin(cfg.lengths)
                                   & old.chunk_size.eq(cfg.chunk_size)
                                   & old.label.isin([label(m) for n in cfg.lengths for m in methods(cfg, n)] + ["*"])
-                                  & old.lora.isin(cfg.lora))], df], ignore_index=True)
+                                  & old.lora.isin(cfg.lora) & kind.isin(kinds))], df], ignore_index=True)
         atomic_write_csv(df, path)
         return df
 

@@ -53,3 +53,10 @@ def test_hf_benchmark_measures_and_reports(tmp_path):
     assert s["SeCO/HF-full time"] == pytest.approx(per_round["seco"] / per_round["hf_full"], rel=1e-7)
     text = "".join(render(tmp_path))
     assert "SeCO / HF full time <= 1.35" in text and f"{s['SeCO/HF-full time']:.3f}" in text
+    # a later memory-only run of the same length adds its rows and keeps the stored timings
+    both = bench_hf.run(replace(cfg, methods=("seco",)), tmp_path, tag="after", timing=False)
+    def timings(d):
+        return d[d.metric.isin(["time_s", "cpu_s"])].set_index(["label", "metric"]).value.sort_index()
+
+    pd.testing.assert_series_equal(timings(both), timings(df), rtol=1e-12)
+    assert list(both[both.metric == "peak_mib"].label) == ["seco"]
