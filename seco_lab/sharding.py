@@ -198,7 +198,8 @@ class ShardedModel:
         stale = [n for n, p in self.view.named_parameters() if now.get(n) is not p]
         if stale:
             raise ShardingError(f"FSDP2 replaced the unsharded parameters {stale[:3]} since wrapping; this torch "
-                                f"({torch.__version__}) behaves differently from the one seco_lab.sharding was built on")
+                                f"({torch.__version__}) behaves differently from the one seco_lab.sharding was "
+                                "built on")
 
     def accumulate(self, grads: dict[str, torch.Tensor]) -> None:
         """Sum one micro-batch's full-size gradients (by name) into this step's local buffer."""
