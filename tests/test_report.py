@@ -70,3 +70,16 @@ def test_cli_missing_results_is_a_clear_error(tmp_path, capsys):
     assert "seco-lab bias-study" in err and "make bias-study" in err and "--results" in err
     with pytest.raises(SystemExit):
         main(["nonsense"])
+
+
+def test_every_unmet_hf_target_says_what_stands_in_the_way():
+    """The stored HF benchmark's target table, recomputed; each target that is not met is followed by its
+    reason in the rendered section (a renamed target would otherwise lose its explanation silently)."""
+    from seco_lab.report.bench_hf import NOT_MET_REASONS, render, summarize, targets
+
+    df = pd.read_csv(ROOT / "reports" / "bench" / "hf_results.csv")
+    tgt = targets(summarize(df), df)
+    text = "".join(render(ROOT / "reports" / "bench"))
+    for t in set(tgt.target[tgt.met == "not met"]):
+        assert t in NOT_MET_REASONS and f"- *{t}*: {NOT_MET_REASONS[t]}" in text
+    assert set(tgt.met) <= {"met", "not met"} and len(tgt) >= 10

@@ -131,9 +131,9 @@ NOT_MET_REASONS = {
         "on (and with LoRA). Smaller chunks, or checkpointing inside a chunk, would lower it; neither is built "
         "(HF's gradient checkpointing switches the KV cache off, which the chunk engine needs)."),
     "SeCO memory growth <= KV-cache growth + 10%": (
-        "SeCO keeps the cache leaves and, while sweeping back, the gradient relayed onto every earlier leaf -- "
-        "twice the KV cache -- plus the longer prefix each chunk attends over; the resident-set measure adds "
-        "allocator slack on top. Reaching the KV growth itself would need the relayed gradients or the leaves "
+        "SeCO keeps the cache leaves, the gradient relayed onto every earlier leaf while it sweeps back, and "
+        "the running chunk's concatenated prefix keys/values that every layer saves for its backward -- about "
+        "three times the KV cache; the resident-set measure adds allocator slack on top. Reaching the KV growth itself would need the relayed gradients or the leaves "
         "offloaded to host memory (docs/cost.md)."),
     "SpaCO constant relay / forward <= 1.5": (
         "The benchmark backprops a fixed draw, the last t chunks (equal work every round), which is the costliest "
