@@ -133,8 +133,8 @@ NOT_MET_REASONS = {
     "SeCO memory growth <= KV-cache growth + 10%": (
         "SeCO keeps the cache leaves, the gradient relayed onto every earlier leaf while it sweeps back, and "
         "the running chunk's concatenated prefix keys/values that every layer saves for its backward -- about "
-        "three times the KV cache; the resident-set measure adds allocator slack on top. Reaching the KV growth itself would need the relayed gradients or the leaves "
-        "offloaded to host memory (docs/cost.md)."),
+        "three times the KV cache; the resident-set measure adds allocator slack on top. Reaching the KV "
+        "growth itself would need the relayed gradients and the leaves offloaded to host memory (docs/cost.md)."),
     "SpaCO constant relay / forward <= 1.5": (
         "The benchmark backprops a fixed draw, the last t chunks (equal work every round), which is the costliest "
         "subset: their queries attend over the longest prefixes (the last 2 of 16 chunks carry 31/136 of all "
