@@ -23,14 +23,14 @@ import argparse
 import json
 import os
 import resource
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from .child import rss_bytes, run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,11 +117,6 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def memory_child(cfg: BenchConfig, n: int, m: dict, device: str) -> dict:
     """Runs inside a fresh process: peak memory of one step above the post-build baseline."""
     import torch
@@ -184,20 +179,9 @@ def _limit_memory(cap_gib: float):
 
 
 def _run_child(kind: str, cfg: BenchConfig, n: int, m: dict | None, device: str, timeout: float) -> dict | list:
-    payload = json.dumps({"kind": kind, "cfg": asdict(cfg), "n": n, "m": m, "device": device})
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     preexec = _limit_memory(cfg.memory_cap_gib) if not device.startswith("cuda") else None
-    try:
-        p = subprocess.run([sys.executable, "-m", "experiments.bench", "--child", payload], capture_output=True,
-                           text=True, timeout=timeout, env=env, preexec_fn=preexec)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timeout after {timeout:.0f} s"}
-    if p.returncode != 0:
-        err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit code {p.returncode}"
-        if "memory" in p.stderr.lower() or p.returncode in (-9, 137):
-            return {"error": "out of memory"}
-        return {"error": err}
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return run_child("experiments.bench", {"kind": kind, "cfg": asdict(cfg), "n": n, "m": m, "device": device},
+                     timeout, preexec)
 
 
 def run(cfg: BenchConfig, out: Path, device: str, timeout: float = 900.0) -> pd.DataFrame:

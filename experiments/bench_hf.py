@@ -24,8 +24,6 @@ import argparse
 import json
 import os
 import resource
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -33,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
+from .child import rss_bytes, run_child
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=16384,
@@ -123,15 +121,10 @@ def step(cfg: HFBenchConfig, m: dict, model, adapter, tokens, targets) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def memory_child(cfg: HFBenchConfig, n: int, lora: bool, m: dict) -> dict:
     """Inside a fresh process: peak resident set of one step above the post-build baseline."""
     built = build(cfg, n, lora)
-    base = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, _rss_bytes())
+    base = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, rss_bytes())
     step(cfg, m, *built)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"peak_bytes": max(peak - base, 0)}
@@ -179,17 +172,7 @@ def profile_child(cfg: HFBenchConfig, n: int, lora: bool, top: int = 15) -> list
 
 
 def _child(kind: str, cfg: HFBenchConfig, n: int, lora: bool, m: dict | None, timeout: float):
-    payload = json.dumps({"kind": kind, "cfg": asdict(cfg), "n": n, "lora": lora, "m": m})
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    try:
-        p = subprocess.run([sys.executable, "-m", "experiments.bench_hf", "--child", payload], capture_output=True,
-                           text=True, timeout=timeout, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timeout after {timeout:.0f} s"}
-    if p.returncode != 0:
-        tail = p.stderr.strip().splitlines()
-        return {"error": "out of memory" if p.returncode in (-9, 137) else (tail[-1] if tail else str(p.returncode))}
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return run_child("experiments.bench_hf", {"kind": kind, "cfg": asdict(cfg), "n": n, "lora": lora, "m": m}, timeout)
 
 
 def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600.0, memory: bool = True,
