@@ -27,23 +27,27 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check seco_lab experiments tests
 
+# Every study pairs up: `make NAME-study` = `seco-lab study NAME` + `seco-lab report NAME` (seco_lab.studies).
 bias-study: $(STAMP)
-	$(BIN)/seco-lab bias-study --jobs $(JOBS)
+	$(BIN)/seco-lab study bias --jobs $(JOBS)
 	$(BIN)/seco-lab report bias
 
 bias-study-quick: $(STAMP)
-	$(BIN)/seco-lab bias-study --quick --jobs $(JOBS)
+	$(BIN)/seco-lab study bias --quick --jobs $(JOBS)
+	$(BIN)/seco-lab report bias --quick
 
 # SmolLM2-135M on stdlib text: hop strata and each scheme's exact bias (resumable per cell)
 real-study: $(STAMP)
-	$(BIN)/python -m experiments.real_study --out reports/real_study/k16x128
+	$(BIN)/seco-lab study real
+	$(BIN)/seco-lab report real
 
+# Every report from the stored results (a report whose results are absent says so and is skipped).
 report: $(STAMP)
 	$(BIN)/seco-lab report bias
-	@if [ -f reports/training/throughput.csv ]; then $(BIN)/seco-lab report training; fi
+	$(BIN)/seco-lab report train
+	$(BIN)/seco-lab report real
+	@if [ -f reports/training/throughput.csv ]; then $(BIN)/seco-lab report train-compare; fi
 	@if [ -f reports/bench/results.csv ]; then $(BIN)/seco-lab report bench; fi
-	@if [ -f reports/real_study/k16x16/study.json ]; then $(BIN)/seco-lab report real; fi
-	@if [ -f reports/training_study/study.json ]; then $(BIN)/seco-lab report training-study; fi
 
 # A few minutes of SeCO on the Python standard library's sources (byte level);
 # the configuration is configs/demo.toml.  `make train-demo STEPS=20` shortens it.
@@ -51,20 +55,19 @@ train-demo: $(STAMP)
 	$(BIN)/seco-lab train --config configs/demo.toml --run-dir runs/demo --overwrite $(if $(STEPS),--steps $(STEPS))
 	@echo "run directory: runs/demo (metrics.jsonl, loss.png, checkpoints/)"
 
-# Throughput of every mode on the demo configuration, far-token loss on the synthetic task.
+# Throughput of every mode on the demo configuration, far-token loss on the synthetic task (a benchmark in experiments/).
 train-compare: $(STAMP)
 	$(BIN)/python -m experiments.train_compare
-	$(BIN)/seco-lab report training
+	$(BIN)/seco-lab report train-compare
 
 # Does the bias matter?  Every scheme trained against SeCO (resumable; see reports/training_study.md).
 train-study: $(STAMP)
-	$(BIN)/python -m experiments.train_study --jobs $(JOBS)
-	$(BIN)/seco-lab report training-study
+	$(BIN)/seco-lab study train --jobs $(JOBS)
+	$(BIN)/seco-lab report train
 
 train-study-quick: $(STAMP)
-	$(BIN)/python -m experiments.train_study --quick --jobs $(JOBS)
-	$(BIN)/seco-lab report training-study --results runs/training_study_quick \
-	  --out runs/training_study_quick/report.md
+	$(BIN)/seco-lab study train --quick --jobs $(JOBS)
+	$(BIN)/seco-lab report train --quick
 
 # Time and memory of every method as sequences grow; report from the stored CSVs (several hours on 2 cores).
 # Timings are the CPU time of single-threaded processes (--threads 1): robust to whatever else shares the machine.

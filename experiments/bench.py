@@ -213,16 +213,15 @@ def run(cfg: BenchConfig, out: Path, device: str, timeout: float = 900.0) -> pd.
                     rows.append({"length": n, "label": r["label"], "metric": metric, "value": r[metric], "note": "",
                                  **{k: m.get(k) for k in ("method", "scheme", "budget", "ratio")}})
     df = pd.DataFrame(rows)
-    from seco_lab.study import atomic_write_csv, atomic_write_text, software_versions
+    from seco_lab.store import atomic_write_csv, atomic_write_json, software_versions
 
-    atomic_write_csv(df, out / "results.csv")
+    atomic_write_csv(out / "results.csv", df)
     import torch
 
     dev_name = torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU ({os.cpu_count()} cores)"
     n_params = sum(p.numel() for p in build(cfg, cfg.lengths[0], "cpu")[0].parameters())
-    atomic_write_text(json.dumps({"config": asdict(cfg), "device": device, "device_name": dev_name,
-                                  "n_params": n_params, "software": software_versions()}, indent=2),
-                      out / "bench.json")
+    atomic_write_json(out / "bench.json", {"config": asdict(cfg), "device": device, "device_name": dev_name,
+                                           "n_params": n_params, "software": software_versions()})
     return df
 
 

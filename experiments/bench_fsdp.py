@@ -99,7 +99,7 @@ def launch(spec: dict, timeout: float) -> list[dict]:
 def run(out: Path, rounds: int, steps: int, quick: bool = False, timeout: float = 1800.0) -> Path:
     import pandas as pd
 
-    from seco_lab.study import atomic_write_csv
+    from seco_lab.store import atomic_write_csv
 
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -114,7 +114,7 @@ def run(out: Path, rounds: int, steps: int, quick: bool = False, timeout: float 
     df = pd.DataFrame(rows).assign(seq_len=SEQ, chunk_size=CHUNK, model=json.dumps(QUICK_MODEL if quick else MODEL),
                                    malloc_mmap_threshold=MMAP_THRESHOLD)
     path = out / "fsdp_results.csv"
-    atomic_write_csv(df, path)
+    atomic_write_csv(path, df)
     return path
 
 

@@ -180,7 +180,7 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
     """Measure, append to ``out/hf_results.csv`` (rows of earlier runs with another tag are kept)."""
     from tqdm.auto import tqdm
 
-    from seco_lab.study import atomic_write_csv
+    from seco_lab.store import atomic_write_csv
 
     rows = []
     grid = [(n, lora) for n in cfg.lengths for lora in cfg.lora]
@@ -203,14 +203,14 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
                                   & old.chunk_size.eq(cfg.chunk_size)
                                   & old.label.isin([label(m) for n in cfg.lengths for m in methods(cfg, n)] + ["*"])
                                   & old.lora.isin(cfg.lora) & kind.isin(kinds))], df], ignore_index=True)
-        atomic_write_csv(df, path)
+        atomic_write_csv(path, df)
         return df
 
     if profile_length:
         prof = _child("profile", cfg, profile_length, False, None, timeout)
         if not (isinstance(prof, dict) and "error" in prof):
-            atomic_write_csv(pd.DataFrame(prof).assign(tag=tag, length=profile_length, n_layers=cfg.n_layers),
-                             out / f"hf_profile_{tag}.csv")
+            atomic_write_csv(out / f"hf_profile_{tag}.csv",
+                             pd.DataFrame(prof).assign(tag=tag, length=profile_length, n_layers=cfg.n_layers))
     for n, lora in tqdm(grid if timing else [], desc="time (interleaved)"):
         res = _child("timing", cfg, n, lora, None, timeout)
         for r in ([] if isinstance(res, dict) else res):

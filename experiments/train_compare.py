@@ -5,14 +5,13 @@ every SpaCO scheme, in one invocation.
     python -m experiments.train_compare [--out reports/training] [--quick]
 
 Writes ``throughput.csv``, ``far_loss.csv``, one run directory per mode under
-``OUT/runs`` and ``far_loss.png``; ``python -m seco_lab.report training``
+``OUT/runs`` and ``far_loss.png``; ``seco-lab report train-compare``
 writes ``reports/training.md`` from them.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pandas as pd
 
 from seco_lab.data import KeyValueTask
 from seco_lab.schemes import SCHEME_NAMES
-from seco_lab.study import atomic_write_csv, atomic_write_text, software_versions
+from seco_lab.store import atomic_write_csv, atomic_write_json, software_versions
 from seco_lab.train import RunControl, TrainConfig, Trainer, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +57,7 @@ def run(out: Path, quick: bool = False) -> None:
                      "backprop_chunks": float(np.mean([r["backprop_chunks"] for r in recs])), "k": k,
                      "steps_timed": len(recs)})
         print(rows[-1], flush=True)
-    atomic_write_csv(pd.DataFrame(rows), out / "throughput.csv")
+    atomic_write_csv(out / "throughput.csv", pd.DataFrame(rows))
 
     # 2. far-token loss on the synthetic task, every mode and scheme at t/k = 1/4
     syn = replace(SYNTHETIC, steps=60 if quick else SYNTHETIC.steps)
@@ -73,10 +72,10 @@ def run(out: Path, quick: bool = False) -> None:
             far.append({"mode": label, "step": r["step"], "eval_far_loss": r["eval_far_loss"],
                         "eval_loss": r["eval_loss"]})
         print(label, "far loss", ev[0]["eval_far_loss"], "->", ev[-1]["eval_far_loss"], flush=True)
-    atomic_write_csv(pd.DataFrame(far), out / "far_loss.csv")
+    atomic_write_csv(out / "far_loss.csv", pd.DataFrame(far))
     meta = {"demo": demo.to_dict(), "synthetic": syn.to_dict(), "software": software_versions(),
             "n_keys": KeyValueTask(syn.seq_len, syn.model.vocab_size, syn.n_pairs).n_keys, "quick": quick}
-    atomic_write_text(json.dumps(meta, indent=2), out / "training.json")
+    atomic_write_json(out / "training.json", meta)
 
 
 def main(argv=None):

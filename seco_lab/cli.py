@@ -5,8 +5,10 @@ verification of the SpaCO gradient estimators.
     seco-lab train --config configs/demo.toml --steps 20 --run-dir runs/demo
     seco-lab train --run-dir runs/x --resume             (continue; a larger --steps extends)
     seco-lab plot runs/a runs/b --out compare.png        (loss curves of several runs)
-    seco-lab bias-study [--quick] ...                    (the exact bias study)
+    seco-lab study bias [--quick] ...                    (a registered study; `bias-study` = `study bias`)
     seco-lab report bias                                 (reports from stored results)
+
+The studies and reports are those of ``seco_lab.studies``.
 
 Settings come from the defaults (or, with --resume, the run's saved config), then the
 config file, then the flags given.  Launch under ``torchrun --nproc_per_node N`` for
@@ -26,6 +28,7 @@ from pathlib import Path
 from . import __version__
 from .config import RunControl, TrainConfig, check_fields, load_config_file, tiny_config_from_dict
 from .model import TinyConfig
+from .studies import STUDIES, report_main, study_main
 
 GROUPS = ("model", "data", "estimator", "optimisation", "run control", "HF")
 DISTRIBUTED_HELP = ("distributed: launch under `torchrun --nproc_per_node N -m seco_lab.cli train ...`; "
@@ -252,22 +255,22 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train = train_parser(sub)
     sub.add_parser("plot", help="draw several runs' loss curves on one figure", add_help=False)
-    sub.add_parser("bias-study", help="run the exact bias study of every compensation scheme", add_help=False)
+    sub.add_parser("study", help="run a registered study (resumable): " + ", ".join(
+        s.name for s in STUDIES.values() if s.run), add_help=False)
+    sub.add_parser("bias-study", help="the same as `study bias`", add_help=False)
     sub.add_parser("report", help="generate a report from stored results", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "bias-study":
-        from .study import main as study_main
-
+    if argv and argv[0] == "study":
         return study_main(argv[1:])
+    if argv and argv[0] == "bias-study":
+        return study_main(argv[1:], prog="seco-lab bias-study")
     if argv and argv[0] == "report":
-        from .report import main as report_main
-
         return report_main(argv[1:])
     if argv and argv[0] == "plot":
         return plot_main(argv[1:])
     if argv and argv[0] == "train":
         return train_main(train, argv[1:])
-    commands = ("train", "plot", "bias-study", "report")
+    commands = ("train", "plot", "study", "bias-study", "report")
     close = difflib.get_close_matches(argv[0], commands, n=1) if argv and not argv[0].startswith("-") else []
     if close:
         ap.error(f"unknown command {argv[0]!r}; did you mean {close[0]}?")

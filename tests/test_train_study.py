@@ -15,8 +15,8 @@ import pytest
 import torch
 from scipy import stats
 
-from experiments import train_study as recipe
 from seco_lab import TinyConfig, TinyTransformer, dense_grad, flatten, get_scheme, spaco_grad
+from seco_lab.studies import study_main
 from seco_lab.train_study import Arm, RecallTask, detectable_difference, paired_difference, quick_config, t_interval
 from seco_lab.train_study.report import load, render, summarize
 from seco_lab.train_study.runner import gradient, probe
@@ -170,7 +170,7 @@ def test_quick_study_end_to_end(tmp_path):
     """``--quick`` from a fresh folder: tidy results, every arm trained, resume skips finished runs,
     and the report renders."""
     out = tmp_path / "study"
-    assert recipe.main(["--quick", "--jobs", "2", "--out", str(out)]) == 0
+    assert study_main(["train", "--quick", "--jobs", "2", "--out", str(out)]) == 0
     results, runs, study = load(out)
     cfg = quick_config()
     assert study["runs_total"] == len(cfg.runs()) == len(runs)
@@ -199,12 +199,12 @@ def test_quick_study_end_to_end(tmp_path):
     # resume: nothing is redone; a lost run is redone alone
     before = (out / "runs" / f"{cfg.runs()[0].run_id}.json").stat().st_mtime_ns
     (out / "runs" / f"{cfg.runs()[-1].run_id}.json").unlink()
-    assert recipe.main(["--quick", "--collect-only", "--out", str(out)]) == 0
+    assert study_main(["train", "--quick", "--collect-only", "--out", str(out)]) == 0
     partial = json.loads((out / "study.json").read_text())
     assert partial["status"] == "partial" and partial["runs_done"] == len(cfg.runs()) - 1
     assert partial["study_wall_s"] == study["study_wall_s"]  # no session was running: nothing added
     assert len(pd.read_csv(out / "runs.csv")) == len(cfg.runs()) - 1
-    assert recipe.main(["--quick", "--jobs", "1", "--out", str(out)]) == 0
+    assert study_main(["train", "--quick", "--jobs", "1", "--out", str(out)]) == 0
     study2 = json.loads((out / "study.json").read_text())
     assert [s["runs"] for s in study2["sessions"]] == [len(cfg.runs()), 1] and study2["status"] == "complete"
     assert (out / "runs" / f"{cfg.runs()[0].run_id}.json").stat().st_mtime_ns == before
@@ -218,10 +218,11 @@ def test_quick_study_end_to_end(tmp_path):
     assert len(list((tmp_path / "figs").glob("*.png"))) == 5
 
 
-def test_resume_refuses_a_different_study(tmp_path):
+def test_resume_refuses_a_different_study(tmp_path, capsys):
     out = tmp_path / "s"
     (out).mkdir()
     (out / "study.json").write_text(json.dumps({"fingerprint": "something-else"}))
-    with pytest.raises(ValueError, match="different study"):
-        recipe.main(["--quick", "--jobs", "1", "--out", str(out)])
+    with pytest.raises(SystemExit) as e:
+        study_main(["train", "--quick", "--jobs", "1", "--out", str(out)])
+    assert e.value.code == 2 and "different study definition" in capsys.readouterr().err
 

@@ -3,13 +3,14 @@
 One module per report -- ``bias`` (the bias study), ``bench`` (time and memory),
 ``training`` (training modes compared) -- each with a pure ``summarize_*`` step
 (numbers, no plotting) and a renderer; ``markdown`` and ``figures`` hold the shared
-helpers.  Command line: ``seco-lab report {bias,bench,training}``.
+helpers.  Command line: ``seco-lab report NAME`` (the names are those of ``seco_lab.studies``).
 """
 
+from ..studies import build_report_parser as build_parser
+from ..studies import report_main as main
 from .bench import bench_report, summarize_bench
 from .bias import bias_report
 from .bias_summary import BiasStudy, load_bias, summarize_bias
-from .cli import build_parser, main
 from .markdown import MissingResultsError
 from .training import summarize_training, training_report
 

@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from ..studies import report_main as main
 
 sys.exit(main())

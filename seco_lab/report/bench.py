@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..studies import STUDIES
 from . import bench_fsdp, bench_hf
 from .figures import new_figure, save_figure
 from .markdown import fmt, generated_note, require, table, write_markdown
 
-PRODUCE_BENCH = "`make bench` (`python -m experiments.bench` in the repository)"
+PRODUCE_BENCH = STUDIES["bench"].produce
 BENCH_FILES = ("results.csv", "bench.json")
 # The paper's claims, reported against (not tuned for)
 SECO_TIME_OVER_DENSE_MAX = 1.4  # SeCO step time <= 1.4x dense at chunk >= 256
@@ -157,7 +158,7 @@ def bench_report(folder: Path, out_md: Path) -> Path:
     figs = bench_figures(s, meta, figdir)
     rel = os.path.relpath(figdir, out_md.parent)
     md = ["# Benchmarks: dense, layer checkpointing, SeCO and SpaCO\n",
-          generated_note("bench", folder, out_md, PRODUCE_BENCH),
+          generated_note(STUDIES["bench"].name, folder, out_md, PRODUCE_BENCH),
           f"Device: **{meta['device_name']}** ({meta['device']}). Model: tiny Llama-style, {cfg['model']}, "
           f"{meta['n_params']:,} parameters, {cfg['dtype']}, batch {cfg['batch']}; chunk size "
           f"{cfg['chunk_size']}. One training step = forward + backward, no optimizer. Time: median of "

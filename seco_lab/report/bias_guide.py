@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..studies import STUDIES
 from ..study.definition import (
     BERNOULLI,
     FALLING_FACTORIAL,
@@ -165,7 +166,8 @@ def real_lm_section(out_md: Path) -> list[str]:
     ``out_md``, written by ``make real-study``), rendered by :mod:`seco_lab.report.real`; omitted when absent."""
     from .real import render
 
-    folder = Path(out_md).parent / "real_study" / "k16x16"
+    real = STUDIES["real"]
+    folder = Path(out_md).parent / real.results.relative_to(real.report_file.parent)
     if not (folder / "study.json").exists():
         return []
     text = render(folder).replace("## A pretrained LM: SmolLM2-135M on real Python",

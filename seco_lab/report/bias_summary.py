@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..studies import STUDIES
 from ..study.definition import (
     BERNOULLI,
     FALLING_FACTORIAL,
@@ -25,7 +26,7 @@ UNBIASED_TOL = 1e-10  # relative bias below this is "exactly unbiased" (float64 
 PAPER_RATIO = 16  # the paper's chunks-to-budget ratio k/t (k = 128 chunks of 128 tokens, t = 8)
 OTHER_PAPER_RATIOS = (8, 4)  # the paper's other budgets at k = 128: t = 16, 32
 COVERAGE_BAND = 0.99  # a scheme's count of covering intervals is flagged outside this binomial band
-PRODUCE_BIAS = "`seco-lab bias-study` (in the repository: `make bias-study`)"
+PRODUCE_BIAS = STUDIES["bias"].produce
 STUDY_FILES = ("results.csv", "paper.csv", "checks.csv", "groups.csv", "convergence.csv", "study.json")
 
 

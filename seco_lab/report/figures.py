@@ -3,11 +3,11 @@ state, no global backend switch) and one style per scheme variant of the study."
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from ..store import atomic_write
 from ..study.definition import (
     BERNOULLI,
     FALLING_FACTORIAL,
@@ -66,11 +66,13 @@ def new_figure(nrows: int = 1, ncols: int = 1, figsize=(7, 4.8), **subplot_kw) -
     return fig, [list(row) for row in axes]
 
 
-def save_figure(fig: Figure, path: Path) -> str:
-    """Save atomically as PNG and return the file name."""
+def write_png(fig: Figure, path: Path, **savefig_kw) -> Path:
+    """``fig.savefig(path, format="png", **savefig_kw)``, atomically, creating the folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + f".tmp{os.getpid()}.png")
-    fig.savefig(tmp, dpi=FIGURE_DPI, bbox_inches="tight", metadata={"Software": None})
-    os.replace(tmp, path)
-    return path.name
+    return atomic_write(path, lambda f: fig.savefig(f, format="png", **savefig_kw))
+
+
+def save_figure(fig: Figure, path: Path) -> str:
+    """Save atomically as PNG (the reports' resolution, tight, no software stamp) and return the file name."""
+    return write_png(fig, path, dpi=FIGURE_DPI, bbox_inches="tight", metadata={"Software": None}).name

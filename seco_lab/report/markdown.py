@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..store import atomic_write
+
 
 class MissingResultsError(FileNotFoundError):
     """A report's stored results are missing or incomplete."""
@@ -55,7 +57,4 @@ def generated_note(report: str, results: Path, out_md: Path, produce: str) -> st
 def write_markdown(lines: list[str], out_md: Path) -> Path:
     out_md = Path(out_md)
     out_md.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_md.with_name(out_md.name + f".tmp{os.getpid()}")
-    tmp.write_text("\n".join(lines))
-    os.replace(tmp, out_md)
-    return out_md
+    return atomic_write(out_md, "\n".join(lines))

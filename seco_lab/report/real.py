@@ -1,5 +1,5 @@
 """The pretrained-LM report: SmolLM2-135M's hop strata and each scheme's exact bias, from the cells
-stored by :mod:`seco_lab.real_study` (``make real-study``).  ``summarize`` reads the scheme table back;
+stored by :mod:`seco_lab.real_study` (``seco-lab study real``).  ``summarize`` reads the scheme table back;
 ``render`` writes the Markdown section; ``real_report`` the whole report file."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..studies import STUDIES
 from .markdown import generated_note, require, write_markdown
 
-DEFAULT_DIR = Path("reports/real_study/k16x16")
-PRODUCE_REAL = "`make real-study` (`python -m experiments.real_study`)"
+DEFAULT_DIR = STUDIES["real"].results
+PRODUCE_REAL = STUDIES["real"].produce
 
 
 def summarize(out_dir: str | Path = DEFAULT_DIR) -> pd.DataFrame:

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..studies import STUDIES
 from .figures import new_figure, save_figure
 from .markdown import generated_note, require, table, write_markdown
 
-PRODUCE_TRAINING = "`make train-compare` (`python -m experiments.train_compare` in the repository)"
+PRODUCE_TRAINING = STUDIES["train-compare"].produce
 TRAINING_FILES = ("throughput.csv", "far_loss.csv", "training.json")
 
 
@@ -59,7 +60,7 @@ def training_report(folder: Path, out_md: Path) -> Path:
     demo, syn, sw = meta["demo"], meta["synthetic"], meta["software"]
     rel = os.path.relpath(figdir, out_md.parent)
     md = ["# Training modes compared\n",
-          generated_note("training", folder, out_md, PRODUCE_TRAINING)]
+          generated_note(STUDIES["train-compare"].name, folder, out_md, PRODUCE_TRAINING)]
     if meta.get("quick"):
         md.append("**Quick smoke run: too few steps for the numbers below to mean anything.**\n")
     md.append("## Throughput on the demo configuration\n")

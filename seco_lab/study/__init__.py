@@ -3,8 +3,8 @@
 ``definition`` (grid, scheme variants, seeding rule, model/data builders), ``group``
 (one (L, k, seed): checks, scheme metrics, engine check), ``paper`` (one paper-settings
 group, k = 128 and up: exact metrics from hop strata, Monte Carlo by stratified sweeps), ``driver`` (resumable,
-parallel, atomic; the ``seco-lab bias-study`` command), ``cell`` (rebuild a stored
-group), ``storage`` (atomic writes).  ``seco_lab.report`` renders the results.
+parallel, atomic, through ``seco_lab.store`` and ``seco_lab.study_runner``; the ``seco-lab study bias``
+command), ``cell`` (rebuild a stored group).  ``seco_lab.report`` renders the results.
 """
 
 from .cell import Cell, load_cell, load_study_config
@@ -36,13 +36,11 @@ from .definition import (
 from .driver import StudyDefinitionError, build_parser, main, run_study
 from .group import GroupResult, run_group
 from .paper import run_paper_group
-from .storage import atomic_write_csv, atomic_write_json, atomic_write_text, software_versions
 
 __all__ = [
     "BERNOULLI", "CHECK_COLUMNS", "CONVERGENCE_COLUMNS", "Cell", "DEFAULT", "FALLING_FACTORIAL", "GROUP_COLUMNS",
     "GroupResult", "PAPER", "PAPER_CAPPED_2", "PAPER_CAPPED_4", "PAPER_CHAIN_CAPPED_2", "PAPER_CHAIN_CAPPED_4",
-    "PAPER_COLUMNS", "Purpose", "QUICK", "RELEASED", "RELEASED_UNBIASED", "RESULT_COLUMNS", "SCHEMES", "SchemeVariant",
-    "StudyConfig", "StudyDefinitionError", "atomic_write_csv", "atomic_write_json", "atomic_write_text",
-    "build_model", "build_parser", "build_tokens", "load_cell", "load_study_config", "main", "run_group",
-    "run_paper_group", "run_study", "seed_sequence", "software_versions",
+    "PAPER_COLUMNS", "Purpose", "QUICK", "RELEASED", "RELEASED_UNBIASED", "RESULT_COLUMNS", "SCHEMES",
+    "SchemeVariant", "StudyConfig", "StudyDefinitionError", "build_model", "build_parser", "build_tokens",
+    "load_cell", "load_study_config", "main", "run_group", "run_paper_group", "run_study", "seed_sequence",
 ]

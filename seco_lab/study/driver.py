@@ -1,6 +1,6 @@
 """The resumable study driver and its command line.
 
-    seco-lab bias-study [--quick] [--jobs 2] [--out DIR] [--draws N] [--fresh]
+    seco-lab study bias [--quick] [--jobs 2] [--out DIR] [--draws N] [--fresh]   (alias: seco-lab bias-study)
 
 Two kinds of group (``definition``): the chain-basis grid (``group``) and the paper-settings
 groups (``paper``, k = 128 and up).  Each group's tables are written atomically under
@@ -18,14 +18,13 @@ import json
 import os
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import replace
-from multiprocessing import get_context
 from pathlib import Path
 
 import pandas as pd
-from tqdm.auto import tqdm
 
+from ..store import DefinitionMismatch, StudyFolder, atomic_write_csv, software_versions
+from ..study_runner import run_cells, worker_count
 from .definition import (
     CHECK_COLUMNS,
     CONVERGENCE_COLUMNS,
@@ -39,7 +38,6 @@ from .definition import (
 )
 from .group import run_group
 from .paper import run_paper_group
-from .storage import atomic_write_csv, atomic_write_json, software_versions
 
 TABLES = {"results": RESULT_COLUMNS, "paper": PAPER_COLUMNS, "checks": CHECK_COLUMNS, "groups": GROUP_COLUMNS,
           "convergence": CONVERGENCE_COLUMNS}
@@ -47,21 +45,9 @@ TABLES = {"results": RESULT_COLUMNS, "paper": PAPER_COLUMNS, "checks": CHECK_COL
 SORT_KEYS = {"results": ["L", "k", "seed", "t", "scheme", "metric"],
              "paper": ["L", "k", "seed", "t", "scheme", "metric"], "checks": ["L", "k", "seed", "t", "check"],
              "groups": ["L", "k", "seed", "metric"], "convergence": ["L", "k", "seed", "t", "scheme", "n"]}
-# BLAS/OpenMP pools of worker processes: one thread each, so every sum is taken in the same order on every run
-SINGLE_THREAD_ENV = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
-class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default, except where there is none to show (flags, defaults worked out later)."""
-
-    def _get_help_string(self, action):
-        if action.default in (None, False) or "default:" in (action.help or ""):
-            return action.help
-        return super()._get_help_string(action)
-
-
-class StudyDefinitionError(ValueError):
-    """The output folder holds results of a different study definition."""
+StudyDefinitionError = DefinitionMismatch  # the output folder holds results of a different study definition
 
 
 CHAIN, PAPER_KIND = "chain", "paper"  # the two kinds of group
@@ -72,13 +58,18 @@ def all_groups(cfg: StudyConfig) -> list[tuple[str, tuple[int, int, int]]]:
     return [(PAPER_KIND, g) for g in cfg.paper_groups()] + [(CHAIN, g) for g in cfg.groups()]
 
 
-def group_stem(out: Path, n_layers: int, num_chunks: int, seed: int, kind: str = CHAIN) -> Path:
+def group_name(n_layers: int, num_chunks: int, seed: int, kind: str = CHAIN) -> str:
     prefix = "" if kind == CHAIN else f"{kind}_"
-    return Path(out) / "cells" / f"{prefix}L{n_layers}_k{num_chunks}_s{seed}"
+    return f"{prefix}L{n_layers}_k{num_chunks}_s{seed}"
 
 
-def group_done(out: Path, n_layers: int, num_chunks: int, seed: int, kind: str = CHAIN) -> bool:
-    return group_stem(out, n_layers, num_chunks, seed, kind).with_suffix(".json").exists()
+def group_stem(out: Path, n_layers: int, num_chunks: int, seed: int, kind: str = CHAIN) -> Path:
+    return Path(out) / "cells" / group_name(n_layers, num_chunks, seed, kind)
+
+
+def study_folder(out: Path) -> StudyFolder:
+    """The bias study's results folder (its manifest keeps the fingerprint under 'digest')."""
+    return StudyFolder(out, cells="cells", key="digest")
 
 
 def _work(args) -> dict:
@@ -90,51 +81,12 @@ def _work(args) -> dict:
     else:
         res, parts = run_paper_group(cfg, L, k, seed)
         tables = {"paper": res.results, "checks": res.checks, "groups": res.facts}
-    stem = group_stem(out, L, k, seed, kind)
-    for name, df in tables.items():
-        atomic_write_csv(df, Path(f"{stem}.{name}.csv"))
     timing = {"kind": kind, "seconds": time.perf_counter() - start, "draws": res.draws, "started": wall_start,
               "finished": time.time()}
     if parts is not None:
         timing["parts"] = parts
-    atomic_write_json(timing, stem.with_suffix(".json"))  # written last: marks the group done
+    study_folder(out).write_cell(group_name(L, k, seed, kind), timing, tables)  # the timing file marks it done
     return timing
-
-
-@contextmanager
-def _single_threaded_children():
-    saved = {k: os.environ.get(k) for k in SINGLE_THREAD_ENV}
-    os.environ.update(SINGLE_THREAD_ENV)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _prepare(cfg: StudyConfig, out: Path, fresh: bool) -> dict:
-    """Check the folder against the definition, clear stale or discarded files, write the manifest."""
-    (out / "cells").mkdir(parents=True, exist_ok=True)
-    for stale in (out / "cells").glob("*.tmp*"):  # left by an interrupted run
-        stale.unlink()
-    manifest_path = out / "study.json"
-    digest = cfg.digest()
-    if manifest_path.exists() and not fresh:
-        old = json.loads(manifest_path.read_text())
-        if old.get("digest") != digest:
-            raise StudyDefinitionError(
-                f"{out} holds results of a different study definition (digest {old.get('digest')} != {digest}); "
-                "pass --fresh to discard them or --out to write elsewhere")
-    if fresh:
-        for f in (out / "cells").iterdir():
-            f.unlink()
-    manifest = {"digest": digest, "study_format": STUDY_FORMAT, "config": cfg.to_json(),
-                "software": software_versions(), "status": "running"}
-    atomic_write_json(manifest, manifest_path)
-    return manifest
 
 
 def gather(cfg: StudyConfig, out: Path) -> dict[str, pd.DataFrame]:
@@ -172,35 +124,28 @@ def timing_summary(cfg: StudyConfig, out: Path) -> dict:
 def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, fresh: bool = False, progress: bool = True) -> dict:
     """Compute every missing group of ``cfg`` into ``out`` and gather the tables; returns the manifest."""
     out = Path(out)
-    manifest = _prepare(cfg, out, fresh)
+    folder = study_folder(out)
+    folder.open(cfg.digest(), fresh)
+    manifest = {"digest": cfg.digest(), "study_format": STUDY_FORMAT, "config": cfg.to_json(),
+                "software": software_versions(), "status": "running"}
+    folder.write_manifest(manifest)
     groups = all_groups(cfg)
-    todo = [(kind, g) for kind, g in groups if not group_done(out, *g, kind)]
+    todo = [(kind, g) for kind, g in groups if not folder.done(group_name(*g, kind))]
     print(f"bias study -> {out}: {len(groups)} groups ({len(cfg.paper_groups())} at the paper's settings), "
-          f"{len(groups) - len(todo)} already done, {len(todo)} to compute with {jobs} worker(s); {cfg.draws} Monte "
-          f"Carlo draws per chain-basis cell and sampler, {cfg.paper_draws} per paper-settings cell and sampler",
-          flush=True)
+          f"{len(groups) - len(todo)} already done, {len(todo)} to compute with {worker_count(jobs, len(todo))} "
+          f"worker(s); {cfg.draws} Monte Carlo draws per chain-basis cell and sampler, {cfg.paper_draws} per "
+          "paper-settings cell and sampler", flush=True)
     t0 = time.perf_counter()
-    tasks = [(cfg, out, kind, g) for kind, g in todo]
-    bar = tqdm(total=len(tasks), desc="groups", unit="group", disable=not progress)
+    done_now = run_cells(_work, [(cfg, out, kind, g) for kind, g in todo], jobs=jobs, progress=progress,
+                         desc="groups", done=len(groups) - len(todo))
     spans: dict[str, list[float]] = {}  # kind -> [first start, last end] in this run (epoch seconds)
-    done_now = []
-    if jobs > 1 and len(tasks) > 1:
-        with _single_threaded_children(), get_context("spawn").Pool(jobs) as pool:
-            for timing in pool.imap_unordered(_work, tasks):
-                done_now.append(timing)
-                bar.update()
-    else:
-        for task in tasks:
-            done_now.append(_work(task))
-            bar.update()
-    bar.close()
     wall = time.perf_counter() - t0
     for t in done_now:
         span = spans.setdefault(t["kind"], [t["started"], t["finished"]])
         span[:] = [min(span[0], t["started"]), max(span[1], t["finished"])]
 
     for name, df in gather(cfg, out).items():
-        atomic_write_csv(df, out / f"{name}.csv")
+        atomic_write_csv(out / f"{name}.csv", df)
     summary = timing_summary(cfg, out)
     draws = sum(summary["draws_by_kind"].values())
     compute = sum(summary["worker_seconds_by_part"].values())
@@ -211,23 +156,15 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, fresh: bool = False, p
         **summary,
         "chain_draws_per_second_per_worker": summary["draws_by_kind"][CHAIN] / chain_seconds if chain_seconds else None,
     })
-    atomic_write_json(manifest, out / "study.json")
+    folder.write_manifest(manifest)
     rate = f"{len(todo)} groups" if todo else "nothing to compute"
     print(f"done in {wall:.1f} s wall ({rate}; {compute:.0f} s of worker time, of which "
           f"{compute - chain_seconds:.0f} s at the paper's settings)", flush=True)
     return manifest
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="seco-lab bias-study", formatter_class=DefaultsHelpFormatter,
-        description="The bias study: every SpaCO compensation scheme against the exact gradient, over a grid of "
-                    "depths L, chunk counts k, budgets t and seeds. Resumable: a rerun skips finished groups.")
-    ap.add_argument("--quick", action="store_true", help="small grid (2 depths, k in {4, 8}, 2 seeds), sub-minute")
-    ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)), help="worker processes")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="results folder, relative to the current directory (default: reports/bias_study, "
-                         "reports/_work/bias_study_quick with --quick, suffixed _hf-... for an HF --arch)")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The bias study's own options of ``seco-lab study bias`` (``seco_lab.studies`` adds the common ones)."""
     ap.add_argument("--draws", type=int, default=None,
                     help=f"Monte Carlo draws per cell and sampler (default: {DEFAULT.draws}, {QUICK.draws} "
                          "with --quick; rounded down to a multiple of the batch count)")
@@ -235,40 +172,53 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"Monte Carlo draws per paper-settings cell and sampler (default: {DEFAULT.paper_draws}, "
                          f"{QUICK.paper_draws} with --quick; rounded down to a multiple of the batch count; 0 skips "
                          "the paper-settings groups)")
-    ap.add_argument("--fresh", action="store_true", help="discard results already stored in --out")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--arch", default="tiny", choices=("tiny", "hf-llama", "hf-qwen2"),
-                    help="model of every cell (HF architectures need the [hf] extra)")
-    return ap
+                    help="model of every cell (HF architectures need the [hf] extra; the default folder gets the "
+                         "suffix _ARCH)")
+
+
+def config_from_args(args) -> StudyConfig:
+    """The study definition the command line asks for (ValueError on impossible draw counts)."""
+    cfg = replace(QUICK if args.quick else DEFAULT, arch=args.arch)
+    if args.draws is not None:
+        if args.draws < 2 * cfg.batches:
+            raise ValueError(f"--draws must be at least {2 * cfg.batches} (two draws per batch of the jackknife)")
+        cfg = replace(cfg, draws=args.draws - args.draws % cfg.batches)
+    if args.paper_draws is not None:
+        if args.paper_draws == 0:
+            cfg = replace(cfg, paper_cells=())
+        elif args.paper_draws < 2 * cfg.paper_batches:
+            raise ValueError(f"--paper-draws must be 0 or at least {2 * cfg.paper_batches} (two draws per jackknife "
+                             "batch)")
+        else:
+            cfg = replace(cfg, paper_draws=args.paper_draws - args.paper_draws % cfg.paper_batches)
+    return cfg
+
+
+def run_from_args(args) -> int:
+    """``seco-lab study bias``: run (or resume) the study into ``args.out``."""
+    try:
+        cfg = config_from_args(args)
+    except ValueError as e:
+        print(f"seco-lab study bias: error: {e}", file=sys.stderr)
+        return 2
+    out = args.out
+    if args.default_out and args.arch != "tiny":
+        out = out.with_name(f"{out.name}_{args.arch}")
+    jobs = args.jobs if args.jobs is not None else max(1, min(2, os.cpu_count() or 1))
+    run_study(cfg, out, jobs=jobs, fresh=args.fresh, progress=args.progress)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``seco-lab bias-study`` (= ``seco-lab study bias``)."""
+    from ..studies import STUDIES, build_study_parser
+
+    return build_study_parser(STUDIES["bias"], prog="seco-lab bias-study")
 
 
 def main(argv=None) -> int:
-    ap = build_parser()
-    a = ap.parse_args(argv)
-    cfg = replace(QUICK if a.quick else DEFAULT, arch=a.arch)
-    if a.draws is not None:
-        if a.draws < 2 * cfg.batches:
-            ap.error(f"--draws must be at least {2 * cfg.batches} (two draws per batch of the jackknife)")
-        cfg = replace(cfg, draws=a.draws - a.draws % cfg.batches)
-    if a.paper_draws is not None:
-        if a.paper_draws == 0:
-            cfg = replace(cfg, paper_cells=())
-        elif a.paper_draws < 2 * cfg.paper_batches:
-            ap.error(f"--paper-draws must be 0 or at least {2 * cfg.paper_batches} (two draws per jackknife batch)")
-        else:
-            cfg = replace(cfg, paper_draws=a.paper_draws - a.paper_draws % cfg.paper_batches)
-    if a.jobs < 1:
-        ap.error("--jobs must be >= 1")
-    name = ("_work/bias_study_quick" if a.quick else "bias_study") + ("" if a.arch == "tiny" else "_" + a.arch)
-    out = a.out if a.out is not None else Path("reports") / name
-    if out.exists() and not out.is_dir():
-        ap.error(f"--out {out} is a file, not a folder: pass a folder path")
-    try:
-        run_study(cfg, out, jobs=a.jobs, fresh=a.fresh, progress=not a.no_progress)
-    except StudyDefinitionError as e:
-        ap.error(str(e))
-    except OSError as e:
-        print(f"{ap.prog}: error: cannot write the results to {out}: {e.strerror or e} "
-              "(pass a writable folder with --out)", file=sys.stderr)
-        return 2
-    return 0
+    """``seco-lab bias-study ...``, the same as ``seco-lab study bias ...``."""
+    from ..studies import study_main
+
+    return study_main(argv, prog="seco-lab bias-study")

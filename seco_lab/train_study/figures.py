@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from ..report.figures import write_png
+
 SCHEME_COLORS = {"paper": "tab:red", "paper-capped": "tab:orange", "released": "tab:purple",
                  "released-unbiased": "tab:brown", "falling-factorial": "tab:blue", "bernoulli": "tab:green"}
 EXACT_STYLE = {"seco": dict(color="0.55", lw=4.0, ls="-", alpha=0.8, zorder=2),
@@ -39,11 +41,7 @@ def _grid(optimizers, budgets, width=5.2, height=3.6):
 
 
 def save(fig: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp, dpi=110)
-    tmp.replace(path)
-    return path
+    return write_png(fig, path, dpi=110)
 
 
 def learning_curves(curves: pd.DataFrame, metric: str, budgets, k: int, chance: float | None, ylabel: str) -> Figure:

@@ -1,4 +1,5 @@
-"""The study driver: the grid (arms x optimizers x learning rates x seeds), resumable, in a process pool.
+"""The study driver: the grid (arms x optimizers x learning rates x seeds), resumable, in a process pool
+(``seco-lab study train [--quick] [--jobs 2] [--out DIR] [--fresh] [--collect-only]``).
 
 Each run is written atomically to ``OUT/runs/<run_id>.csv`` (tidy rows) and ``.json`` (summary) as
 soon as it finishes; a rerun skips every run whose files exist, provided the study definition is
@@ -8,21 +9,16 @@ unchanged (its fingerprint is checked against ``OUT/study.json``).  ``collect`` 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import platform
-import sys
 import time
 from dataclasses import asdict, dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
+from ..store import DefinitionMismatch, StudyFolder, atomic_write_csv, fingerprint, software_versions
+from ..study_runner import run_cells
 from .runner import Arm, RunSpec, TrainSettings, train_run
 from .task import RecallTask
 
@@ -72,7 +68,7 @@ class StudyConfig:
                 "arms": [{"name": a.name, **asdict(a)} for a in self.arms]}
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+        return fingerprint(self.to_dict())
 
 
 def quick_config() -> StudyConfig:
@@ -83,29 +79,9 @@ def quick_config() -> StudyConfig:
     return StudyConfig(settings=s, budgets=(2, 1), lrs={"adamw": (1e-2,), "sgd": (0.1,)}, seeds=(0, 1))
 
 
-def software_versions() -> dict:
-    import matplotlib
-    import scipy
-
-    return {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__,
-            "scipy": scipy.__version__, "pandas": pd.__version__, "matplotlib": matplotlib.__version__,
-            "platform": platform.platform(), "cpus": os.cpu_count()}
-
-
-def atomic_write_text(text: str, path: Path) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def atomic_write_csv(df: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    df.to_csv(tmp, index=False, compression="gzip" if path.suffix == ".gz" else None)
-    os.replace(tmp, path)
-
-
-def _run_paths(out: Path, spec: RunSpec) -> tuple[Path, Path]:
-    return out / "runs" / f"{spec.run_id}.csv", out / "runs" / f"{spec.run_id}.json"
+def study_folder(out: Path) -> StudyFolder:
+    """The results folder: ``study.json`` and one ``runs/<run_id>.csv`` + ``.json`` pair per finished run."""
+    return StudyFolder(out, cells="runs", key="fingerprint")
 
 
 def _work(args) -> dict:
@@ -116,52 +92,31 @@ def _work(args) -> dict:
     df = pd.DataFrame(rows)
     for pos, key in enumerate(("run_id", "arm", "optimizer", "lr", "seed")):
         df.insert(pos, key, summary[key])
-    csv, js = _run_paths(out, spec)
-    atomic_write_csv(df, csv)
-    atomic_write_text(json.dumps(summary, indent=1), js)  # written last: marks the run as done
+    study_folder(out).write_cell(spec.run_id, summary, {"rows": df}, table_suffix=".csv")  # .json last: done
     return summary
 
 
 def run_study(cfg: StudyConfig, out: Path, jobs: int = 2, fresh: bool = False, progress: bool = True) -> dict:
     """Run every missing run of ``cfg`` into ``out``; returns the study record (also ``out/study.json``)."""
     out = Path(out)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
-    for stale in (out / "runs").glob("*.tmp*"):  # left by an interrupted run
-        stale.unlink()
-    meta_path = out / "study.json"
-    old = json.loads(meta_path.read_text()) if meta_path.exists() and not fresh else {}
-    if old:
-        if old.get("fingerprint") != cfg.fingerprint():
-            raise ValueError(f"{out} holds a different study (fingerprint {old.get('fingerprint')} != "
-                             f"{cfg.fingerprint()}); pass --fresh to discard it or choose another --out")
-    if fresh:
-        for f in (out / "runs").glob("*"):
-            f.unlink()
+    folder = study_folder(out)
+    old = folder.open(cfg.fingerprint(), fresh)
     specs = cfg.runs()
-    todo = [s for s in specs if not _run_paths(out, s)[1].exists()]
+    todo = [s for s in specs if not folder.done(s.run_id)]
     started = time.time()
     meta = {"fingerprint": cfg.fingerprint(), "design": cfg.to_dict(), "software": software_versions(),
             "runs_total": len(specs), "jobs": jobs, "study_wall_s": old.get("study_wall_s", 0.0),
             "sessions": old.get("sessions", []), "session_started_at": started}
-    atomic_write_text(json.dumps({**meta, "status": "running"}, indent=1), meta_path)
-    bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc="train-study runs", disable=not progress)
-    work = [(s, cfg.settings, out) for s in todo]
-    if jobs <= 1:
-        for w in work:
-            _work(w)
-            bar.update()
-    else:
-        with get_context("spawn").Pool(jobs) as pool:
-            for _ in pool.imap_unordered(_work, work):
-                bar.update()
-    bar.close()
+    folder.write_manifest({**meta, "status": "running"})
+    run_cells(_work, [(s, cfg.settings, out) for s in todo], jobs=jobs, progress=progress, desc="train-study runs",
+              done=len(specs) - len(todo))
     runs = collect(out, specs)
     session = time.time() - started
     # wall time of the whole study: every session that completed (an interrupted one is not counted)
     meta.update(status="complete", runs_done=len(runs), study_wall_s=meta["study_wall_s"] + session,
                 sessions=meta["sessions"] + [{"runs": len(todo), "wall_s": session}],
                 run_wall_s_total=float(runs["wall_s"].sum()))
-    atomic_write_text(json.dumps(meta, indent=1), meta_path)
+    folder.write_manifest(meta)
     return meta
 
 
@@ -174,10 +129,12 @@ def collect_partial(cfg: StudyConfig, out: Path) -> dict:
         raise FileNotFoundError(f"{meta_path} not found: no study was started in {out}")
     meta = json.loads(meta_path.read_text())
     if meta.get("fingerprint") != cfg.fingerprint():
-        raise ValueError(f"{out} holds a different study (fingerprint {meta.get('fingerprint')})")
+        raise DefinitionMismatch(f"{out} holds a different study (fingerprint {meta.get('fingerprint')} != "
+                                 f"{cfg.fingerprint()}); pass the folder this study wrote with --out")
     specs = cfg.runs()
     runs = collect(out, specs)
-    done = [_run_paths(out, s)[1] for s in specs if _run_paths(out, s)[1].exists()]
+    folder = study_folder(out)
+    done = [folder.marker(s.run_id) for s in specs if folder.done(s.run_id)]
     started = meta.get("session_started_at", meta_path.stat().st_mtime)
     latest = max(p.stat().st_mtime for p in done)
     status = "complete" if len(done) == len(specs) else "partial"
@@ -186,7 +143,7 @@ def collect_partial(cfg: StudyConfig, out: Path) -> dict:
     meta.update(status=status, runs_done=len(runs), session_started_at=started,
                 study_wall_s=completed + (max(latest - started, 0.0) if running else 0.0),
                 run_wall_s_total=float(runs["wall_s"].sum()))
-    atomic_write_text(json.dumps(meta, indent=1), meta_path)
+    study_folder(out).write_manifest(meta)
     return meta
 
 
@@ -196,7 +153,8 @@ def collect(out: Path, specs: list[RunSpec]) -> pd.DataFrame:
     frames, summaries = [], []
     arm_of = {s.run_id: s.arm for s in specs}
     for s in specs:
-        csv, js = _run_paths(out, s)
+        js = study_folder(out).marker(s.run_id)
+        csv = js.with_suffix(".csv")
         if js.exists():
             frames.append(pd.read_csv(csv))
             summaries.append(json.loads(js.read_text()))
@@ -206,6 +164,24 @@ def collect(out: Path, specs: list[RunSpec]) -> pd.DataFrame:
     runs["mode"] = [arm_of[r].mode for r in runs.run_id]
     runs["scheme"] = [arm_of[r].scheme or "" for r in runs.run_id]
     runs["budget"] = [arm_of[r].budget or 0 for r in runs.run_id]
-    atomic_write_csv(pd.concat(frames, ignore_index=True), out / "results.csv.gz")
-    atomic_write_csv(runs, out / "runs.csv")
+    atomic_write_csv(out / "results.csv.gz", pd.concat(frames, ignore_index=True))
+    atomic_write_csv(out / "runs.csv", runs)
     return runs
+
+
+def add_arguments(ap) -> None:
+    """The training study's own option of ``seco-lab study train``."""
+    ap.add_argument("--collect-only", action="store_true",
+                    help="assemble the runs finished so far (status 'partial') without running anything")
+
+
+def run_from_args(args) -> int:
+    """``seco-lab study train``: run (or resume) the study into ``args.out``, or only collect it."""
+    cfg = quick_config() if args.quick else StudyConfig()
+    if args.collect_only:
+        meta = collect_partial(cfg, args.out)
+    else:
+        meta = run_study(cfg, args.out, jobs=2 if args.jobs is None else args.jobs, fresh=args.fresh,
+                         progress=args.progress)
+    print(json.dumps({k: meta[k] for k in ("status", "runs_done", "study_wall_s", "fingerprint")}))
+    return 0

@@ -1,0 +1,168 @@
+"""The study store: atomic result files, the software record and the definition fingerprint.
+
+Every stored result of the package (a study's cells and tables, a training run's config,
+checkpoints and metrics, a report) is written through :func:`atomic_write`: the bytes go to
+``NAME.tmp<pid>`` beside the target, are flushed to disk (``fsync``), and the temporary file is
+renamed over the target (``os.replace``, atomic on POSIX), so a reader never sees half a file
+and a kill leaves at most a stale ``*.tmp*`` file, which :func:`clear_stale` removes.  The
+argument order is always (path, content), like ``open(path)``.
+
+A study's definition is a JSON-able dict; its fingerprint is
+
+    fingerprint(d) = sha256(json.dumps(d, sort_keys=True))[:16]  (hex)
+
+and equal fingerprints mean a folder's stored cells may be resumed (:class:`StudyFolder`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+import pandas as pd
+
+__all__ = ["DefinitionMismatch", "StudyFolder", "atomic_write", "atomic_write_csv", "atomic_write_json",
+           "clear_stale", "fingerprint", "software_versions"]
+
+
+def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[bytes]], object]) -> Path:
+    """Write ``content`` (text, bytes, or a function that writes to a binary file object) to ``path``
+    through a temporary file, ``fsync`` and a rename: readers never see half a file."""
+    if isinstance(content, (Path, os.PathLike)) or isinstance(path, pd.DataFrame):
+        raise TypeError("atomic_write(path, content): the path comes first")
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            if callable(content):
+                content(f)
+            else:
+                f.write(content.encode() if isinstance(content, str) else content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_csv(path: str | Path, df: pd.DataFrame) -> Path:
+    """``df.to_csv(path, index=False)`` atomically (gzip-compressed when ``path`` ends in ``.gz``)."""
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError("atomic_write_csv(path, df): the path comes first")
+    gz = str(path).endswith(".gz")
+    return atomic_write(path, lambda f: df.to_csv(f, index=False, compression="gzip" if gz else None))
+
+
+def atomic_write_json(path: str | Path, obj, indent: int = 2) -> Path:
+    """``obj`` as indented JSON with a final newline, atomically."""
+    return atomic_write(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def clear_stale(folder: str | Path) -> None:
+    """Remove the temporary files an interrupted writer left in ``folder`` (not in subfolders)."""
+    for stale in Path(folder).glob("*.tmp*"):
+        if stale.is_file():
+            stale.unlink()
+
+
+def software_versions(*packages: str) -> dict:
+    """Versions of Python and the numerical stack, platform and CPU count, plus each of ``packages``
+    (distribution names; 'absent' when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import matplotlib
+    import numpy as np
+    import scipy
+    import torch
+
+    out = {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__,
+           "scipy": scipy.__version__, "pandas": pd.__version__, "matplotlib": matplotlib.__version__,
+           "platform": platform.platform(), "cpus": os.cpu_count()}
+    for dist in packages:
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:  # a missing optional package is recorded as absent
+            out[dist] = "absent"
+    return out
+
+
+def fingerprint(definition: dict) -> str:
+    """16 hex digits of the SHA-256 of the definition's sorted JSON."""
+    return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class DefinitionMismatch(ValueError):
+    """The results folder holds results of a different study definition."""
+
+
+class StudyFolder:
+    """A study's results folder: ``ROOT/study.json`` (the manifest: the definition's fingerprint under
+    ``key``, the software, the status) and one file set per cell under ``ROOT/CELLS/``, whose
+    ``NAME.json`` is written last and so marks the cell done.
+
+    ``stored_fingerprint(manifest)`` reads the fingerprint of a stored manifest (default:
+    ``manifest[key]``); a study whose older folders stored it differently passes its own.
+    """
+
+    def __init__(self, root: str | Path, cells: str = "cells", key: str = "fingerprint",
+                 stored_fingerprint: Callable[[dict], str | None] | None = None):
+        self.root, self.key = Path(root), key
+        self.cells = self.root / cells
+        self.manifest_path = self.root / "study.json"
+        self._stored = stored_fingerprint or (lambda m: m.get(key))
+
+    def read_manifest(self) -> dict:
+        return json.loads(self.manifest_path.read_text()) if self.manifest_path.exists() else {}
+
+    def stored_fingerprint(self) -> str | None:
+        """The fingerprint of the definition whose cells the folder holds (None: no manifest)."""
+        manifest = self.read_manifest()
+        return self._stored(manifest) if manifest else None
+
+    def open(self, digest: str, fresh: bool = False) -> dict:
+        """Create the folder, remove stale temporary files, refuse a folder of another definition
+        (unless ``fresh``: then its cells are discarded); return the stored manifest ({} if none)."""
+        if self.root.exists() and not self.root.is_dir():
+            raise NotADirectoryError(f"{self.root} is a file, not a folder: pass a folder path")
+        self.cells.mkdir(parents=True, exist_ok=True)
+        clear_stale(self.cells)
+        clear_stale(self.root)
+        old = {} if fresh else self.read_manifest()
+        if old and self._stored(old) != digest:
+            raise DefinitionMismatch(
+                f"{self.root} holds results of a different study definition (fingerprint {self._stored(old)} != "
+                f"{digest}); pass --fresh to discard them or --out to write elsewhere")
+        if fresh:
+            for f in self.cells.iterdir():
+                if f.is_file():
+                    f.unlink()
+        return old
+
+    def marker(self, name: str) -> Path:
+        """The file whose presence marks cell ``name`` done."""
+        return self.cells / f"{name}.json"
+
+    def done(self, name: str) -> bool:
+        return self.marker(name).exists()
+
+    def write_cell(self, name: str, record: dict, tables: dict[str, pd.DataFrame] | None = None,
+                   table_suffix: str = ".{table}.csv") -> None:
+        """Write a cell's tables (``NAME.TABLE.csv``), then its record ``NAME.json``: the cell is done
+        only once every table is on disk."""
+        for table, df in (tables or {}).items():
+            atomic_write_csv(self.cells / (name + table_suffix.format(table=table)), df)
+        atomic_write_json(self.marker(name), record)
+
+    def read_cell(self, name: str) -> dict:
+        return json.loads(self.marker(name).read_text())
+
+    def write_manifest(self, manifest: dict) -> None:
+        atomic_write_json(self.manifest_path, manifest)

@@ -1,0 +1,89 @@
+"""The study runner: every missing cell of a study, each in a spawned worker process.
+
+    run_cells(work, tasks, jobs=J)   ->   [work(task) for task in tasks]   (in completion order)
+
+with W = min(J, len(tasks), CPU count) worker processes (spawned, so a worker inherits no
+state of the parent, and with the BLAS/OpenMP pools at one thread, so every sum is taken in the
+same order on every run).  ``isolate=True`` gives every task a fresh process (its peak memory
+is its own).  With W = 1 and no isolation the tasks run in this process.  A worker that dies
+(killed, out of memory) stops the study with an error that says a rerun resumes it: the cells
+already stored are kept, because each task writes its own cell atomically (``seco_lab.store``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+from multiprocessing import get_context
+
+from tqdm.auto import tqdm
+
+__all__ = ["SINGLE_THREAD_ENV", "WorkerDied", "run_cells", "worker_count"]
+
+# BLAS/OpenMP pools of worker processes: one thread each, so every sum is taken in the same order on every run
+SINGLE_THREAD_ENV = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended without returning (killed, out of memory)."""
+
+
+def worker_count(jobs: int, tasks: int) -> int:
+    """min(jobs, tasks, cores), at least 1."""
+    return max(1, min(jobs, tasks, os.cpu_count() or 1))
+
+
+@contextmanager
+def _single_threaded_children():
+    saved = {k: os.environ.get(k) for k in SINGLE_THREAD_ENV}
+    os.environ.update(SINGLE_THREAD_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_cells(work: Callable, tasks: Iterable, jobs: int = 1, isolate: bool = False, progress: bool = True,
+              desc: str = "cells", done: int = 0, on_result: Callable | None = None) -> list:
+    """``work(task)`` for every task (``work`` a module-level function, tasks picklable); returns the
+    results in completion order.  ``done`` cells already stored start the progress bar; ``on_result``
+    is called with each result as it arrives (e.g. to name the cell just finished)."""
+    tasks = list(tasks)
+    bar = tqdm(total=done + len(tasks), initial=done, desc=desc, unit="cell", disable=not progress)
+    results = []
+
+    def finished(result):
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+        bar.update()
+
+    try:
+        workers = worker_count(jobs, len(tasks))
+        if workers == 1 and not isolate:
+            for task in tasks:
+                finished(work(task))
+            return results
+        with _single_threaded_children(), ProcessPoolExecutor(
+                workers, mp_context=get_context("spawn"), max_tasks_per_child=1 if isolate else None) as pool:
+            futures = [pool.submit(work, task) for task in tasks]
+            try:
+                for future in as_completed(futures):
+                    finished(future.result())
+            except BrokenProcessPool:
+                raise WorkerDied(f"a worker process of {desc!r} died (killed, or out of memory?); the cells "
+                                 "finished so far are stored: rerun the same command to resume") from None
+            except BaseException:  # a failing cell (or Ctrl-C): start nothing more
+                for future in futures:
+                    future.cancel()
+                raise
+        return results
+    finally:
+        bar.close()
