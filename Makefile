@@ -8,9 +8,13 @@ STAMP   := $(VENV)/.installed
 # disk); with one, pip's default build.  Override: make install TORCH='torch==X'.
 TORCH   ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
 JOBS    ?= 2
+# The registered studies (seco_lab.studies), those with a --quick mode, and per-study worker counts.
+STUDIES       := bias train real
+QUICK_STUDIES := bias train
+JOBS_real     := 1
 
-.PHONY: install test lint bias-study bias-study-quick real-study report train-demo train-compare train-study \
-        train-study-quick bench bench-hf bench-fsdp clean
+.PHONY: install test lint report train-demo train-compare bench bench-hf bench-fsdp clean \
+        $(addsuffix -study,$(STUDIES)) $(addsuffix -study-quick,$(QUICK_STUDIES))
 
 install: $(STAMP)
 
@@ -27,25 +31,20 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check seco_lab experiments tests
 
-# Every study pairs up: `make NAME-study` = `seco-lab study NAME` + `seco-lab report NAME` (seco_lab.studies).
-bias-study: $(STAMP)
-	$(BIN)/seco-lab study bias --jobs $(JOBS)
-	$(BIN)/seco-lab report bias
+# Every study pairs up: `make NAME-study` = `seco-lab study NAME` + `seco-lab report NAME`, for each NAME of
+# the registry (seco_lab.studies); `make NAME-study-quick` the same with --quick.  The real study computes one
+# cell at a time (each needs GiBs): JOBS_real.
+$(addsuffix -study,$(STUDIES)): %-study: $(STAMP)
+	$(BIN)/seco-lab study $* --jobs $(or $(JOBS_$*),$(JOBS))
+	$(BIN)/seco-lab report $*
 
-bias-study-quick: $(STAMP)
-	$(BIN)/seco-lab study bias --quick --jobs $(JOBS)
-	$(BIN)/seco-lab report bias --quick
-
-# SmolLM2-135M on stdlib text: hop strata and each scheme's exact bias (resumable per cell)
-real-study: $(STAMP)
-	$(BIN)/seco-lab study real
-	$(BIN)/seco-lab report real
+$(addsuffix -study-quick,$(QUICK_STUDIES)): %-study-quick: $(STAMP)
+	$(BIN)/seco-lab study $* --quick --jobs $(or $(JOBS_$*),$(JOBS))
+	$(BIN)/seco-lab report $* --quick
 
 # Every report from the stored results (a report whose results are absent says so and is skipped).
 report: $(STAMP)
-	$(BIN)/seco-lab report bias
-	$(BIN)/seco-lab report train
-	$(BIN)/seco-lab report real
+	@for name in $(STUDIES); do $(BIN)/seco-lab report $$name || exit 1; done
 	@if [ -f reports/training/throughput.csv ]; then $(BIN)/seco-lab report train-compare; fi
 	@if [ -f reports/bench/results.csv ]; then $(BIN)/seco-lab report bench; fi
 
@@ -59,15 +58,6 @@ train-demo: $(STAMP)
 train-compare: $(STAMP)
 	$(BIN)/python -m experiments.train_compare
 	$(BIN)/seco-lab report train-compare
-
-# Does the bias matter?  Every scheme trained against SeCO (resumable; see reports/training_study.md).
-train-study: $(STAMP)
-	$(BIN)/seco-lab study train --jobs $(JOBS)
-	$(BIN)/seco-lab report train
-
-train-study-quick: $(STAMP)
-	$(BIN)/seco-lab study train --quick --jobs $(JOBS)
-	$(BIN)/seco-lab report train --quick
 
 # Time and memory of every method as sequences grow; report from the stored CSVs (several hours on 2 cores).
 # Timings are the CPU time of single-threaded processes (--threads 1): robust to whatever else shares the machine.

@@ -197,6 +197,7 @@ def train_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
 def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
     """Fit a prepared trainer, turning its ends into messages and exit statuses."""
+    from .report.runs import plot_run
     from .train import NonFiniteLoss, TrainingInterrupted
 
     lead = trainer.rank == 0
@@ -219,10 +220,12 @@ def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
         return 1
     except TrainingInterrupted as e:
         if lead:
+            plot_run(run.run_dir)
             print(f"seco-lab train: interrupted; checkpoint at step {e.step} saved, resume with "
                   f"`seco-lab train --run-dir {run.run_dir} --resume`", file=sys.stderr)
         return 130
     if lead:
+        plot_run(run.run_dir)  # loss.png, from the metrics the run stored
         print(json.dumps({"run_dir": run.run_dir, **last}))
     return 0
 

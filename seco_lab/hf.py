@@ -190,18 +190,12 @@ ARCHITECTURES = {
 
 def build_hf_model(name_or_path: str, overrides: dict | None = None, attn_implementation: str = "sdpa",
                    dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
-    """A causal LM: a named architecture with random weights (``llama``, ``qwen2``), a pretrained model
-    shipped by a package (``smollm2-135m``) or a local ``.gguf`` file (both dequantized once and cached,
-    see :mod:`seco_lab.pretrained`), or a local checkpoint directory."""
+    """A causal LM: a named architecture with random weights (``llama``, ``qwen2``) or a local checkpoint
+    directory.  (Pretrained models shipped by a package or as ``.gguf`` files are built on this by
+    :mod:`seco_lab.pretrained`; :func:`seco_lab.pretrained.build_causal_lm` takes any of the three.)"""
     transformers = _require_transformers()
     if attn_implementation not in SUPPORTED_ATTENTION:
         raise ValueError(f"attention implementation {attn_implementation!r}: use one of {SUPPORTED_ATTENTION}")
-    from .pretrained import PRETRAINED, build_pretrained  # imports this module at call time: no cycle
-
-    if name_or_path in PRETRAINED or str(name_or_path).endswith(".gguf"):
-        if overrides:
-            raise ValueError(f"{name_or_path} is a pretrained model: its architecture cannot be overridden")
-        return build_pretrained(name_or_path, dtype=dtype, attn_implementation=attn_implementation)
     torch.manual_seed(seed)
     if name_or_path in ARCHITECTURES:
         conf_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[name_or_path]
@@ -213,7 +207,8 @@ def build_hf_model(name_or_path: str, overrides: dict | None = None, attn_implem
 
         if not Path(name_or_path).is_dir():
             raise ValueError(f"{name_or_path!r} is neither a known architecture ({', '.join(ARCHITECTURES)}) nor a "
-                             "local checkpoint directory (nothing is downloaded)")
+                             "local checkpoint directory (nothing is downloaded; pretrained models: "
+                             "seco_lab.pretrained.build_causal_lm)")
         model = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, attn_implementation=attn_implementation,
                                                                   local_files_only=True)
     model = model.to(dtype)

@@ -136,6 +136,24 @@ def cached_checkpoint(name_or_path: str | os.PathLike, cache: str | os.PathLike 
     return target
 
 
+def is_pretrained(name_or_path: str | os.PathLike) -> bool:
+    """A packaged pretrained model (``smollm2-135m``) or a local ``.gguf`` file."""
+    return str(name_or_path) in PRETRAINED or str(name_or_path).endswith(".gguf")
+
+
+def build_causal_lm(name_or_path: str, overrides: dict | None = None, attn_implementation: str = "sdpa",
+                    dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
+    """Any causal LM by name: a pretrained model (:func:`build_pretrained`; its architecture is fixed, so
+    ``overrides`` must be empty) or a named architecture / local checkpoint (:func:`seco_lab.hf.build_hf_model`)."""
+    from .hf import build_hf_model
+
+    if is_pretrained(name_or_path):
+        if overrides:
+            raise ValueError(f"{name_or_path} is a pretrained model: its architecture cannot be overridden")
+        return build_pretrained(name_or_path, dtype=dtype, attn_implementation=attn_implementation)
+    return build_hf_model(name_or_path, overrides, attn_implementation, dtype, seed)
+
+
 def build_pretrained(name_or_path: str | os.PathLike = "smollm2-135m", dtype: torch.dtype = torch.float32,
                      attn_implementation: str = "sdpa", cache: str | os.PathLike | None = None) -> nn.Module:
     """The pretrained causal LM (dequantized GGUF weights) in ``dtype``, from the cache when present.

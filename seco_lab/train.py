@@ -2,9 +2,10 @@
 evaluation, checkpoints that resume bit for bit, and data-parallel training.
 
 The loop lives here; its parts are separate: :mod:`seco_lab.config` (what a run is),
-:mod:`seco_lab.run_dir` (lock, checkpoints, metrics), :mod:`seco_lab.metric_log`,
-:mod:`seco_lab.step` (gradient of a micro-batch, all-reduce, schedule) and
-:mod:`seco_lab.report.runs`.
+:mod:`seco_lab.run_dir` (lock, checkpoints, metrics), :mod:`seco_lab.metric_log` and
+:mod:`seco_lab.step` (gradient of a micro-batch, all-reduce, schedule).  The trainer draws
+nothing: ``seco-lab train`` plots ``loss.png`` from the metrics after the run
+(:func:`seco_lab.report.runs.plot_run`).
 
 Gradients of one optimizer step come from ``grad_accum`` micro-batches on every
 rank; ranks all-reduce the accumulated gradient once per optimizer step (a single
@@ -36,7 +37,6 @@ from .engine import forward_loss
 from .grads import accumulate_grads
 from .metric_log import MetricLogger
 from .model import TinyTransformer
-from .report.runs import plot_run
 from .run_dir import RunDir, RunDirError, check_usable, read_config, read_metrics
 from .sharding import ShardedModel, ShardingError, clip_grad_norm
 from .step import allreduce_mean, chunk_grads, lr_factor
@@ -322,7 +322,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict:
-        """Train to ``stop_at`` or ``steps``.  SIGINT finishes the step, checkpoints, plots and
+        """Train to ``stop_at`` or ``steps``.  SIGINT finishes the step, checkpoints and
         raises :class:`TrainingInterrupted`; a non-finite loss raises :class:`NonFiniteLoss`."""
         c = self.cfg
         self.prepare()
@@ -341,13 +341,9 @@ class Trainer:
                 if self._stop_requested:
                     if self.step % c.ckpt_every and self.step != stop:
                         self.save_checkpoint()
-                    if self.rank == 0:
-                        plot_run(self.run_dir.path)
                     raise TrainingInterrupted(self.step)
             self._barrier()
             if self.step == c.steps:
-                if self.rank == 0:
-                    plot_run(self.run_dir.path)
                 if self.rank == 0 or self.sharded is not None:
                     self.save_adapter()
         finally:
@@ -396,9 +392,10 @@ class Trainer:
 def build_data(cfg: TrainConfig):
     if cfg.data == "synthetic":
         return KeyValueTask(cfg.seq_len, vocab_size=cfg.model.vocab_size, n_pairs=cfg.n_pairs, seed=cfg.seed)
+    from .pretrained import is_pretrained, load_tokenizer
+
     if cfg.hf_model is not None and is_pretrained(cfg.hf_model):
         # a pretrained LM reads text through its own tokenizer (packed and split like the byte corpus)
-        from .pretrained import load_tokenizer
         from .token_corpus import TokenCorpus
 
         return TokenCorpus(cfg.seq_len, load_tokenizer(cfg.hf_model), paths=cfg.text_paths or None, seed=cfg.seed)
@@ -418,13 +415,6 @@ def check_gather_policy(gather: str, cfg: TrainConfig) -> None:
             "--fsdp-gather step (one gather per step, any scheme) or a fixed-size (uniform) scheme")
 
 
-def is_pretrained(hf_model: str) -> bool:
-    """A packaged pretrained model (``smollm2-135m``) or a local ``.gguf`` file."""
-    from .pretrained import PRETRAINED
-
-    return hf_model in PRETRAINED or str(hf_model).endswith(".gguf")
-
-
 def build_model(cfg: TrainConfig, vocab: int, device: torch.device):
     """The tiny transformer of ``cfg.model``, or the HF model (with LoRA) of ``cfg.hf_model``."""
     dtype = DTYPES[cfg.dtype]
@@ -432,7 +422,8 @@ def build_model(cfg: TrainConfig, vocab: int, device: torch.device):
         if cfg.model.vocab_size != vocab:
             raise ValueError(f"model vocab_size={cfg.model.vocab_size} does not match the data's vocabulary {vocab}")
         return TinyTransformer(cfg.model, seed=cfg.seed, dtype=dtype, device=device)
-    from .hf import HFChunkModel, add_lora, build_hf_model
+    from .hf import HFChunkModel, add_lora
+    from .pretrained import build_causal_lm
 
     overrides = dict(cfg.hf_overrides)
     if cfg.hf_model in ("llama", "qwen2"):
@@ -440,7 +431,7 @@ def build_model(cfg: TrainConfig, vocab: int, device: torch.device):
         overrides.setdefault("max_position_embeddings", max(cfg.seq_len, 16))
         check_hf_overrides(cfg.hf_model, cfg.hf_overrides)
     try:
-        hf = build_hf_model(cfg.hf_model, overrides, cfg.attn_implementation, dtype, cfg.seed)
+        hf = build_causal_lm(cfg.hf_model, overrides, cfg.attn_implementation, dtype, cfg.seed)
     except (TypeError, AttributeError) as e:  # a transformers config or layer refusing a value
         raise ValueError(f"--hf-override {cfg.hf_overrides}: {e}") from None
     if hf.config.vocab_size < vocab:

@@ -137,15 +137,22 @@ def test_default_folders_are_distinct_and_quick_ones_stay_out_of_the_committed_r
 
 
 def test_make_targets_pair_with_the_registry_and_call_only_seco_lab_for_studies():
-    """`make NAME-study` runs `seco-lab study NAME` and `seco-lab report NAME`; `make report` renders every
-    registered report; the Makefile never runs a study any other way."""
+    """`make NAME-study` runs `seco-lab study NAME` and `seco-lab report NAME` for every registered study,
+    `make NAME-study-quick` the same with --quick, `make report` renders every registered report, and the
+    Makefile never runs a study any other way."""
     make = (ROOT / "Makefile").read_text()
-    targets = dict(re.findall(r"^([a-z-]+): \$\(STAMP\)\n((?:\t.*\n)+)", make, flags=re.M))
+    listed = {name: re.search(rf"^{name}\s*:= (.*)$", make, flags=re.M).group(1).split()
+              for name in ("STUDIES", "QUICK_STUDIES")}
+    assert listed["STUDIES"] == [n for n, s in STUDIES.items() if s.run]
+    assert listed["QUICK_STUDIES"] == [n for n, s in STUDIES.items() if s.run and s.quick_results]
+    recipes = dict(re.findall(r"^.+?: (%-study(?:-quick)?): \$\(STAMP\)\n((?:\t.*\n)+)", make, flags=re.M))
+    assert "seco-lab study $* --jobs" in recipes["%-study"] and "seco-lab report $*\n" in recipes["%-study"]
+    assert "seco-lab study $* --quick" in recipes["%-study-quick"] and "report $* --quick" in recipes["%-study-quick"]
+    report = re.search(r"^report: \$\(STAMP\)\n((?:\t.*\n)+)", make, flags=re.M).group(1)
+    assert "for name in $(STUDIES); do $(BIN)/seco-lab report $$name" in report
     for name, study in STUDIES.items():
-        if study.run:
-            recipe = targets[f"{name}-study"]
-            assert re.search(rf"seco-lab study {name}\s", recipe) and f"seco-lab report {name}\n" in recipe, name
-        assert re.search(rf"seco-lab report {re.escape(name)}(;|\n)", targets["report"]), name
+        if not study.run:
+            assert f"seco-lab report {name};" in report, name
     assert "-m seco_lab" not in make and not re.search(r"experiments\.(bias|real|train)_study", make)
 
 
