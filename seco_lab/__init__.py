@@ -1,40 +1,37 @@
 """seco_lab: chunk-wise long-context training (SeCO / SpaCO) and exact verification
 of its gradient estimators.  Data flows model -> chunk engine -> estimators ->
-analysis -> reports; see README.md and docs/estimators.md."""
+analysis -> reports; see README.md and docs/estimators.md.
 
-from .engine import dense_grad, forward_loss, seco_grad, seco_step
-from .enumeration import Expectation, enumerate_expectation
-from .estimators import ChainBasis, HopStrata, chain_basis, hop_strata, spaco_grad
-from .grads import GradDict, accumulate_grads, flatten, unflatten
-from .model import TinyConfig, TinyTransformer
-from .protocol import ChunkModel, ChunkOutput
-from .schemes import SCHEME_NAMES, Sampler, Scheme, get_scheme, make_scheme
+The public names are imported on first use (PEP 562), so that ``seco-lab --help`` and
+the command line's refusals do not wait for torch to import.
+"""
+
+from importlib import import_module
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "SCHEME_NAMES",
-    "ChainBasis",
-    "ChunkModel",
-    "ChunkOutput",
-    "Expectation",
-    "GradDict",
-    "HopStrata",
-    "Sampler",
-    "Scheme",
-    "TinyConfig",
-    "TinyTransformer",
-    "accumulate_grads",
-    "chain_basis",
-    "dense_grad",
-    "enumerate_expectation",
-    "flatten",
-    "forward_loss",
-    "get_scheme",
-    "hop_strata",
-    "make_scheme",
-    "seco_grad",
-    "seco_step",
-    "spaco_grad",
-    "unflatten",
-]
+_EXPORTS = {
+    "dense_grad": "engine", "forward_loss": "engine", "seco_grad": "engine", "seco_step": "engine",
+    "Expectation": "enumeration", "enumerate_expectation": "enumeration",
+    "ChainBasis": "estimators", "HopStrata": "estimators", "chain_basis": "estimators", "hop_strata": "estimators",
+    "spaco_grad": "estimators",
+    "GradDict": "grads", "accumulate_grads": "grads", "flatten": "grads", "unflatten": "grads",
+    "TinyConfig": "tiny_config", "TinyTransformer": "model",
+    "ChunkModel": "protocol", "ChunkOutput": "protocol",
+    "SCHEME_NAMES": "schemes", "Sampler": "schemes", "Scheme": "schemes", "get_scheme": "schemes",
+    "make_scheme": "schemes",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])

@@ -81,3 +81,30 @@ def check_rng(generator) -> np.random.Generator:
         f"generator must be a numpy.random.Generator, an int seed or None, got {type(generator).__module__}."
         f"{type(generator).__name__}; SpaCO draws use numpy (e.g. numpy.random.default_rng(seed))"
     )
+
+
+def as_float(value, what: str, *, finite: bool = True) -> float:
+    """``value`` as a Python float: ints and floats (numpy's too); bools, strings and None are refused,
+    and so are NaN and infinities unless ``finite=False``."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
+        raise TypeError(f"{what} must be a number, got {value!r} ({type(value).__name__})")
+    try:
+        out = float(value)
+    except OverflowError:
+        raise ValueError(f"{what} must be a finite number, got an integer too large for a float") from None
+    if finite and not np.isfinite(out):
+        raise ValueError(f"{what} must be a finite number, got {out}")
+    return out
+
+
+def as_bool(value, what: str) -> bool:
+    """``value`` as a bool: only True/False (numpy's too); ``'no'``, ``0`` and ``None`` are refused rather than
+    read by their truthiness."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
+def check_seed(seed, what: str = "seed") -> int:
+    """An integer seed >= 0: ``1.7`` and ``True`` are refused rather than truncated to 1."""
+    return as_int(seed, what, 0)

@@ -21,14 +21,16 @@ import argparse
 import difflib
 import json
 import sys
+import time
 import typing
+import warnings
 from dataclasses import MISSING, fields
 from pathlib import Path
 
 from . import __version__
 from .config import RunControl, TrainConfig, check_fields, load_config_file, tiny_config_from_dict
-from .model import TinyConfig
 from .studies import STUDIES, report_main, study_main
+from .tiny_config import TinyConfig
 
 GROUPS = ("model", "data", "estimator", "optimisation", "run control", "HF")
 DISTRIBUTED_HELP = ("distributed: launch under `torchrun --nproc_per_node N -m seco_lab.cli train ...`; "
@@ -68,8 +70,9 @@ def _add_field(group, f, hint, dest: str, default, help_text: str) -> None:
     base = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
     origin = typing.get_origin(base)
     if base is bool:
-        if default:
+        if default:  # the flag turns it off, and its help says so
             flag, kw["action"] = "--no-" + flag[2:], "store_false"
+            help_text = f.metadata.get("off_help") or f"turn off: {help_text}"
         else:
             kw["action"] = "store_true"
     elif base is int:
@@ -131,9 +134,6 @@ def suggest(parser: argparse.ArgumentParser, extras: list[str]) -> str:
 
 def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
     """Defaults (or the resumed run's saved config) <- config file <- flags."""
-    from .run_dir import read_config
-    from .train import experiment_from_record
-
     ns = dict(ns)
     run_names = {f.name for f in fields(RunControl)}
     source = str(ns.get("config", "")) or "config"
@@ -150,6 +150,9 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
     run = RunControl(**run).validate()
     base = {}
     if run.resume:
+        from .run_dir import read_config
+        from .train import experiment_from_record
+
         path = Path(run.run_dir) / "config.json"
         if not path.is_file():
             raise UserError(f"--resume: {run.run_dir} holds no run (no config.json); start it without --resume")
@@ -176,11 +179,14 @@ def train_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     ns, extras = parser.parse_known_args(argv)
     if extras:
         parser.error(suggest(parser, extras))
+    try:  # flags, config file and their combinations are checked before torch is imported
+        cfg, run = resolve_train_config(vars(ns))
+    except (ValueError, OSError) as e:
+        return fail("train", e)
     from .run_dir import RunDirError
     from .train import Trainer, init_distributed_from_env
 
     try:
-        cfg, run = resolve_train_config(vars(ns))
         init_distributed_from_env()
         trainer = Trainer(cfg, run)
         trainer.prepare()
@@ -208,11 +214,15 @@ def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
                   "--steps to extend it")
         return 0
     info = trainer.describe()
+    start = (f"resuming {run.run_dir} from step {trainer.step} of {cfg.steps}" if trainer.step > 0 else
+             f"{'restarting' if run.resume else 'starting'} {run.run_dir} at step 0 of {cfg.steps}"
+             + (" (--resume found no checkpoint)" if run.resume else ""))
     if lead:
-        print(f"seco-lab train: {info['model']}, {info['parameters']:,} parameters ({info['trainable']:,} trainable), "
-              f"{info['tokens_per_step']:,} tokens per step, k={info['num_chunks']} chunks, "
-              f"budget t={info['budget']}{'' if cfg.mode == 'spaco' else ' (all)'}, {cfg.mode} on {trainer.device}, "
-              f"run dir {run.run_dir}", flush=True)
+        print(f"seco-lab train: {start}: {info['model']}, {info['parameters']:,} parameters "
+              f"({info['trainable']:,} trainable), {info['tokens_per_step']:,} tokens per step, "
+              f"k={info['num_chunks']} chunks, budget t={info['budget']}{'' if cfg.mode == 'spaco' else ' (all)'}, "
+              f"{cfg.mode} on {trainer.device}", flush=True)
+    first, began = trainer.step, time.perf_counter()
     try:
         last = trainer.fit()
     except NonFiniteLoss as e:
@@ -226,8 +236,17 @@ def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
         return 130
     if lead:
         plot_run(run.run_dir)  # loss.png, from the metrics the run stored
-        print(json.dumps({"run_dir": run.run_dir, **last}))
+        print(end_summary(run.run_dir, first, trainer.step, cfg.steps, last, time.perf_counter() - began))
     return 0
+
+
+def end_summary(run_dir: str, first: int, step: int, steps: int, last: dict, seconds: float) -> str:
+    """One human-readable line at the end of a run; the metrics themselves stay in RUN_DIR/metrics.jsonl."""
+    done = "finished" if step >= steps else f"stopped at step {step} of {steps} (--stop-at; --resume continues)"
+    losses = ", ".join(f"{name.replace('_', ' ')} {last[name]:.4f}" for name in
+                       ("loss", "eval_loss", "far_loss", "eval_far_loss") if isinstance(last.get(name), float))
+    return (f"seco-lab train: {done}: steps {first}->{step} in {seconds:.1f} s; {losses or 'no loss logged'}; "
+            f"metrics in {Path(run_dir) / 'metrics.jsonl'}, curve in {Path(run_dir) / 'loss.png'}")
 
 
 def fail(command: str, e: Exception) -> int:
@@ -251,7 +270,12 @@ def plot_main(argv: list[str]) -> int:
     return 0
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"seco-lab: warning: {message}\n"
+
+
 def main(argv=None) -> int:
+    warnings.formatwarning = _one_line_warning  # the command line's warnings read like its errors
     ap = argparse.ArgumentParser(prog="seco-lab", description=__doc__.split("\n\n")[0].replace("\n", " "),
                                  epilog="Run `seco-lab COMMAND --help` for a command's options.")
     ap.add_argument("--version", action="version", version=f"seco-lab {__version__}")

@@ -12,18 +12,18 @@ from __future__ import annotations
 import json
 import math
 import typing
+import warnings
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import tomllib
-import torch
 
-from .model import TinyConfig
 from .schemes import SCHEME_NAMES, get_scheme
+from .tiny_config import TinyConfig
 
 MODES = ("dense", "seco", "spaco")
 DATA = ("synthetic", "text")
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+DTYPE_NAMES = ("float32", "float64", "bfloat16")  # torch dtypes of the same names: DTYPES (imported on use)
 ATTENTION = ("eager", "sdpa", "eager_exact")
 HF_ARCHITECTURES = ("llama", "qwen2")
 TEXT_VOCAB = 256  # byte-level text
@@ -33,7 +33,8 @@ GATHER_POLICIES = ("step", "chunk")  # seco_lab.sharding documents each
 
 def opt(default, help: str, group: str, **meta):
     """A dataclass field with CLI metadata: ``help``, ``group`` and optional ``choices``,
-    ``min``/``max`` (inclusive), ``positive`` (> 0), ``flag`` (the option name)."""
+    ``min``/``max`` (inclusive), ``positive`` (> 0), ``flag`` (the option name), ``off_help`` (the
+    help of the ``--no-X`` flag of a bool that defaults to True)."""
     kw = {"default_factory": default} if callable(default) else {"default": default}
     return field(metadata={"help": help, "group": group, **meta}, **kw)
 
@@ -59,7 +60,7 @@ class TrainConfig:
     batch_size: int = opt(8, "sequences per optimizer step, summed over ranks and micro-batches", "optimisation", min=1)
     grad_accum: int = opt(1, "micro-batches per optimizer step", "optimisation", min=1)
     steps: int = opt(200, "optimizer steps (the cosine schedule spans them)", "optimisation", min=1)
-    lr: float = opt(3e-3, "peak learning rate of AdamW", "optimisation", positive=True)
+    lr: float = opt(3e-3, "peak learning rate of AdamW", "optimisation", positive=True, max=10.0)
     weight_decay: float = opt(0.0, "AdamW weight decay", "optimisation", min=0.0)
     betas: tuple[float, float] = opt((0.9, 0.95), "AdamW betas (two numbers in [0, 1))", "optimisation")
     warmup: int = opt(20, "linear warm-up steps", "optimisation", min=0)
@@ -69,7 +70,7 @@ class TrainConfig:
     eval_every: int = opt(50, "evaluate every this many steps", "optimisation", min=1)
     eval_batches: int = opt(2, "validation batches per evaluation", "optimisation", min=1)
     ckpt_every: int = opt(50, "checkpoint every this many steps", "optimisation", min=1)
-    dtype: str = opt("float32", "parameter dtype", "optimisation", choices=tuple(DTYPES))
+    dtype: str = opt("float32", "parameter dtype", "optimisation", choices=DTYPE_NAMES)
     seed: int = opt(0, "seed of the weights, the data and the SpaCO draws", "optimisation", min=0)
     model: TinyConfig = opt(None, "the tiny transformer (ignored with --hf-model); default: TinyConfig() with "
                                   "the data's vocabulary (256 bytes for text)", "model")
@@ -129,9 +130,25 @@ class TrainConfig:
             raise ValueError(f"text data is byte-level: the model's vocab_size must be {TEXT_VOCAB}, got "
                              f"{self.model.vocab_size}")
         if self.hf_model is None:
-            for name in ("hf_overrides", "lora"):
+            for name in ("hf_overrides", "lora", "attn_implementation"):
                 if getattr(self, name) != TRAIN_DEFAULTS[name]:
-                    raise ValueError(f"{name} needs an HF model; add --hf-model llama|qwen2|DIR")
+                    raise ValueError(f"{flag_of(name)} needs an HF model; add --hf-model llama|qwen2|DIR or drop "
+                                     f"{flag_of(name)}")
+            if self.model.dropout > 0:
+                raise ValueError(f"model.dropout={self.model.dropout}: training runs chunk by chunk and rebuilds each "
+                                 "chunk's forward pass, which dropout would change (a wrong gradient); use --dropout 0")
+        if not self.lora:
+            for name in ("lora_r", "lora_alpha", "lora_targets"):
+                if getattr(self, name) != TRAIN_DEFAULTS[name]:
+                    raise ValueError(f"{flag_of(name)} applies to --lora only; add --lora or drop {flag_of(name)}")
+        if self.data == "text" and self.n_pairs != TRAIN_DEFAULTS["n_pairs"]:
+            raise ValueError("n_pairs sets the synthetic key->value task; with --data text drop --n-pairs")
+        if self.warmup >= self.steps:
+            msg = (f"warmup={self.warmup} >= steps={self.steps}: the learning rate would never leave the linear "
+                   "warm-up (no cosine decay)")
+            if self.warmup != TRAIN_DEFAULTS["warmup"]:
+                raise ValueError(msg + "; lower --warmup below --steps")
+            warnings.warn(msg + f" (the default --warmup is {self.warmup}); pass --warmup N < --steps", stacklevel=2)
         elif self.hf_overrides and self.hf_model not in HF_ARCHITECTURES:
             raise ValueError("--hf-override applies to the named architectures (llama, qwen2), not to a checkpoint "
                              f"directory ({self.hf_model})")
@@ -197,7 +214,8 @@ class RunControl:
     resume: bool = opt(False, "continue the run in --run-dir from its last intact checkpoint (its saved config "
                               "is used; a larger --steps extends it)", "run control")
     overwrite: bool = opt(False, "replace the run in --run-dir", "run control")
-    progress: bool = opt(True, "show a progress bar", "run control")
+    progress: bool = opt(True, "show a progress bar", "run control",
+                         off_help="no progress bar (for logs and batch jobs)")
     tensorboard: bool = opt(False, "also log to RUN_DIR/tensorboard (needs the tensorboard package)",
                             "run control")
     shard: str = opt("none", "none: every rank holds the whole model and optimizer (gradients all-reduced); "
@@ -213,7 +231,8 @@ class RunControl:
             raise ValueError("--resume and --overwrite exclude each other: continue the run, or replace it")
         if self.shard != "fsdp" and self.fsdp_gather != "step":
             raise ValueError("--fsdp-gather applies to --shard fsdp only; add --shard fsdp or drop --fsdp-gather")
-        parse_device(self.device)
+        if self.device not in ("auto", "cpu"):  # these two need no check (and no torch import)
+            parse_device(self.device)
         if self.tensorboard:
             try:
                 import torch.utils.tensorboard  # noqa: F401
@@ -225,8 +244,19 @@ class RunControl:
 TRAIN_DEFAULTS = {f.name: (f.default if f.default is not MISSING else f.default_factory()) for f in fields(TrainConfig)}
 
 
-def parse_device(name: str) -> torch.device:
+def __getattr__(name: str):
+    """``DTYPES`` (name -> torch dtype) is built on first use: importing this module must not import torch."""
+    if name == "DTYPES":
+        import torch
+
+        return {n: getattr(torch, n) for n in DTYPE_NAMES}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def parse_device(name: str):
     """``auto`` -> CUDA when available, else CPU; otherwise a checked torch device."""
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -241,6 +271,12 @@ def parse_device(name: str) -> torch.device:
     elif dev.type != "cpu":
         raise ValueError(f"device {name!r} is not supported; use auto, cpu, cuda or cuda:N")
     return torch.device("cpu") if dev.type == "cpu" else dev  # cpu:0 is the CPU
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of a TrainConfig field (``attn_implementation`` -> ``--attn``)."""
+    f = TrainConfig.__dataclass_fields__[name]
+    return "--" + f.metadata.get("flag", name.replace("_", "-"))
 
 
 def _type_ok(value, hint) -> bool:

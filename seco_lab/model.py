@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -22,49 +21,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .protocol import ChunkCache, ChunkOutput
-
-
-@dataclass
-class TinyConfig:
-    vocab_size: int = 64
-    d_model: int = 32
-    n_layers: int = 2
-    n_heads: int = 4
-    n_kv_heads: int | None = None  # None: same as n_heads (no grouping)
-    d_ff: int = 64
-    max_positions: int = 4096
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-6
-    tie_embeddings: bool = False
-    dropout: float = 0.0
-
-    def __post_init__(self):
-        if self.n_kv_heads is None:
-            self.n_kv_heads = self.n_heads
-        positive = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_positions")
-        for name in positive:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"TinyConfig.{name} must be an integer, got {value!r}")
-            if value < 1:
-                raise ValueError(f"TinyConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
-        if (self.d_model // self.n_heads) % 2:
-            raise ValueError("head dimension d_model/n_heads must be even for rotary embeddings")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        # a norm eps <= 0 divides by zero on a zero row; inf/NaN gives NaN everywhere
-        if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
-            raise ValueError(f"norm_eps must be a finite number > 0, got {self.norm_eps}")
-        if not (math.isfinite(self.rope_theta) and self.rope_theta > 1):
-            raise ValueError(f"rope_theta must be a finite number > 1, got {self.rope_theta}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+from .tiny_config import TinyConfig
 
 
 class RMSNorm(nn.Module):

@@ -86,7 +86,7 @@ def test_two_gloo_processes_match_one_process_on_the_full_batch(tmp_path, mode):
 
 def test_every_scheme_trains_with_its_budget_and_moves_the_parameters(tmp_path):
     for name in SCHEME_NAMES:
-        cfg, run = cfg_for(tmp_path, name, mode="spaco", scheme=name, budget=2, steps=2)
+        cfg, run = cfg_for(tmp_path, name, mode="spaco", scheme=name, budget=2, steps=2, warmup=1)
         t = Trainer(cfg, run)
         before = params_of(t)
         t.fit()
@@ -104,9 +104,9 @@ def test_every_scheme_trains_with_its_budget_and_moves_the_parameters(tmp_path):
 
 
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):
-    one = Trainer(*cfg_for(tmp_path, "one", steps=2))
+    one = Trainer(*cfg_for(tmp_path, "one", steps=2, warmup=1))
     one.fit()
-    acc = Trainer(*cfg_for(tmp_path, "acc", steps=2, grad_accum=2))
+    acc = Trainer(*cfg_for(tmp_path, "acc", steps=2, warmup=1, grad_accum=2))
     acc.fit()
     assert rel_err(params_of(acc), params_of(one)) <= 1e-10
 

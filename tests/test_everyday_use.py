@@ -1,0 +1,47 @@
+"""Everyday use (issue 19): help and refusals without importing torch, help texts that say
+what a flag does, a human-readable start and end of a training run."""
+
+import subprocess
+import sys
+
+import pytest
+
+from seco_lab.cli import end_summary
+from seco_lab.cli import main as cli_main
+
+
+def _imports_torch(*args) -> tuple[bool, str]:
+    code = ("import sys\nfrom seco_lab.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    return proc.stdout.strip().endswith("NO-TORCH") is False, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["--help"],
+    ["train", "--help"],
+    ["train", "--lr", "x"],           # argparse refusal
+    ["train", "--lr", "-1"],          # range refusal
+    ["train", "--chunk-sise", "3"],   # misspelt flag
+    ["train", "--lora-r", "4"],       # contradictory settings
+    ["trian"],                        # misspelt command
+])
+def test_help_and_refusals_do_not_import_torch(args):
+    """torch costs seconds to import: --help and every refusal of bad input must come before it."""
+    imported, out = _imports_torch(*args)
+    assert not imported, out
+
+
+def test_no_progress_help_says_it_turns_the_bar_off(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--no-progress no progress bar" in text
+
+
+def test_end_summary_names_the_steps_losses_and_files():
+    line = end_summary("runs/x", 2, 5, 5, {"loss": 1.25, "eval_loss": 1.5, "step": 5}, 3.0)
+    assert "finished: steps 2->5 in 3.0 s" in line and "loss 1.2500" in line and "eval loss 1.5000" in line
+    assert "runs/x/metrics.jsonl" in line
+    early = end_summary("runs/x", 0, 3, 5, {"loss": 1.0}, 1.0)
+    assert "stopped at step 3 of 5" in early and "--resume" in early
