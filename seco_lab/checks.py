@@ -75,8 +75,10 @@ def check_rng(generator) -> np.random.Generator:
     """A numpy Generator (used as is), an int seed or None (fresh entropy)."""
     if isinstance(generator, np.random.Generator):
         return generator
-    if generator is None or (isinstance(generator, (numbers.Integral, np.integer)) and not isinstance(generator, bool)):
-        return np.random.default_rng(generator)
+    if generator is None:
+        return np.random.default_rng()
+    if isinstance(generator, (numbers.Integral, np.integer)) and not isinstance(generator, bool):
+        return np.random.default_rng(check_seed(generator, "generator seed"))
     raise TypeError(
         f"generator must be a numpy.random.Generator, an int seed or None, got {type(generator).__module__}."
         f"{type(generator).__name__}; SpaCO draws use numpy (e.g. numpy.random.default_rng(seed))"

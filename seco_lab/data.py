@@ -22,6 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .checks import as_float, as_int, check_seed
+
+SPLITS = ("train", "val")
 
 @dataclass
 class Batch:
@@ -50,6 +53,8 @@ class KeyValueTask:
     name = "synthetic"
 
     def __init__(self, seq_len: int, vocab_size: int = 64, n_pairs: int = 1, seed: int = 0):
+        seq_len, vocab_size = as_int(seq_len, "seq_len", 1), as_int(vocab_size, "vocab_size")
+        n_pairs, seed = as_int(n_pairs, "n_pairs"), check_seed(seed)
         if vocab_size < 9:
             raise ValueError(f"the key-value task needs vocab_size >= 9, got {vocab_size}")
         self.n_keys = (vocab_size - 1) // 4
@@ -60,6 +65,7 @@ class KeyValueTask:
         self.seq_len, self.vocab_size, self.n_pairs, self.seed = seq_len, vocab_size, n_pairs, seed
 
     def batch(self, split: str, index: int, size: int) -> Batch:
+        index, size = check_batch_request(split, index, size)
         rng = np.random.default_rng([self.seed, 0 if split == "train" else 1, index])
         n, m, K = self.seq_len + 1, self.n_pairs, self.n_keys
         seqs = rng.integers(1 + 2 * K, self.vocab_size, size=(size, n))
@@ -77,6 +83,29 @@ class KeyValueTask:
         return Batch(t[:, :-1], t[:, 1:], torch.as_tensor(far[:, 1:]))
 
 
+def check_batch_request(split, index, size) -> tuple[int, int]:
+    """A batch request of any corpus: ``split`` is 'train' or 'val' (no silent fallback to
+    'val' for 'test'), ``index`` an integer >= 0, ``size`` an integer >= 1."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    return as_int(index, "batch index", 0), as_int(size, "batch size", 1)
+
+
+def as_path_list(paths, what: str = "paths") -> list[Path] | None:
+    """None, one path (str or os.PathLike) or a sequence of them, as a list of Paths."""
+    if paths is None:
+        return None
+    if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__"):
+        paths = [paths]
+    try:
+        out = [Path(p) for p in paths]
+    except TypeError:
+        raise TypeError(f"{what} must be a path or a list of paths, got {paths!r}") from None
+    if not out:
+        raise ValueError(f"{what} is empty; pass None for the default corpus, or name files or folders")
+    return out
+
+
 def default_text_paths() -> list[Path]:
     """The Python standard library's own sources: present on every machine with Python."""
     return [Path(sysconfig.get_paths()["stdlib"])]
@@ -90,22 +119,41 @@ def is_regular_file(path: Path) -> bool:
 
 
 def read_text_bytes(files, max_bytes: int) -> bytes:
-    """The first ``max_bytes`` bytes of the files' concatenation, skipping binary files (a NUL byte in
-    the first 4 KiB); each file is read only as far as the budget needs."""
-    parts, total = [], 0
+    """The first ``max_bytes`` bytes of the text files' concatenation (binary files skipped, see
+    :func:`read_text_files`)."""
+    return read_text_files(files, max_bytes)[0]
+
+
+def read_text_files(files, max_bytes: int, block: int = 1 << 20) -> tuple[bytes, list[Path]]:
+    """The first ``max_bytes`` bytes of the files' concatenation, and the files skipped as binary.
+
+    Each file is read only as far as the budget needs, in blocks; a file is binary when any byte
+    read from it is NUL -- anywhere in the part used, not only in its first block, so a text head
+    followed by megabytes of NULs is skipped rather than trained on."""
+    parts, skipped, total = [], [], 0
     for f in files:
         if total >= max_bytes:
             break
+        chunks, want = [], max_bytes - total
         try:
             with open(f, "rb") as fh:
-                head = fh.read(4096)
-                if b"\0" in head:  # binary, not text
-                    continue
-                parts.append(head[: max_bytes - total] + fh.read(max(0, max_bytes - total - len(head))))
+                while want > 0:
+                    data = fh.read(min(block, want))
+                    if not data:
+                        break
+                    if b"\0" in data:  # binary, not text
+                        chunks = None
+                        break
+                    chunks.append(data)
+                    want -= len(data)
         except OSError as e:
             raise ValueError(f"cannot read text file {f}: {e.strerror}") from None
+        if chunks is None:
+            skipped.append(Path(f))
+            continue
+        parts.append(b"".join(chunks))
         total += len(parts[-1])
-    return b"".join(parts)
+    return b"".join(parts), skipped
 
 
 class TextCorpus:
@@ -116,9 +164,12 @@ class TextCorpus:
 
     def __init__(self, seq_len: int, paths=None, holdout: float = 0.05, max_bytes: int = 16 << 20,
                  pattern: str | None = None, seed: int = 0):
+        seq_len, max_bytes, seed = as_int(seq_len, "seq_len", 1), as_int(max_bytes, "max_bytes", 1), check_seed(seed)
+        holdout = as_float(holdout, "holdout")
         # default corpus: the standard library's *.py; a folder the user names: every text file in it
+        paths = as_path_list(paths, "text paths")
         pattern = pattern or ("*" if paths else "*.py")
-        paths = [Path(p) for p in (paths or default_text_paths())]
+        paths = paths or default_text_paths()
         missing = [str(p) for p in paths if not p.exists()]
         if missing:
             raise FileNotFoundError(f"text path(s) not found: {', '.join(missing)}")
@@ -133,20 +184,25 @@ class TextCorpus:
             else:
                 raise ValueError(f"text path {p} is not a regular file or folder (a FIFO, device or socket "
                                  "cannot be read as a corpus); name text files or folders")
-        stream = np.frombuffer(read_text_bytes(files, max_bytes), dtype=np.uint8)
+        text, binary = read_text_files(files, max_bytes)
+        stream = np.frombuffer(text, dtype=np.uint8)
         n = seq_len + 1
         n_seq = len(stream) // n
         n_val = max(1, int(round(n_seq * holdout)))
         if n_seq - n_val < 1:
+            skipped = (f"; {len(binary)} file(s) skipped as binary (a NUL byte): "
+                       f"{', '.join(map(str, binary[:3]))}{' ...' if len(binary) > 3 else ''}" if binary else "")
             raise ValueError(
-                f"the text under {', '.join(map(str, paths))} has {len(stream):,} bytes: too few for sequences of "
-                f"{seq_len} tokens with a held-out split (need at least {2 * n:,})"
+                f"the text under {', '.join(map(str, paths))} has {len(stream):,} bytes of text{skipped}: too few "
+                f"for sequences of {seq_len} tokens with a held-out split (need at least {2 * n:,})"
             )
         seqs = torch.as_tensor(stream[: n_seq * n].reshape(n_seq, n).astype(np.int64))
         self.train, self.val = seqs[: n_seq - n_val], seqs[n_seq - n_val :]
         self.seq_len, self.seed, self.files, self.num_bytes = seq_len, seed, len(files), len(stream)
+        self.binary_files = binary  # skipped: a NUL byte in the part read
 
     def batch(self, split: str, index: int, size: int) -> Batch:
+        index, size = check_batch_request(split, index, size)
         pool = self.train if split == "train" else self.val
         rng = np.random.default_rng([self.seed, 0 if split == "train" else 1, index])
         rows = torch.as_tensor(rng.integers(0, len(pool), size))

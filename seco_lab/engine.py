@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import ceil_div, check_chunk_size
+from .checks import as_float, as_int, ceil_div, check_chunk_size
 from .grads import GradDict, named_grads
 from .protocol import ChunkCache, ChunkModel, ChunkOutput, flat_cache, unflat_cache
 
@@ -91,6 +91,7 @@ def check_model(model) -> None:
 def prepare(model, tokens, targets, chunk_size: int | None = None, ignore_index: int = -100) -> ChunkedBatch:
     """Validate the inputs of any engine; every error says what was wrong."""
     check_model(model)
+    ignore_index = as_int(ignore_index, "ignore_index")
     tokens = _as_2d(tokens, "tokens")
     targets = _as_2d(targets, "targets")
     if tokens.shape != targets.shape:
@@ -436,6 +437,7 @@ def _seco_into_grad(model: ChunkModel, batch: ChunkedBatch, params: Sequence[tor
 def seco_step(model: ChunkModel, tokens, targets, chunk_size: int, ignore_index: int = -100, scale: float = 1.0):
     """SeCO as a training step: accumulate ``scale`` times the exact gradient straight into
     ``.grad`` of trainable parameters (frozen ones stay untouched) and return the loss."""
+    scale = as_float(scale, "scale")  # NaN or inf would be written into every .grad
     batch = prepare(model, tokens, targets, chunk_size, ignore_index)
     tensors = [p for _, p in trainable(model)]
     loss = _seco_into_grad(model, batch, tensors, scale)

@@ -97,17 +97,30 @@ class HopStrata:
         return self.combine(np.ones(len(self.strata)))
 
     def combine(self, weights) -> GradDict:
-        """sum_p weights[p] g(p); weights beyond P are ignored, missing ones count as 0."""
+        """sum_p weights[p] g(p); weights beyond P are ignored, missing ones count as 0.  An exactly zero
+        stratum adds nothing whatever its weight (chains deeper than the model are zero, while W(p) = (k/t)^p
+        may exceed float range there); a weight beyond the gradient dtype's range on a non-zero stratum is
+        refused rather than turned into inf or NaN."""
         out = {n: torch.zeros_like(g) for n, g in self.strata[0].items()}
-        for w, g in zip(weights, self.strata):
-            if w:
-                for n in out:
-                    out[n].add_(g[n], alpha=float(w))
+        for p, (w, g) in enumerate(zip(weights, self.strata)):
+            w = float(w)
+            if w == 0 or not any(bool(t.any()) for t in g.values()):
+                continue
+            if not all(abs(w) <= torch.finfo(t.dtype).max for t in g.values()):
+                raise ValueError(f"weight {w:.3g} on the non-zero stratum g({p}) exceeds the range of its dtype: "
+                                 "the estimate would be inf or NaN; lower max_hops or the weights")
+            for n in out:
+                out[n].add_(g[n], alpha=w)
         return out
 
     def estimate(self, scheme: str | Scheme, budget: int) -> GradDict:
-        """The scheme's sparse estimate for this draw: sum_p W(p) g_I(p)."""
+        """The scheme's sparse estimate for this draw: sum_p W(p) g_I(p).  On the strata of a drawn subset
+        I, a uniform scheme's budget must be |I| (it draws exactly t chunks)."""
         scheme = get_scheme(scheme)
+        _, budget = check_budget(self.num_chunks, budget)
+        if self.subset is not None and scheme.sampler.kind == "uniform" and budget != len(self.subset):
+            raise ValueError(f"budget t={budget} does not match the drawn subset {self.subset} of {len(self.subset)} "
+                             f"chunk(s): scheme {scheme.name!r} draws exactly t chunks; pass budget={len(self.subset)}")
         return self.combine(scheme.chain_weights(self.num_chunks, budget, self.max_hops))
 
     def norms(self) -> np.ndarray:

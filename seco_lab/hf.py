@@ -120,7 +120,11 @@ class HFChunkModel(nn.Module):
 
     def __init__(self, model: nn.Module, chunk_attention: bool = True):
         super().__init__()
-        _require_transformers()
+        transformers = _require_transformers()
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if not isinstance(base, transformers.PreTrainedModel):
+            raise TypeError(f"HFChunkModel drives a transformers causal LM (or its peft wrapper), got "
+                            f"{type(model).__name__}; a TinyTransformer is a chunk model already: use it directly")
         self.model = model
         self.config = model.config
         reason = chunkable_reason(self.config)
@@ -188,6 +192,21 @@ ARCHITECTURES = {
 }
 
 
+def check_hf_overrides(architecture: str, overrides: dict) -> None:
+    """Refuse fields the architecture's transformers config does not have (it would store them unused)."""
+    transformers = _require_transformers()
+    conf_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[architecture]
+    known = set(conf_cls().to_dict())
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"--hf-override: {architecture} has no config field(s) {', '.join(unknown)}; e.g. "
+                         "hidden_size, num_hidden_layers, num_attention_heads, intermediate_size")
+    try:
+        conf_cls(**{**ARCHITECTURES[architecture], **overrides})
+    except Exception as e:  # noqa: BLE001 -- transformers' validation errors share no base class
+        raise ValueError(f"--hf-override {overrides}: {str(e).splitlines()[-1].strip()}") from None
+
+
 def build_hf_model(name_or_path: str, overrides: dict | None = None, attn_implementation: str = "sdpa",
                    dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
     """A causal LM: a named architecture with random weights (``llama``, ``qwen2``) or a local checkpoint
@@ -198,6 +217,7 @@ def build_hf_model(name_or_path: str, overrides: dict | None = None, attn_implem
         raise ValueError(f"attention implementation {attn_implementation!r}: use one of {SUPPORTED_ATTENTION}")
     torch.manual_seed(seed)
     if name_or_path in ARCHITECTURES:
+        check_hf_overrides(name_or_path, overrides or {})
         conf_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[name_or_path]
         config = conf_cls(**{**ARCHITECTURES[name_or_path], **(overrides or {})})
         config._attn_implementation = attn_implementation
@@ -213,6 +233,21 @@ def build_hf_model(name_or_path: str, overrides: dict | None = None, attn_implem
                                                                   local_files_only=True)
     model = model.to(dtype)
     return exact_float64(model) if dtype == torch.float64 else model
+
+
+def checkpoint_tokenizer(path: str):
+    """The tokenizer saved in a local checkpoint directory (nothing is downloaded).  Text for a checkpoint
+    must go through its own tokenizer: byte values are not its token ids, and training on them would give
+    a quietly wrong model and loss, so a directory without a tokenizer is refused."""
+    transformers = _require_transformers()
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"--hf-model {path} --data text: the checkpoint directory holds no tokenizer that loads "
+                         f"offline ({reason[:200]}); text must be tokenized with the model's own tokenizer, not "
+                         "fed as bytes. Save it beside the weights (tokenizer.save_pretrained(DIR)) or use --data "
+                         "synthetic") from None
 
 
 def add_lora(model: nn.Module, r: int = 8, alpha: int = 16, targets=("q_proj", "v_proj"), dropout: float = 0.0,

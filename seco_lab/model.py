@@ -20,6 +20,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .checks import check_seed
+from .config import parse_device
 from .protocol import ChunkCache, ChunkOutput
 from .tiny_config import TinyConfig
 
@@ -123,6 +125,13 @@ class TinyTransformer(nn.Module):
 
     def __init__(self, config: TinyConfig, seed: int = 0, dtype: torch.dtype = torch.float32, device=None):
         super().__init__()
+        if not isinstance(config, TinyConfig):
+            raise TypeError(f"config must be a TinyConfig, got {type(config).__name__}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32), got {dtype!r}")
+        if device is not None:
+            device = parse_device(str(device))
+        check_seed(seed)
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
@@ -147,7 +156,7 @@ class TinyTransformer(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, seed: int) -> None:
-        gen = torch.Generator().manual_seed(int(seed))
+        gen = torch.Generator().manual_seed(check_seed(seed))
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
@@ -161,6 +170,11 @@ class TinyTransformer(nn.Module):
         return h @ self.embed.weight.T if self.lm_head is None else self.lm_head(h)
 
     def chunk_hidden(self, tokens, past: Sequence[ChunkCache], start: int):
+        if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size):
+            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got range "
+                             f"[{int(tokens.min())}, {int(tokens.max())}]")
         x = self.embed(tokens)
         cache = []
         for layer, block in enumerate(self.blocks):

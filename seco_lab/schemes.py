@@ -24,7 +24,7 @@ from typing import Literal, Union
 
 import numpy as np
 
-from .checks import check_budget, check_max_hops, check_rng
+from .checks import as_float, check_budget, check_max_hops, check_rng
 
 Num = Union[Fraction, int]
 
@@ -57,7 +57,7 @@ class Sampler:
         if self.rho is not None:
             if self.kind != "bernoulli":
                 raise ValueError("rho applies to the bernoulli sampler only")
-            if not 0.0 < float(self.rho) <= 1.0:
+            if not 0.0 < as_float(self.rho, "Bernoulli inclusion probability rho") <= 1.0:
                 raise ValueError(f"Bernoulli inclusion probability rho must lie in (0, 1], got {self.rho}")
 
     def rate(self, k: int, t: int) -> Fraction:
@@ -173,7 +173,9 @@ class Scheme:
         return list(itertools.accumulate(self.factors_exact(k, t, max_hops), lambda a, b: a * b))
 
     def chain_weights(self, k: int, t: int, max_hops: int) -> np.ndarray:
-        return np.array([float(w) for w in self.chain_weights_exact(k, t, max_hops)])
+        """W(p) as floats; a weight beyond float range (e.g. (k/t)^p at k = 256) is ``inf``, which
+        :meth:`HopStrata.combine` accepts only on an exactly zero stratum."""
+        return np.array([fraction_to_float(w) for w in self.chain_weights_exact(k, t, max_hops)])
 
     def constant_relay(self, k: int, t: int) -> bool:
         """True when c_q does not depend on q (for the hops that can occur), so one relay buffer suffices."""
@@ -201,14 +203,31 @@ class Scheme:
         return _with_params(self, params)
 
 
-def check_cap(cap) -> Fraction:
-    """A cap C on a hop factor or chain product: a finite number > 0, as an exact fraction."""
+def fraction_to_float(value: Fraction) -> float:
+    """float(value), or +-inf where it lies beyond float range (instead of an OverflowError)."""
     try:
-        value = float(cap)
-    except (TypeError, ValueError):
-        raise ValueError(f"cap must be a finite number > 0, got {cap!r}") from None
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def short_repr(value, width: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= width else f"{text[:width]}... ({len(text)} characters)"
+
+
+def check_cap(cap) -> Fraction:
+    """A cap C on a hop factor or chain product: a finite number > 0, as an exact fraction (``True``,
+    strings and ints beyond float range are refused)."""
+    if isinstance(cap, Fraction):
+        value = float(cap) if cap > 0 and cap < 2**1000 else math.nan
+    else:
+        try:
+            value = as_float(cap, "cap")
+        except (TypeError, ValueError):
+            raise ValueError(f"cap must be a finite number > 0, got {short_repr(cap)}") from None
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"cap must be a finite number > 0, got {cap!r} (an uncapped scheme has no cap: "
+        raise ValueError(f"cap must be a finite number > 0, got {short_repr(cap)} (an uncapped scheme has no cap: "
                          "use 'paper' instead of 'paper-capped' for C = infinity)")
     return Fraction(cap) if isinstance(cap, (int, Fraction)) else Fraction(value)
 
@@ -241,10 +260,25 @@ def make_scheme(
 
     Its expected weights come for free from W(p) pi(p).
     """
-    d = direct if callable(direct) else (lambda k, t, rho, _c=Fraction(direct): _c)
-    h = hop if callable(hop) else (lambda q, k, t, rho, _c=Fraction(hop): _c)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty string, got {name!r}")
+    if cap_on not in ("hop", "chain"):
+        raise ValueError(f"cap_on must be 'hop' or 'chain', got {cap_on!r}")
+    d = direct if callable(direct) else (lambda k, t, rho, _c=check_factor(direct, "direct factor c_0"): _c)
+    h = hop if callable(hop) else (lambda q, k, t, rho, _c=check_factor(hop, "hop factor c_q"): _c)
     s = sampler if isinstance(sampler, Sampler) else Sampler(sampler)
-    return Scheme(name, s, d, h, None if cap is None else Fraction(cap), cap_on)
+    return Scheme(name, s, d, h, None if cap is None else check_cap(cap), cap_on)
+
+
+def check_factor(value, what: str) -> Fraction:
+    """A constant compensation factor: a finite number >= 0 (int, float or Fraction), exactly."""
+    if isinstance(value, Fraction) or (isinstance(value, (int, np.integer)) and not isinstance(value, bool)):
+        exact = Fraction(int(value)) if not isinstance(value, Fraction) else value
+    else:
+        exact = Fraction(as_float(value, what))
+    if exact < 0:
+        raise ValueError(f"{what} must be >= 0, got {value!r}")
+    return exact
 
 
 # Built-in factors (module-level functions, so schemes pickle across processes).

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from . import sharded_checkpoint
-from .config import DTYPES, MODES, RunControl, TrainConfig, parse_device
+from .config import DTYPES, HF_ARCHITECTURES, MODES, RunControl, TrainConfig, parse_device
 from .data import Batch, KeyValueTask, TextCorpus
 from .engine import forward_loss
 from .grads import accumulate_grads
@@ -392,13 +392,15 @@ class Trainer:
 def build_data(cfg: TrainConfig):
     if cfg.data == "synthetic":
         return KeyValueTask(cfg.seq_len, vocab_size=cfg.model.vocab_size, n_pairs=cfg.n_pairs, seed=cfg.seed)
-    from .pretrained import is_pretrained, load_tokenizer
-
-    if cfg.hf_model is not None and is_pretrained(cfg.hf_model):
-        # a pretrained LM reads text through its own tokenizer (packed and split like the byte corpus)
+    if cfg.hf_model is not None and cfg.hf_model not in HF_ARCHITECTURES:
+        # a pretrained LM or a checkpoint directory reads text through its own tokenizer (packed and split like
+        # the byte corpus): bytes are not its token ids
+        from .hf import checkpoint_tokenizer
+        from .pretrained import is_pretrained, load_tokenizer
         from .token_corpus import TokenCorpus
 
-        return TokenCorpus(cfg.seq_len, load_tokenizer(cfg.hf_model), paths=cfg.text_paths or None, seed=cfg.seed)
+        tokenizer = load_tokenizer(cfg.hf_model) if is_pretrained(cfg.hf_model) else checkpoint_tokenizer(cfg.hf_model)
+        return TokenCorpus(cfg.seq_len, tokenizer, paths=cfg.text_paths or None, seed=cfg.seed)
     return TextCorpus(cfg.seq_len, paths=cfg.text_paths or None, seed=cfg.seed)
 
 
@@ -422,7 +424,7 @@ def build_model(cfg: TrainConfig, vocab: int, device: torch.device):
         if cfg.model.vocab_size != vocab:
             raise ValueError(f"model vocab_size={cfg.model.vocab_size} does not match the data's vocabulary {vocab}")
         return TinyTransformer(cfg.model, seed=cfg.seed, dtype=dtype, device=device)
-    from .hf import HFChunkModel, add_lora
+    from .hf import HFChunkModel, add_lora, check_hf_overrides
     from .pretrained import build_causal_lm
 
     overrides = dict(cfg.hf_overrides)
@@ -442,24 +444,6 @@ def build_model(cfg: TrainConfig, vocab: int, device: torch.device):
     if cfg.lora:
         hf = add_lora(hf, cfg.lora_r, cfg.lora_alpha, cfg.lora_targets)
     return HFChunkModel(hf).to(device)
-
-
-def check_hf_overrides(architecture: str, overrides: dict) -> None:
-    """Refuse fields the architecture's transformers config does not have (it would store them unused)."""
-    import transformers
-
-    from .hf import ARCHITECTURES
-
-    conf_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[architecture]
-    known = set(conf_cls().to_dict())
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ValueError(f"--hf-override: {architecture} has no config field(s) {', '.join(unknown)}; e.g. "
-                         "hidden_size, num_hidden_layers, num_attention_heads, intermediate_size")
-    try:
-        conf_cls(**{**ARCHITECTURES[architecture], **overrides})
-    except Exception as e:  # noqa: BLE001 -- transformers' validation errors share no base class
-        raise ValueError(f"--hf-override {overrides}: {str(e).splitlines()[-1].strip()}") from None
 
 
 def init_distributed_from_env() -> bool:

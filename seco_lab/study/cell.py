@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ..checks import as_int, check_seed
 from .definition import StudyConfig, build_model, build_tokens
 
 
@@ -33,6 +34,8 @@ def load_cell(results_dir: Path, n_layers: int, num_chunks: int, seed: int) -> C
     """The model, tokens and targets of group (L = n_layers, k = num_chunks, seed) of a stored study
     (a chain-basis or a paper-settings group), exactly as the study built them, so any stored number
     can be recomputed from them."""
+    n_layers, num_chunks = as_int(n_layers, "n_layers L", 1), as_int(num_chunks, "num_chunks k", 1)
+    seed = check_seed(seed)
     cfg = load_study_config(results_dir)
     if (n_layers, num_chunks, seed) not in cfg.groups() + cfg.paper_groups():
         raise ValueError(f"(L={n_layers}, k={num_chunks}, seed={seed}) is not a group of the study in {results_dir}: "
