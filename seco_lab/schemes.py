@@ -264,8 +264,10 @@ def make_scheme(
         raise TypeError(f"name must be a non-empty string, got {name!r}")
     if cap_on not in ("hop", "chain"):
         raise ValueError(f"cap_on must be 'hop' or 'chain', got {cap_on!r}")
-    d = direct if callable(direct) else (lambda k, t, rho, _c=check_factor(direct, "direct factor c_0"): _c)
-    h = hop if callable(hop) else (lambda q, k, t, rho, _c=check_factor(hop, "hop factor c_q"): _c)
+    c0 = None if callable(direct) else check_factor(direct, "direct factor c_0")
+    cq = None if callable(hop) else check_factor(hop, "hop factor c_q")
+    d = direct if callable(direct) else (lambda k, t, rho, _c=c0: _c)
+    h = hop if callable(hop) else (lambda q, k, t, rho, _c=cq: _c)
     s = sampler if isinstance(sampler, Sampler) else Sampler(sampler)
     return Scheme(name, s, d, h, None if cap is None else check_cap(cap), cap_on)
 
