@@ -29,6 +29,7 @@ from pathlib import Path
 
 from . import __version__
 from .config import RunControl, TrainConfig, check_fields, load_config_file, tiny_config_from_dict
+from .memory_estimate import check_fits_in_memory
 from .studies import STUDIES, report_main, study_main
 from .tiny_config import TinyConfig
 
@@ -172,7 +173,21 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
     spaco_only = sorted(k for k in ("scheme", "budget", "cap") if k in flags)
     if merged.get("mode", "seco") != "spaco" and spaco_only:
         raise UserError(f"--{', --'.join(spaco_only)} applies to --mode spaco only; add --mode spaco or drop it")
-    return TrainConfig.from_dict(merged).validate(), run
+    cfg = TrainConfig.from_dict(merged).validate()
+    if parse_device_kind(run.device) == "cpu":  # on a GPU the host holds the data only
+        check_fits_in_memory(cfg)
+    return cfg, run
+
+
+def parse_device_kind(device: str) -> str:
+    """'cpu' or 'cuda' for a --device value, without importing torch where the answer is plain."""
+    if device == "cpu" or device.startswith("cpu:"):
+        return "cpu"
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda"
 
 
 def train_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:

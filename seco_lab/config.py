@@ -172,6 +172,9 @@ class TrainConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"{source}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if "model" in d and not isinstance(d["model"], (dict, TinyConfig)) and d["model"] is not None:
+            raise ValueError(f"{source}: model must be a table of TinyConfig fields ([model] in TOML, an object in "
+                             f"JSON), got {d['model']!r} ({type(d['model']).__name__})")
         if isinstance(d.get("model"), dict):
             model = dict(d["model"])
             if d.get("data") == "text":

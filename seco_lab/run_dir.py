@@ -13,7 +13,6 @@ torn last line of ``metrics.jsonl`` (a kill mid-write) is dropped -- both with a
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -23,9 +22,9 @@ from pathlib import Path
 
 import torch
 
+from .folder_lock import LOCK_NAME, FolderBusy, hold_lock, release_lock
 from .store import atomic_write, atomic_write_json
 
-LOCK_NAME = ".lock"
 CHECKPOINT_KEYS = ("step", "model", "optimizer", "scheduler", "torch_rng", "numpy_rng")
 
 
@@ -84,25 +83,15 @@ class RunDir:
         return self
 
     def _lock(self) -> None:
-        f = open(self.path / LOCK_NAME, "a+")
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            owner = f.read().strip() or "unknown"
-            f.close()
-            raise RunDirError(f"run directory {self.path} is in use by another trainer (pid {owner}); wait for it "
-                              "to finish or stop it, or choose another --run-dir") from None
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
-        self._lock_file = f
+            self._lock_file = hold_lock(self.path, "trainer", "wait for it to finish or stop it, or choose another "
+                                                              "--run-dir")
+        except FolderBusy as e:
+            raise RunDirError(f"run directory {e}") from None
 
     def close(self) -> None:
         if self._lock_file is not None:
-            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
-            self._lock_file.close()
+            release_lock(self._lock_file)
             self._lock_file = None
 
     # ------------------------------------------------------------------ config
@@ -168,9 +157,13 @@ class RunDir:
 def read_config(run_dir) -> dict:
     path = Path(run_dir) / "config.json"
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RunDirError(f"{path}: cannot read the run's config ({e})") from None
+    if not isinstance(config, dict):
+        raise RunDirError(f"{path} holds a {type(config).__name__}, not a run's settings: the file is damaged or "
+                          "not written by seco-lab train")
+    return config
 
 
 def read_metrics(run_dir) -> list[dict]:

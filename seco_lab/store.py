@@ -27,6 +27,10 @@ from typing import IO
 
 import pandas as pd
 
+from .folder_lock import hold_lock, release_lock
+
+_HELD_LOCKS: dict[Path, IO] = {}  # study folders this process has locked (a rerun in the process reuses its lock)
+
 __all__ = ["DefinitionMismatch", "StudyFolder", "atomic_write", "atomic_write_csv", "atomic_write_json",
            "clear_stale", "fingerprint", "software_versions"]
 
@@ -94,6 +98,10 @@ def software_versions(*packages: str) -> dict:
     return out
 
 
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def fingerprint(definition: dict) -> str:
     """16 hex digits of the SHA-256 of the definition's sorted JSON."""
     return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:16]
@@ -128,11 +136,16 @@ class StudyFolder:
         return self._stored(manifest) if manifest else None
 
     def open(self, digest: str, fresh: bool = False) -> dict:
-        """Create the folder, remove stale temporary files, refuse a folder of another definition
-        (unless ``fresh``: then its cells are discarded); return the stored manifest ({} if none)."""
+        """Create and lock the folder (``ROOT/.lock``, held until this process exits or :meth:`close`: a second
+        run into the same folder is refused, a lock left by a dead process is taken over), remove stale
+        temporary files, refuse a folder of another definition (unless ``fresh``: then its cells are
+        discarded); return the stored manifest ({} if none)."""
         if self.root.exists() and not self.root.is_dir():
             raise NotADirectoryError(f"{self.root} is a file, not a folder: pass a folder path")
         self.cells.mkdir(parents=True, exist_ok=True)
+        key = self.root.resolve()
+        if key not in _HELD_LOCKS:
+            _HELD_LOCKS[key] = hold_lock(self.root, "study run", "wait for it to finish, or pass another --out")
         clear_stale(self.cells)
         clear_stale(self.root)
         old = {} if fresh else self.read_manifest()
@@ -150,16 +163,38 @@ class StudyFolder:
         """The file whose presence marks cell ``name`` done."""
         return self.cells / f"{name}.json"
 
+    def close(self) -> None:
+        """Release the folder's lock (also released when the process exits)."""
+        held = _HELD_LOCKS.pop(self.root.resolve(), None)
+        if held is not None:
+            release_lock(held)
+
     def done(self, name: str) -> bool:
-        return self.marker(name).exists()
+        """The cell's record exists and every table it lists is on disk with the recorded SHA-256: a deleted
+        or altered table makes the cell not done (it is computed again), rather than a "complete" study
+        with rows missing.  A record without the list (older folders) needs only to exist."""
+        try:
+            record = json.loads(self.marker(name).read_text())
+        except (OSError, ValueError):
+            return False
+        files = record.get("files") if isinstance(record, dict) else None
+        if files is None:
+            return isinstance(record, dict)
+        try:
+            return all(file_sha256(self.cells / table_file) == entry["sha256"] for table_file, entry in files.items())
+        except (OSError, KeyError, TypeError, AttributeError):
+            return False
 
     def write_cell(self, name: str, record: dict, tables: dict[str, pd.DataFrame] | None = None,
                    table_suffix: str = ".{table}.csv") -> None:
-        """Write a cell's tables (``NAME.TABLE.csv``), then its record ``NAME.json``: the cell is done
-        only once every table is on disk."""
+        """Write a cell's tables (``NAME.TABLE.csv``), then its record ``NAME.json`` with each table's row
+        count and SHA-256: the cell is done only once every table is on disk as recorded."""
+        files = {}
         for table, df in (tables or {}).items():
-            atomic_write_csv(self.cells / (name + table_suffix.format(table=table)), df)
-        atomic_write_json(self.marker(name), record)
+            path = self.cells / (name + table_suffix.format(table=table))
+            atomic_write_csv(path, df)
+            files[path.name] = {"rows": len(df), "sha256": file_sha256(path)}
+        atomic_write_json(self.marker(name), {**record, "files": files} if files else record)
 
     def read_cell(self, name: str) -> dict:
         return json.loads(self.marker(name).read_text())

@@ -148,11 +148,12 @@ def study_main(argv=None, prog: str | None = None) -> int:
         args.out = study.quick_results if quick else study.results
     if args.out.exists() and not args.out.is_dir():
         ap.error(f"--out {args.out} is a file, not a folder: pass a folder path")
+    from .folder_lock import FolderBusy
     from .store import DefinitionMismatch
 
     try:
         return resolve(study.run)(args)
-    except DefinitionMismatch as e:
+    except (DefinitionMismatch, FolderBusy) as e:
         ap.error(str(e))
     except OSError as e:
         print(f"{ap.prog}: error: cannot write the results to {args.out}: {e.strerror or e} "
@@ -198,8 +199,13 @@ def report_main(argv=None) -> int:
         print(f"{ap.prog}: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"{ap.prog}: error: cannot write {out}: {e.strerror or e} (pass a writable path with --out)",
-              file=sys.stderr)
+        reading = e.filename is not None and Path(e.filename).resolve().is_relative_to(Path(results).resolve())
+        if reading or not Path(results).is_dir():  # the stored results, not the report, are the problem
+            print(f"{ap.prog}: error: cannot read the results in {results}: {e.strerror or e} (run `seco-lab "
+                  f"study {study.name}` first, or pass the folder that holds them with --results)", file=sys.stderr)
+        else:
+            print(f"{ap.prog}: error: cannot write {out}: {e.strerror or e} (pass a writable path with --out)",
+                  file=sys.stderr)
         return 2
     print(f"wrote {path}")
     return 0

@@ -230,7 +230,13 @@ class Trainer:
         for peft_cfg in getattr(inner, "peft_config", {}).values():
             peft_cfg.base_model_name_or_path = peft_cfg.base_model_name_or_path or self.cfg.hf_model
         out = self.run_dir.path / "adapter"
-        inner.save_pretrained(str(out), **({} if state is None else {"state_dict": state}))
+        # peft's "auto" asks the Hub whether the base model's vocabulary changed; it never does here, so say
+        # whether embeddings are adapted and stay offline
+        from peft.utils.other import EMBEDDING_LAYER_NAMES
+
+        embeddings = any(t in EMBEDDING_LAYER_NAMES for t in self.cfg.lora_targets)
+        inner.save_pretrained(str(out), save_embedding_layers=embeddings,
+                              **({} if state is None else {"state_dict": state}))
         return out
 
     def _barrier(self):

@@ -226,3 +226,275 @@ def test_load_cell_refuses_non_integer_coordinates(tmp_path, bad):
     args = {"n_layers": 1, "num_chunks": 4, "seed": 0, **bad}
     with pytest.raises(TypeError, match="must be an integer"):
         load_cell(tmp_path, **args)
+
+
+# ------------------------------------------------------------------ tracebacks of the command line
+
+
+def test_a_toml_config_with_a_scalar_model_is_a_clear_error(tmp_path, capsys):
+    f = tmp_path / "m.toml"
+    f.write_text("model = 5\n")
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(tmp_path / "r"), "--config", str(f))
+    assert rc == 2 and "model must be a table of TinyConfig fields" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag, value", [("--batch-size", "100000000"), ("--vocab-size", "1000000000")])
+def test_a_run_that_cannot_fit_in_memory_is_refused_up_front(tmp_path, capsys, flag, value):
+    run = tmp_path / "r"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), "--device", "cpu", flag, value)
+    assert rc == 2 and "this run needs at least" in err and "GiB of memory" in err, err
+    assert not run.exists()
+
+
+def test_the_memory_estimate_counts_parameters_exactly():
+    """The parameter term of the estimate equals the model's own count (the rest is data and activations)."""
+    from seco_lab import TinyTransformer
+    from seco_lab.config import TrainConfig
+    from seco_lab.memory_estimate import training_memory_bytes
+
+    for model in (dict(vocab_size=50, d_model=16, n_heads=4, n_kv_heads=2, d_ff=24, n_layers=3),
+                  dict(vocab_size=64, d_model=8, n_heads=2, d_ff=8, n_layers=1, tie_embeddings=True)):
+        base = TrainConfig(model=model, batch_size=1, seq_len=1, chunk_size=1, warmup=0)
+        bigger = TrainConfig(model={**model, "vocab_size": model["vocab_size"] + 1}, batch_size=1, seq_len=1,
+                             chunk_size=1, warmup=0)
+        params = TinyTransformer(base.model).num_parameters()
+        data_and_activations = training_memory_bytes(base) - 4 * params * 4
+        assert data_and_activations > 0
+        # one more vocabulary entry: d (or 2d) more parameters, 4 copies of 4 bytes, plus one logit column
+        extra = training_memory_bytes(bigger) - training_memory_bytes(base)
+        per_entry = TinyTransformer(bigger.model).num_parameters() - params
+        assert extra == 16 * per_entry + 3 * 1 * 1 * 4
+
+
+def test_a_config_json_that_is_a_list_is_a_clear_error(tmp_path, capsys):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.json").write_text("[1, 2]")
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), "--resume", "--no-progress")
+    assert rc == 2 and "not a run's settings" in err and "Traceback" not in err, err
+
+
+# ------------------------------------------------------------------ item 9: binary files
+
+
+def test_a_text_head_followed_by_nuls_is_skipped_as_binary(tmp_path):
+    from seco_lab.data import TextCorpus
+
+    f = tmp_path / "head.txt"
+    with open(f, "wb") as fh:  # 4 KiB of text, then 16 MiB of NUL bytes (sparse)
+        fh.write(b"abc " * 1024)
+        fh.truncate(4096 + (16 << 20))
+    with pytest.raises(ValueError, match=r"1 file\(s\) skipped as binary"):
+        TextCorpus(32, paths=[f])
+    good = tmp_path / "good.txt"
+    good.write_text("hello world\n" * 500)
+    corpus = TextCorpus(32, paths=[f, good])
+    assert corpus.binary_files == [f] and corpus.num_bytes == 6000  # the text file alone
+
+
+def test_a_binary_text_file_is_reported_as_skipped(tmp_path, capsys):
+    f = tmp_path / "blob.bin"
+    f.write_bytes(bytes(range(256)) * 64)
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(tmp_path / "r"), *FAST, "--data", "text", "--text",
+                         str(f))
+    assert rc == 2 and "skipped as binary" in err, err
+
+
+# ------------------------------------------------------------------ item 10: plot
+
+
+def _run_dir(tmp_path, metrics: str, config: dict | None = None):
+    import json
+
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    config = config if config is not None else {"mode": "seco", "data": "synthetic", "seq_len": 64, "chunk_size": 32}
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "metrics.jsonl").write_text(metrics)
+    return run
+
+
+@pytest.mark.parametrize("metrics, config, out, message", [
+    ("", None, "x.png", "holds no metrics yet"),
+    ('{"step": 1, "loss": "high"}\n', None, "x.png", "not a number"),
+    ('{"loss": 1.0}\n', None, "x.png", "no integer 'step'"),
+    ('{"step": 1, "loss": 1.0}\n', {"data": "synthetic"}, "x.png", "lacks mode"),
+    ('{"step": 1, "loss": 1.0}\n', None, "x.txt", "give the file a .png suffix"),
+    ('{"step": 1, "loss": 1.0}\n', None, "DIR", "is a folder"),
+])
+def test_plot_refuses_what_it_cannot_draw_honestly(tmp_path, capsys, metrics, config, out, message):
+    run = _run_dir(tmp_path, metrics, config)
+    target = tmp_path if out == "DIR" else tmp_path / out
+    rc, _, err = run_cli(capsys, "plot", str(run), "--out", str(target))
+    assert rc == 2 and message in err and "Traceback" not in err, err
+    if out != "DIR":
+        assert not target.exists()
+
+
+def test_plot_leaves_out_non_finite_losses_with_a_warning(tmp_path):
+    from seco_lab.report.runs import plotted_metrics
+
+    run = _run_dir(tmp_path, '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": NaN}\n{"step": 3, "loss": 1.5}\n')
+    with pytest.warns(UserWarning, match="1 non-finite loss"):
+        rows = plotted_metrics(run)
+    assert [r.get("loss") for r in rows] == [2.0, None, 1.5]
+
+
+# ------------------------------------------------------------------ item 7: incomplete results are refused
+
+STUDY = __import__("pathlib").Path(__file__).resolve().parents[1] / "reports" / "bias_study"
+
+
+@pytest.fixture
+def study_copy(tmp_path):
+    import shutil
+
+    out = tmp_path / "study"
+    out.mkdir()
+    for f in STUDY.iterdir():
+        if f.is_file():
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def test_the_stored_study_loads_complete(study_copy):
+    from seco_lab.report import load_bias
+
+    study = load_bias(study_copy)
+    assert len(study.cells) > 0
+
+
+def _truncate(path, keep_rows):
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[: 1 + keep_rows]))
+
+
+def _set_value(path, row, value):
+    lines = path.read_text().splitlines(keepends=True)
+    parts = lines[row].rstrip("\n").split(",")
+    parts[-1] = value
+    lines[row] = ",".join(parts) + "\n"
+    path.write_text("".join(lines))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: _truncate(d / "results.csv", 12), "results.csv lacks"),        # 1 cell of many
+    (lambda d: _truncate(d / "checks.csv", 0), "header but no rows"),         # header only
+    (lambda d: (d / "results.csv").write_text(""), "is empty"),
+    (lambda d: _set_value(d / "results.csv", 1, "inf"), "holds infinity"),
+    (lambda d: _set_value(d / "paper.csv", 1, "nan"), "NaN in 1 row"),
+    (lambda d: _set_value(d / "groups.csv", 1, "abc"), "holds non-numbers"),
+    (lambda d: (d / "study.json").write_text(""), "cannot be read as JSON"),
+    (lambda d: (d / "study.json").write_text("[1, 2]"), "holds a list"),
+    (lambda d: (d / "convergence.csv").write_text("garbage\x00,\n\x01\n"), "convergence.csv"),
+    (lambda d: _truncate(d / "groups.csv", 3), "groups.csv lacks"),
+])
+def test_incomplete_or_damaged_results_are_refused_naming_what_is_missing(study_copy, damage, message):
+    from seco_lab.report import MissingResultsError, load_bias
+
+    damage(study_copy)
+    with pytest.raises(MissingResultsError, match=message.replace("(", r"\(")):
+        load_bias(study_copy)
+
+
+def test_a_check_over_no_cells_is_not_reported_as_yes():
+    import pandas as pd
+
+    from seco_lab.report.bias_summary import _verdict
+
+    none = pd.Series([False, False])
+    assert _verdict(pd.Series([True, True]), none) == "– (no cells)"
+    assert _verdict(pd.Series([True, False]), pd.Series([True, True])) == "no (1/2)"
+
+
+def test_report_on_a_missing_folder_says_so_not_cannot_write(tmp_path, capsys):
+    from seco_lab.studies import report_main
+
+    for name in ("training", "bias"):
+        rc = report_main([name, "--results", str(tmp_path / "nope"), "--out", str(tmp_path / "r.md")])
+        err = capsys.readouterr().err
+        assert rc == 2 and "cannot write" not in err and str(tmp_path / "nope") in err, err
+
+
+# ------------------------------------------------------------------ item 7: a study verifies finished groups
+
+
+def test_a_finished_group_is_done_only_while_its_tables_match_its_record(tmp_path):
+    import pandas as pd
+
+    from seco_lab.store import StudyFolder
+
+    folder = StudyFolder(tmp_path)
+    folder.open("abc")
+    try:
+        tables = {name: pd.DataFrame({"a": [1, 2, 3]}) for name in ("results", "checks", "groups", "convergence")}
+        folder.write_cell("L1_k4_s0", {"seconds": 1.0}, tables)
+        assert folder.done("L1_k4_s0")
+        results = tmp_path / "cells" / "L1_k4_s0.results.csv"
+        results.write_text(results.read_text() + "4\n")  # a changed table
+        assert not folder.done("L1_k4_s0")
+        folder.write_cell("L1_k4_s0", {"seconds": 1.0}, tables)
+        results.unlink()  # a deleted table (before: "complete" from the .json alone)
+        assert not folder.done("L1_k4_s0")
+    finally:
+        folder.close()
+
+
+# ------------------------------------------------------------------ everyday use: the study's folder lock
+
+
+def test_a_second_bias_study_into_the_same_folder_is_refused(tmp_path, capsys):
+    from seco_lab.folder_lock import hold_lock, release_lock
+    from seco_lab.studies import study_main
+
+    out = tmp_path / "study"
+    out.mkdir()
+    held = hold_lock(out, "bias-study", "")  # another run, holding the lock
+    try:
+        with pytest.raises(SystemExit) as e:
+            study_main(["bias", "--quick", "--out", str(out), "--no-progress", "--jobs", "1"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "in use by another study run" in err and str(__import__("os").getpid()) in err
+        assert not (out / "study.json").exists()  # nothing written
+    finally:
+        release_lock(held)
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
+    import subprocess
+    import sys
+
+    from seco_lab.folder_lock import LOCK_NAME, hold_lock, release_lock
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / LOCK_NAME).write_text(dead.stdout.strip())  # left behind by a process that died
+    held = hold_lock(tmp_path, "bias-study", "")
+    assert (tmp_path / LOCK_NAME).read_text() == str(__import__("os").getpid())
+    release_lock(held)
+
+
+# ------------------------------------------------------------------ everyday use: LoRA adapters offline
+
+
+def test_saving_a_lora_adapter_makes_no_network_lookup(tmp_path, monkeypatch):
+    import peft.utils.other
+    import peft.utils.save_and_load
+
+    from seco_lab.config import RunControl, TrainConfig
+    from seco_lab.train import Trainer
+
+    def no_network(*args, **kwargs):
+        raise AssertionError(f"network lookup attempted: {args}")
+
+    monkeypatch.setattr(peft.utils.save_and_load, "check_file_exists_on_hf_hub", no_network)
+    monkeypatch.setattr(peft.utils.other, "check_file_exists_on_hf_hub", no_network)
+    cfg = TrainConfig(mode="dense", seq_len=16, chunk_size=8, batch_size=1, steps=2, warmup=1, hf_model="llama",
+                      hf_overrides={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 1},
+                      lora=True, lora_r=2, dtype="float32")
+    trainer = Trainer(cfg, RunControl(run_dir=str(tmp_path / "run"), device="cpu", progress=False))
+    trainer.prepare()
+    try:
+        out = trainer.save_adapter()
+    finally:
+        trainer.close()
+    assert (out / "adapter_config.json").is_file()

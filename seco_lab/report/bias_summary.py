@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,14 +12,19 @@ from scipy import stats
 from ..studies import STUDIES
 from ..study.definition import (
     BERNOULLI,
+    CHECK_COLUMNS,
+    CONVERGENCE_COLUMNS,
     FALLING_FACTORIAL,
+    GROUP_COLUMNS,
+    GROUP_KEY,
     PAPER,
     PAPER_CAPPED_2,
     RESULT_COLUMNS,
+    StudyConfig,
 )
 from .bias_paper import summarize_paper
 from .figures import scheme_order
-from .markdown import MissingResultsError, require
+from .markdown import MissingResultsError, read_json_table, read_results_csv, require
 
 UNBIASED_TOL = 1e-10  # relative bias below this is "exactly unbiased" (float64 rounding is ~1e-15)
 PAPER_RATIO = 16  # the paper's chunks-to-budget ratio k/t (k = 128 chunks of 128 tokens, t = 8)
@@ -43,30 +47,71 @@ class BiasStudy:
 
 
 def load_bias(folder: Path) -> BiasStudy:
+    """The stored study, refused unless complete and consistent: every table parses with its columns and
+    rows, holds finite numbers (NaN only where a metric is undefined: ``mc_covered``), and every cell and
+    group of the study's own definition (``study.json``) is present -- the message names what is missing."""
     folder = Path(folder)
     require(folder, STUDY_FILES, PRODUCE_BIAS)
-    meta = json.loads((folder / "study.json").read_text())
+    meta = read_json_table(folder / "study.json", PRODUCE_BIAS)
     if meta.get("status") != "complete":
         raise MissingResultsError(f"{folder}/study.json says the study is {meta.get('status')!r}: rerun it to "
                                   "completion (it resumes where it stopped)")
-    res = pd.read_csv(folder / "results.csv")
-    if tuple(res.columns) != RESULT_COLUMNS:
-        raise MissingResultsError(f"{folder}/results.csv has columns {list(res.columns)}, not {list(RESULT_COLUMNS)}:"
-                                  " it was written by an older study; rerun the study with --fresh")
+    try:
+        cfg = StudyConfig.from_json(meta["config"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise MissingResultsError(f"{folder}/study.json has no readable study definition ({type(e).__name__}: {e}): "
+                                  f"rerun {PRODUCE_BIAS}") from None
+
+    def read(name, columns, nan_allowed=None):
+        return read_results_csv(folder / name, columns, PRODUCE_BIAS, nan_allowed=nan_allowed)
+
+    res = read("results.csv", RESULT_COLUMNS, lambda d: d.metric == "mc_covered")
     cells = res.pivot_table(index=["L", "k", "t", "seed", "scheme"], columns="metric", values="value",
                             dropna=False).reset_index()
+    if "rel_bias" not in cells.columns:
+        raise MissingResultsError(f"{folder}/results.csv has no rel_bias rows: rerun {PRODUCE_BIAS}")
     cells = cells.dropna(subset=["rel_bias"])
     cells.columns.name = None
     cells["ratio"] = cells.t / cells.k
-    paper = pd.read_csv(folder / "paper.csv")
-    if tuple(paper.columns) != RESULT_COLUMNS:
-        raise MissingResultsError(f"{folder}/paper.csv has columns {list(paper.columns)}, not {list(RESULT_COLUMNS)}:"
-                                  " it was written by an older study; rerun the study with --fresh")
-    return BiasStudy(cells, pd.read_csv(folder / "checks.csv"), pd.read_csv(folder / "groups.csv"),
-                     pd.read_csv(folder / "convergence.csv"), meta, paper)
+    labels = [s.label for s in cfg.schemes]
+    expect_cells(folder / "results.csv", cells, [(L, k, t, seed, s) for L, k, seed in cfg.groups()
+                                                  for t in cfg.budgets[k] for s in labels])
+    paper = read("paper.csv", RESULT_COLUMNS) if cfg.paper_groups() else pd.DataFrame(columns=list(RESULT_COLUMNS))
+    if cfg.paper_groups():
+        expect_cells(folder / "paper.csv", paper[paper.metric == "rel_bias"],
+                     [(L, k, t, seed, s) for L, k, seed in cfg.paper_groups() for t in cfg.paper_budgets
+                      for s in labels])
+    checks, groups = read("checks.csv", CHECK_COLUMNS), read("groups.csv", GROUP_COLUMNS)
+    every_group = cfg.groups() + cfg.paper_groups()
+    for name, df in (("checks.csv", checks), ("groups.csv", groups)):
+        have = set(map(tuple, df[list(GROUP_KEY)].astype(int).itertuples(index=False)))
+        lacking = [g for g in every_group if g not in have]
+        if lacking:
+            raise MissingResultsError(f"{folder}/{name} lacks {len(lacking)} of {len(every_group)} groups (e.g. "
+                                      f"L={lacking[0][0]}, k={lacking[0][1]}, seed={lacking[0][2]}): the study is "
+                                      f"incomplete; rerun {PRODUCE_BIAS}")
+    return BiasStudy(cells, checks, groups, read("convergence.csv", CONVERGENCE_COLUMNS), meta, paper)
+
+
+def expect_cells(path: Path, cells: pd.DataFrame, expected: list[tuple]) -> None:
+    """Every (L, k, t, seed, scheme) of ``expected`` present in ``cells``, and no other: else refuse, naming
+    how many are missing (or unexpected) and the first of them."""
+    have = set(zip(cells.L.astype(int), cells.k.astype(int), cells.t.astype(int), cells.seed.astype(int),
+                   cells.scheme))
+    want = set(expected)
+    outside = "has cells outside the study's definition,"
+    for gap, what in ((sorted(want - have), "lacks"), (sorted(have - want), outside)):
+        if gap:
+            L, k, t, seed, scheme = gap[0]
+            raise MissingResultsError(
+                f"{path} {what} {len(gap)} of {len(want)} expected (L, k, t, seed, scheme) cells (e.g. L={L}, k={k}, "
+                f"t={t}, seed={seed}, {scheme}): the results are incomplete or mixed; rerun {PRODUCE_BIAS}")
 
 
 def _verdict(unbiased: pd.Series, mask: pd.Series) -> str:
+    """'yes' when every cell under ``mask`` is unbiased; '– (no cells)' when none is (never a vacuous 'yes')."""
+    if not mask.any():
+        return "– (no cells)"
     return "yes" if unbiased[mask].all() else f"no ({int(unbiased[mask].sum())}/{int(mask.sum())})"
 
 

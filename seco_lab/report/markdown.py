@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -21,6 +22,57 @@ def require(folder: Path, names: tuple[str, ...], produce: str) -> None:
     if missing:
         raise MissingResultsError(f"{folder} lacks {', '.join(missing)}: run {produce} first, or pass the folder "
                                   "that holds them with --results")
+
+
+def read_json_table(path: Path, produce: str) -> dict:
+    """A JSON file that must hold an object (``study.json``, ``bench.json``): parse errors, an empty file
+    or a list are refused with a message naming the file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MissingResultsError(f"{path} cannot be read as JSON ({e}): rerun {produce}") from None
+    if not isinstance(data, dict):
+        raise MissingResultsError(f"{path} holds a {type(data).__name__}, not the expected JSON object: rerun "
+                                  f"{produce}")
+    return data
+
+
+def read_results_csv(path: Path, columns: tuple[str, ...], produce: str, text_columns=("scheme", "metric", "check"),
+                     nan_allowed=None) -> pd.DataFrame:
+    """A stored results table, checked before any number of it is reported: it parses, has exactly
+    ``columns``, at least one row, numbers in every other than ``text_columns``, and no infinity; NaN only
+    where ``nan_allowed(df)`` (a boolean row mask) allows it.  Each refusal names the file and the fix."""
+    path = Path(path)
+    try:
+        df = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise MissingResultsError(f"{path} is empty (no header, no rows): rerun {produce}") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise MissingResultsError(f"{path} cannot be parsed as CSV ({first}): rerun {produce}") from None
+    if tuple(df.columns) != tuple(columns):
+        raise MissingResultsError(f"{path} has columns {list(df.columns)}, not {list(columns)}: it was written by "
+                                  f"another version or is damaged; rerun {produce} (with --fresh)")
+    if df.empty:
+        raise MissingResultsError(f"{path} has a header but no rows: the results are missing; rerun {produce}")
+    for c in columns:
+        if c in text_columns:
+            continue
+        values = pd.to_numeric(df[c], errors="coerce")
+        garbage = values.isna() & df[c].notna()
+        if garbage.any():
+            raise MissingResultsError(f"{path}: column {c!r} holds non-numbers (row {int(garbage.idxmax()) + 2}: "
+                                      f"{df[c][garbage].iloc[0]!r}): the file is damaged; rerun {produce}")
+        df[c] = values
+        if np.isinf(values).any():
+            raise MissingResultsError(f"{path}: column {c!r} holds infinity (row {int(np.isinf(values).idxmax()) + 2}):"
+                                      f" not a result; rerun {produce}")
+        missing = values.isna() & ~(nan_allowed(df) if nan_allowed is not None else False)
+        if missing.any():
+            raise MissingResultsError(f"{path}: column {c!r} is empty or NaN in {int(missing.sum())} row(s) (first: "
+                                      f"row {int(missing.idxmax()) + 2}): the results are incomplete; rerun {produce}")
+    return df
 
 
 def fmt(x, digits: int = 3) -> str:

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import math
+import warnings
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -13,11 +15,49 @@ from matplotlib.figure import Figure
 from ..run_dir import read_config, read_metrics
 from .figures import save_figure
 
+LOSSES = ("loss", "far_loss", "eval_loss", "eval_far_loss")
+LABEL_KEYS = ("mode", "data", "seq_len", "chunk_size")
+
 
 def run_label(run_dir) -> str:
     cfg = read_config(run_dir)
+    lacking = [k for k in LABEL_KEYS + (("scheme", "budget") if cfg.get("mode") == "spaco" else ()) if k not in cfg]
+    if lacking:
+        raise ValueError(f"{Path(run_dir) / 'config.json'} lacks {', '.join(lacking)}: not the config of a "
+                         "`seco-lab train` run")
     mode = cfg["mode"] + (f" / {cfg['scheme']} t={cfg['budget']}" if cfg["mode"] == "spaco" else "")
     return f"{mode}, {cfg['data']} data, seq {cfg['seq_len']}, chunk {cfg['chunk_size']}"
+
+
+def plotted_metrics(run_dir) -> list[dict]:
+    """The run's metric records, checked for plotting: at least one, each with an integer ``step``, every
+    loss a number.  Non-finite losses (a diverged step) are left out of the curves with a warning."""
+    path = Path(run_dir) / "metrics.jsonl"
+    rows = read_metrics(run_dir)
+    if not rows:
+        raise ValueError(f"{path} holds no metrics yet: nothing to plot (has the run taken a step?)")
+    dropped = 0
+    out = []
+    for i, r in enumerate(rows, 1):
+        step = r.get("step") if isinstance(r, dict) else None
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ValueError(f"{path}: record {i} has no integer 'step' ({str(r)[:60]}): the file is damaged")
+        row = {"step": step}
+        for key in LOSSES:
+            if key not in r:
+                continue
+            v = r[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"{path}: record {i} (step {step}) has {key} = {v!r}, not a number: the file is "
+                                 "damaged")
+            if math.isfinite(v):
+                row[key] = float(v)
+            else:
+                dropped += 1
+        out.append(row)
+    if dropped:
+        warnings.warn(f"{path}: {dropped} non-finite loss value(s) (NaN or inf) are not drawn", stacklevel=2)
+    return out
 
 
 def _series(rows: list[dict], key: str) -> tuple[list, list]:
@@ -26,7 +66,7 @@ def _series(rows: list[dict], key: str) -> tuple[list, list]:
 
 
 def run_figure(run_dir) -> Figure:
-    rows = read_metrics(run_dir)
+    rows = plotted_metrics(run_dir)
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
     ax.plot(*_series(rows, "loss"), lw=1, label="train loss")
@@ -53,7 +93,7 @@ def runs_figure(run_dirs) -> Figure:
     fig = Figure(figsize=(8, 4.8), layout="constrained")
     ax = fig.add_subplot()
     for i, d in enumerate(run_dirs):
-        rows, color = read_metrics(d), f"C{i % 10}"
+        rows, color = plotted_metrics(d), f"C{i % 10}"
         label = f"{Path(d).name}: {run_label(d)}"
         ax.plot(*_series(rows, "loss"), lw=1, color=color, label=label)
         if any("eval_loss" in r for r in rows):
@@ -65,6 +105,11 @@ def runs_figure(run_dirs) -> Figure:
 
 
 def plot_runs(run_dirs, out) -> Path:
+    out = Path(out)
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder: name the image file to write, e.g. {out / 'runs_loss.png'}")
+    if out.suffix.lower() != ".png":
+        raise ValueError(f"--out {out}: the figure is written as a PNG image; give the file a .png suffix")
     missing = [str(d) for d in run_dirs if not (Path(d) / "metrics.jsonl").is_file()]
     if missing:
         raise ValueError(f"not a run directory (no metrics.jsonl): {', '.join(missing)}")

@@ -1,0 +1,54 @@
+"""An exclusive, non-blocking lock on a folder: ``FOLDER/.lock`` held with ``fcntl.flock``.
+
+The lock belongs to the open file description, so the kernel releases it when its process
+exits, however it exits: a ``.lock`` file left by a dead process is stale and is simply
+taken over (it only records the last owner's pid, for the message naming a live owner).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["LOCK_NAME", "FolderBusy", "hold_lock", "release_lock", "locked"]
+
+LOCK_NAME = ".lock"
+
+
+class FolderBusy(RuntimeError):
+    """Another live process holds the folder's lock."""
+
+
+def hold_lock(folder: Path, user: str, hint: str):
+    """Take the lock of ``folder`` (an existing folder); return the open lock file, to pass to
+    :func:`release_lock`.  Raises :class:`FolderBusy` naming the owner's pid when it is held."""
+    f = open(Path(folder) / LOCK_NAME, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        owner = f.read().strip() or "unknown"
+        f.close()
+        raise FolderBusy(f"{folder} is in use by another {user} (pid {owner}); {hint}") from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
+def release_lock(f) -> None:
+    fcntl.flock(f, fcntl.LOCK_UN)
+    f.close()
+
+
+@contextmanager
+def locked(folder: Path, user: str, hint: str):
+    """``with locked(folder, 'bias-study', 'wait for it or pass another --out'):`` ..."""
+    f = hold_lock(folder, user, hint)
+    try:
+        yield
+    finally:
+        release_lock(f)

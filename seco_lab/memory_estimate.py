@@ -1,0 +1,63 @@
+"""An up-front estimate of a training run's host memory, so that a run that cannot fit is refused
+with its cost before anything is created (instead of a MemoryError mid-run, or the OOM killer).
+
+For the tiny transformer with P parameters of b bytes (b = 4 for float32), batch B, micro-batch
+B/A, sequence n, chunk c, width d, L layers, KV width d_kv and vocabulary V:
+
+    parameters, gradients, AdamW m and v:   4 P b
+    one step's batch (int64 ids, targets):  3 B (n + 1) 8
+    KV caches of every chunk:               2 L (B/A) n d_kv b
+    one chunk's logits and their gradient:  3 (B/A) c V b
+    one chunk's activations:                16 L (B/A) c max(d, d_ff) b
+
+The estimate is a lower bound of the true use (allocator slack, Python, torch itself add to it);
+a run is refused when it alone exceeds the machine's physical memory.  HF models are sized by
+their data and logits only (their parameter count is unknown before loading).
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["host_memory_bytes", "training_memory_bytes", "check_fits_in_memory"]
+
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}
+
+
+def host_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def training_memory_bytes(cfg) -> int:
+    """The estimate above for a :class:`~seco_lab.config.TrainConfig`."""
+    b = DTYPE_BYTES.get(cfg.dtype, 4)
+    micro = -(-cfg.batch_size // cfg.grad_accum)
+    n, c = cfg.seq_len, min(cfg.chunk_size, cfg.seq_len)
+    total = 3 * cfg.batch_size * (n + 1) * 8
+    if cfg.hf_model is None:
+        m = cfg.model
+        hd = m.d_model // m.n_heads
+        d_kv = m.n_kv_heads * hd
+        block = m.d_model * (m.n_heads * hd) * 2 + 2 * m.d_model * d_kv + 3 * m.d_model * m.d_ff + 2 * m.d_model
+        params = m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2) + m.n_layers * block + m.d_model
+        total += 4 * params * b + 2 * m.n_layers * micro * n * d_kv * b + 3 * micro * c * m.vocab_size * b
+        total += 16 * m.n_layers * micro * c * max(m.d_model, m.d_ff) * b
+    return total
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:,.1f} GiB"
+
+
+def check_fits_in_memory(cfg, available: int | None = None) -> None:
+    """Refuse a run whose estimate exceeds the machine's physical memory, stating the cost."""
+    available = host_memory_bytes() if available is None else available
+    need = training_memory_bytes(cfg)
+    if available is not None and need > available:
+        raise ValueError(f"this run needs at least {_gib(need)} of memory (parameters and optimizer state, the "
+                         f"batch of {cfg.batch_size:,} x {cfg.seq_len:,} tokens, KV caches and logits), more than "
+                         f"this machine's {_gib(available)}: lower --batch-size (or raise --grad-accum), "
+                         "--vocab-size, --d-model or --seq-len")
