@@ -219,6 +219,7 @@ def train_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
     """Fit a prepared trainer, turning its ends into messages and exit statuses."""
     from .report.runs import plot_run
+    from .run_dir import RunDirError
     from .train import NonFiniteLoss, TrainingInterrupted
 
     lead = trainer.rank == 0
@@ -240,7 +241,7 @@ def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
     first, began = trainer.step, time.perf_counter()
     try:
         last = trainer.fit()
-    except NonFiniteLoss as e:
+    except (NonFiniteLoss, RunDirError) as e:  # a diverged run; a checkpoint that could not be written
         print(f"seco-lab train: error: {e}", file=sys.stderr)
         return 1
     except TrainingInterrupted as e:

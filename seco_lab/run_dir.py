@@ -103,8 +103,13 @@ class RunDir:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, state: dict) -> Path:
-        out = atomic_write(self.checkpoints / f"step_{state['step']:06d}.pt", lambda f: torch.save(state, f))
-        atomic_write(self.checkpoints / "latest", out.name)
+        try:
+            out = atomic_write(self.checkpoints / f"step_{state['step']:06d}.pt", lambda f: torch.save(state, f))
+            atomic_write(self.checkpoints / "latest", out.name)
+        except (OSError, RuntimeError) as e:  # disk full (torch reports it as a RuntimeError), a folder in the way
+            raise RunDirError(f"cannot save the checkpoint of step {state['step']} in {self.checkpoints}: "
+                              f"{getattr(e, 'strerror', None) or str(e).splitlines()[0]}; free disk space (or "
+                              "remove what is in the way) and resume with --resume") from None
         return out
 
     def point_latest(self, name: str) -> None:

@@ -498,3 +498,47 @@ def test_saving_a_lora_adapter_makes_no_network_lookup(tmp_path, monkeypatch):
     finally:
         trainer.close()
     assert (out / "adapter_config.json").is_file()
+
+
+# ------------------------------------------------------------------ checkpoints that cannot be written
+
+
+def _state(step=4):
+    import numpy as np
+    import torch
+
+    return {"step": step, "model": {"w": torch.ones(3)}, "optimizer": {}, "scheduler": {},
+            "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state()}
+
+
+def test_a_full_disk_during_a_checkpoint_is_an_error_and_leaves_no_tmp(tmp_path, monkeypatch):
+    import errno
+
+    import seco_lab.run_dir as run_dir_module
+    from seco_lab.run_dir import RunDir, RunDirError
+
+    def full_disk(obj, f, *args, **kwargs):
+        f.write(b"\0" * 1000)  # part of the file, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    rd = RunDir(tmp_path / "run").open(resume=False, overwrite=False)
+    try:
+        monkeypatch.setattr(run_dir_module.torch, "save", full_disk)
+        with pytest.raises(RunDirError, match="No space left on device"):
+            rd.save_checkpoint(_state())
+        assert not list(rd.checkpoints.glob("*.tmp")) and not list(rd.checkpoints.glob("step_*"))
+    finally:
+        rd.close()
+
+
+def test_a_folder_named_latest_is_an_error_not_a_traceback(tmp_path):
+    from seco_lab.run_dir import RunDir, RunDirError
+
+    rd = RunDir(tmp_path / "run").open(resume=False, overwrite=False)
+    try:
+        (rd.checkpoints / "latest").mkdir()
+        with pytest.raises(RunDirError, match="cannot save the checkpoint of step 4"):
+            rd.save_checkpoint(_state())
+        assert not list(rd.checkpoints.glob("*.tmp"))
+    finally:
+        rd.close()
