@@ -2,21 +2,11 @@
 traceback now give the right answer or a one-line error that names the problem."""
 
 import pytest
-
-from seco_lab.cli import main as cli_main
+from test_cli import run_cli  # the command line in-process: exit status, stdout, stderr
 
 FAST = ["--seq-len", "64", "--chunk-size", "32", "--steps", "2", "--warmup", "1", "--batch-size", "2",
         "--eval-batches", "1", "--no-progress", "--device", "cpu", "--d-model", "16", "--d-ff", "16",
         "--n-layers", "1", "--n-heads", "2"]
-
-
-def run_cli(capsys, *args):
-    try:
-        rc = cli_main(list(args))
-    except SystemExit as e:  # argparse
-        rc = e.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 # ------------------------------------------------------------------ item 8: ignored or contradictory settings
