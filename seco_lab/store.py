@@ -197,7 +197,10 @@ class StudyFolder:
         atomic_write_json(self.marker(name), {**record, "files": files} if files else record)
 
     def read_cell(self, name: str) -> dict:
-        return json.loads(self.marker(name).read_text())
+        """The cell's record as written (without the table checksums :meth:`write_cell` adds)."""
+        record = json.loads(self.marker(name).read_text())
+        record.pop("files", None)
+        return record
 
     def write_manifest(self, manifest: dict) -> None:
         atomic_write_json(self.manifest_path, manifest)

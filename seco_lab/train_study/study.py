@@ -157,7 +157,7 @@ def collect(out: Path, specs: list[RunSpec]) -> pd.DataFrame:
         csv = js.with_suffix(".csv")
         if js.exists():
             frames.append(pd.read_csv(csv))
-            summaries.append(json.loads(js.read_text()))
+            summaries.append(study_folder(out).read_cell(s.run_id))
     if not frames:
         raise ValueError(f"no finished runs under {out / 'runs'}")
     runs = pd.DataFrame(summaries)
