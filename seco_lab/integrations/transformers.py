@@ -1,0 +1,424 @@
+"""SeCO / SpaCO backward inside the Hugging Face ``Trainer``.
+
+``SeCOTrainer`` is ``transformers.Trainer`` with one method replaced: ``training_step``
+runs each micro-batch's backward chunk by chunk through seco_lab's engine instead of one
+full-sequence ``loss.backward()``.  Everything else -- optimizer, scheduler, gradient
+accumulation, clipping, logging, evaluation, callbacks, checkpoints -- is the Trainer's own.
+``SeCOTrainerMixin`` is the same override for any Trainer subclass (TRL's ``SFTTrainer``)::
+
+    class SeCOSFTTrainer(SeCOTrainerMixin, SFTTrainer): ...
+
+**The loss each micro-batch backpropagates** is the one the stock Trainer backpropagates.
+With targets y_t = labels_{t+1} (the causal shift; ``shift_labels`` when the collator gives
+them), n the number of targets != -100 in the micro-batch and S = sum_t CE(z_t, y_t):
+
+    L = S / N * f                    (N = num_items_in_batch: the accumulated batch's target
+                                      count, f = number of data-parallel processes when
+                                      ``average_tokens_across_devices``, else 1)
+    L = (S / n) / A                  (no num_items_in_batch; A = accumulation steps)
+
+times the loss scale of a ``GradScaler`` when one is active.  The engine computes the
+gradient of (S / n) * scale with scale = n * dL/dS exactly (SeCO, docs/estimators.md §2) or
+as the unbiased sparse estimate (SpaCO, §3), and adds it into ``p.grad``.
+
+**Draws.**  SpaCO's chunk set for micro-batch m of optimizer step s on process r is
+``scheme.sampler.draw(k, budget, numpy.random.default_rng([seed, s, m, r]))``: a function of
+the step counter the checkpoint stores, so a resumed run draws exactly what an uninterrupted
+one would, and every process draws its own set.  Each checkpoint also holds
+``seco_trainer.json`` (the settings and the next draw's key); resuming with other settings
+warns.
+
+**Data parallelism.**  The chunk backwards run on the unwrapped model, so DDP's reducer is
+never armed; gradients are averaged over processes by one all-reduce of a flat buffer after
+the last micro-batch of each optimizer step (when ``accelerator.sync_gradients``), i.e. once
+per optimizer step, as DDP under ``no_sync`` does.
+
+**Padding.**  A right-padded batch (attention mask 1...1 0...0 per row, pad targets -100) is
+exact: causal attention never lets a real token see a later pad.  Left padding or holes in
+the mask would change what the real tokens attend to, and are refused.
+
+:func:`pack_dataset` tokenizes text files or a ``datasets.Dataset`` and packs them into
+fixed-length sequences for such training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..checks import as_int, ceil_div, check_chunk_size, check_subset
+from ..engine import forward_loss, seco_step
+from ..estimators import spaco_grad
+from ..hf import HFChunkModel
+from ..schemes import get_scheme
+
+try:
+    from transformers import Trainer, TrainerCallback
+except ImportError as e:  # pragma: no cover - the hf extra is installed by make install
+    raise ImportError("seco_lab.integrations.transformers needs transformers: pip install 'seco_lab[hf]'") from e
+
+__all__ = [
+    "SETTINGS_FILE",
+    "SeCOArguments",
+    "SeCOTrainer",
+    "SeCOTrainerMixin",
+    "chunk_targets",
+    "pack_dataset",
+]
+
+logger = logging.getLogger(__name__)
+
+SETTINGS_FILE = "seco_trainer.json"
+MODES = ("seco", "spaco")
+# batch keys the chunk engine understands; anything else would be silently dropped, so it is refused
+KNOWN_INPUTS = ("input_ids", "labels", "attention_mask", "shift_labels", "position_ids")
+
+
+@dataclass(frozen=True)
+class SeCOArguments:
+    """How ``SeCOTrainer`` backpropagates each micro-batch.
+
+    ``chunk_size``: tokens per chunk (the last chunk of a sequence may be shorter).
+    ``mode``: ``"seco"`` (exact gradient) or ``"spaco"`` (sparse unbiased estimate).
+    ``scheme``/``budget``: SpaCO's compensation scheme (``seco_lab.SCHEME_NAMES``) and the
+    number t of chunks backpropagated (the mean number for Bernoulli schemes).
+    ``seed``: the SpaCO draw seed.  ``subset``: a fixed chunk set instead of draws (ablations, tests).
+    """
+
+    chunk_size: int
+    mode: str = "seco"
+    scheme: str = "falling-factorial"
+    budget: int = 1
+    seed: int = 0
+    subset: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        check_chunk_size(self.chunk_size)
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        get_scheme(self.scheme)  # unknown names fail here, with the list of known ones
+        as_int(self.budget, "budget", 1)
+        as_int(self.seed, "seed", 0)
+        if self.subset is not None:
+            if self.mode != "spaco":
+                raise ValueError("subset fixes SpaCO's chunk set; it needs mode='spaco'")
+            object.__setattr__(self, "subset", tuple(int(j) for j in self.subset))
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["subset"] = None if self.subset is None else list(self.subset)
+        return out
+
+
+def chunk_targets(inputs: Mapping[str, torch.Tensor], ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens, targets)`` of a Trainer batch for the chunk engine, with targets[t] = labels[t + 1].
+
+    Refuses (ValueError, one line) what the engine would get wrong: keys it does not
+    understand, left padding or holes in the attention mask, targets on padded positions,
+    and position ids other than 0..n-1.
+    """
+    unknown = sorted(set(inputs) - set(KNOWN_INPUTS))
+    if unknown:
+        raise ValueError(f"SeCOTrainer understands the batch keys {KNOWN_INPUTS}, got also {unknown}; remove them "
+                         "in the collator (or set remove_unused_columns=True)")
+    if "input_ids" not in inputs:
+        raise ValueError("SeCOTrainer needs input_ids in every batch (inputs_embeds are not supported)")
+    tokens = inputs["input_ids"]
+    if "shift_labels" in inputs:
+        targets = inputs["shift_labels"]
+    elif "labels" in inputs:
+        labels = inputs["labels"]
+        targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=ignore_index)
+    else:
+        raise ValueError("SeCOTrainer needs labels (or shift_labels) in every batch: the chunk engine computes the "
+                         "causal-LM loss itself")
+    if targets.shape != tokens.shape:
+        raise ValueError(f"labels shape {tuple(targets.shape)} does not match input_ids shape {tuple(tokens.shape)}")
+    positions = inputs.get("position_ids")
+    if positions is not None:
+        expected = torch.arange(tokens.shape[-1], device=positions.device).expand_as(positions)
+        if not torch.equal(positions, expected):
+            raise ValueError("position_ids other than 0..n-1 (packed sequences restarting positions, padding-free "
+                             "collators) are not supported by SeCOTrainer; pack into plain fixed-length rows instead")
+    mask = inputs.get("attention_mask")
+    if mask is not None:
+        if mask.shape != tokens.shape:
+            raise ValueError(f"attention_mask shape {tuple(mask.shape)} does not match input_ids {tuple(tokens.shape)}")
+        m = mask.to(torch.int64)
+        if bool(((m != 0) & (m != 1)).any()) or bool((m[..., 1:] > m[..., :-1]).any()):
+            raise ValueError("SeCOTrainer needs right padding (attention_mask 1...1 0...0 per row): left padding or "
+                             "holes change what the real tokens attend to; set tokenizer.padding_side = 'right'")
+        if bool((targets[m == 0] != ignore_index).any()):
+            raise ValueError(f"labels predict from padded positions (attention_mask 0 but target != {ignore_index}); "
+                             f"set the labels of padding to {ignore_index}")
+    return tokens, targets
+
+
+class SeCOStateCallback(TrainerCallback):
+    """Writes ``seco_trainer.json`` (settings + the next draw's key) into every checkpoint folder."""
+
+    def __init__(self, trainer: SeCOTrainerMixin):
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return control
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if folder.is_dir():
+            payload = {"settings": self.trainer.seco_args.to_dict(),
+                       "next_draw_key": {"seed": self.trainer.seco_args.seed, "step": state.global_step, "micro": 0}}
+            tmp = folder / (SETTINGS_FILE + ".tmp")
+            tmp.write_text(json.dumps(payload, indent=1))
+            os.replace(tmp, folder / SETTINGS_FILE)
+        return control
+
+
+class SeCOTrainerMixin:
+    """Replaces ``Trainer.training_step`` by a chunk-wise SeCO / SpaCO backward.
+
+    Put it first in the bases: ``class MyTrainer(SeCOTrainerMixin, SomeTrainer)``.  Pass the
+    settings as ``seco_args=SeCOArguments(...)``.  ``seco_draws`` lists ``(step, micro, subset)``
+    of every SpaCO draw this process made.
+    """
+
+    def __init__(self, *args, seco_args: SeCOArguments, **kwargs):
+        if not isinstance(seco_args, SeCOArguments):
+            raise TypeError(f"seco_args must be a SeCOArguments, got {type(seco_args).__name__}")
+        self.seco_args = seco_args
+        self.seco_draws: list[tuple[int, int, tuple[int, ...]]] = []
+        self._seco_micro = 0
+        self._seco_adapters: dict[int, HFChunkModel] = {}
+        super().__init__(*args, **kwargs)
+        self._seco_refuse_unsupported()
+        self.add_callback(SeCOStateCallback(self))
+
+    # ------------------------------------------------------------------ checks
+
+    def _seco_refuse_unsupported(self) -> None:
+        from accelerate.utils import DistributedType
+
+        args, acc = self.args, self.accelerator
+        reasons = []
+        if self.label_smoother is not None:
+            reasons.append("label_smoothing_factor > 0 (the engine computes plain cross-entropy; set it to 0)")
+        if self.compute_loss_func is not None:
+            reasons.append("compute_loss_func (the engine computes the causal-LM cross-entropy itself)")
+        if getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing:
+            reasons.append("activation_checkpointing=True (a recomputed layer would update the chunk cache twice; "
+                           "SeCO already keeps only one chunk's activations: set it to False)")
+        if args.neftune_noise_alpha is not None:
+            reasons.append("neftune_noise_alpha (random embedding noise: a rebuilt chunk would not reproduce its "
+                           "first pass)")
+        if args.n_gpu > 1:
+            reasons.append(f"torch.nn.DataParallel over {args.n_gpu} GPUs (launch one process per GPU with torchrun "
+                           "or accelerate instead)")
+        if acc.distributed_type not in (DistributedType.NO, *self._seco_ddp_types()):
+            reasons.append(f"distributed type {acc.distributed_type} (only DDP-style data parallelism is supported: "
+                           "FSDP/DeepSpeed shard the gradients the chunk sweep accumulates)")
+        for name in ("get_tp_size", "get_cp_size", "get_sp_size"):
+            size = getattr(self, name, lambda: 1)()
+            if size > 1:
+                reasons.append(f"{name[4:6]} parallelism of size {size} (it splits the sequence or the layers)")
+        if getattr(self, "_loss_shifts_labels", True) is False:
+            reasons.append("a model whose loss is not the causal-LM cross-entropy (loss_type "
+                           f"{getattr(self.accelerator.unwrap_model(self.model), 'loss_type', None)!r})")
+        if reasons:
+            raise ValueError("SeCOTrainer cannot train with " + "; ".join(reasons))
+
+    @staticmethod
+    def _seco_ddp_types():
+        from accelerate.utils import DistributedType
+
+        return tuple(t for t in DistributedType if t.name.startswith("MULTI_"))
+
+    # ------------------------------------------------------------------ the step
+
+    def seco_adapter(self, model) -> HFChunkModel:
+        """The chunk-model view of the Trainer's (possibly DDP- or peft-wrapped) model, made once."""
+        inner = self.accelerator.unwrap_model(model)
+        adapter = self._seco_adapters.get(id(inner))
+        if adapter is None or adapter.model is not inner:
+            adapter = HFChunkModel(inner)
+            self._seco_adapters = {id(inner): adapter}
+        return adapter
+
+    def seco_loss_factor(self, num_items_in_batch, n_targets: int) -> float:
+        """dL/dS: the coefficient of the summed token loss S in the loss the stock Trainer backpropagates
+        (``compute_loss`` with the model's causal-LM loss, then ``training_step``'s scaling)."""
+        by_items = bool(self.model_accepts_loss_kwargs) and num_items_in_batch is not None
+        if by_items:  # the model's loss is S / num_items_in_batch
+            if torch.is_tensor(num_items_in_batch):
+                num_items_in_batch = num_items_in_batch.reshape(-1)[0]
+            factor = 1.0 / float(num_items_in_batch)
+            if self.args.average_tokens_across_devices:
+                factor *= self.accelerator.num_processes // self.get_tp_size()
+        else:  # the model's loss is the micro-batch mean S / n
+            factor = 1.0 / max(n_targets, 1)
+        scaled_for_ga = self.loss_is_scaled_for_ga if self.loss_is_scaled_for_ga is not None else by_items
+        if not scaled_for_ga:
+            factor /= self.current_gradient_accumulation_steps
+        return factor / self.accelerator.gradient_accumulation_steps
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """One micro-batch: chunk-wise backward into ``p.grad``; returns the loss the stock Trainer would."""
+        model.train()
+        if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
+            self.optimizer.train()
+        inputs = self._prepare_inputs(inputs)
+        tokens, targets = chunk_targets(inputs)
+        adapter = self.seco_adapter(model)
+        params = [p for p in adapter.parameters() if p.requires_grad]
+        n_targets = int((targets != -100).sum())
+        factor = self.seco_loss_factor(num_items_in_batch, n_targets)
+        scaler = getattr(self.accelerator, "scaler", None)
+        grad_scale = float(scaler.get_scale()) if scaler is not None else 1.0
+        if n_targets == 0:  # nothing to predict in this micro-batch: no loss, no gradient
+            loss = torch.zeros((), device=tokens.device)
+        else:
+            with self.compute_loss_context_manager(), self.accelerator.autocast():
+                loss = self._seco_backward(adapter, tokens, targets, n_targets * factor * grad_scale)
+        for p in params:  # every process must all-reduce the same buffers
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if self.accelerator.sync_gradients:
+            self._seco_micro = 0
+            self._seco_allreduce(params)
+        else:
+            self._seco_micro += 1
+        return (loss.detach() * (n_targets * factor)).to(self.args.device)
+
+    def _seco_backward(self, adapter: HFChunkModel, tokens, targets, scale: float) -> torch.Tensor:
+        """Add ``scale`` times the gradient (SeCO) or its estimate (SpaCO) of the mean token loss into
+        ``p.grad``; return the mean token loss."""
+        s = self.seco_args
+        if s.mode == "seco":
+            return seco_step(adapter, tokens, targets, s.chunk_size, scale=scale)
+        k = ceil_div(tokens.shape[-1], s.chunk_size)
+        if s.subset is not None:
+            subset = check_subset(s.subset, k)
+        else:
+            rng = np.random.default_rng([s.seed, self.state.global_step, self._seco_micro, self.args.process_index])
+            subset = get_scheme(s.scheme).sampler.draw(k, s.budget, rng)
+        self.seco_draws.append((self.state.global_step, self._seco_micro, tuple(subset)))
+        if not subset:  # an empty Bernoulli draw: forward only, zero gradient
+            return forward_loss(adapter, tokens, targets, s.chunk_size)
+        loss, grads = spaco_grad(adapter, tokens, targets, s.chunk_size, s.scheme, s.budget, subset=subset)
+        named = dict(adapter.named_parameters())
+        for name, g in grads.items():
+            p = named[name]
+            if p.grad is None:
+                p.grad = g.mul_(scale)
+            else:
+                p.grad.add_(g, alpha=scale)
+        return loss
+
+    def _seco_allreduce(self, params) -> None:
+        """Average ``p.grad`` over the data-parallel processes: one all-reduce of a flat buffer per dtype."""
+        world = self.accelerator.num_processes
+        if world == 1 or self.accelerator.distributed_type not in self._seco_ddp_types():
+            return
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for p in params:
+            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+        for grads in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            flat.div_(world)
+            pos = 0
+            for g in grads:
+                g.copy_(flat[pos : pos + g.numel()].view_as(g))
+                pos += g.numel()
+        self.seco_allreduce_calls = getattr(self, "seco_allreduce_calls", 0) + len(by_dtype)
+
+    # ------------------------------------------------------------------ resume
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """``Trainer.train``; on resume, warns when the checkpoint was written with other SeCO settings."""
+        folder = resume_from_checkpoint
+        if folder is True:
+            from transformers.trainer_utils import get_last_checkpoint
+
+            folder = get_last_checkpoint(self.args.output_dir)
+        if isinstance(folder, (str, os.PathLike)) and (Path(folder) / SETTINGS_FILE).is_file():
+            saved = json.loads((Path(folder) / SETTINGS_FILE).read_text())["settings"]
+            if saved != self.seco_args.to_dict():
+                logger.warning("resuming from %s, written with SeCO settings %s, with %s: the run will not equal an "
+                               "uninterrupted one", folder, saved, self.seco_args.to_dict())
+        self._seco_micro = 0
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+
+class SeCOTrainer(SeCOTrainerMixin, Trainer):
+    """``transformers.Trainer`` whose backward runs chunk by chunk (SeCO or SpaCO); see the module docstring."""
+
+
+# ---------------------------------------------------------------------- data
+
+
+def pack_dataset(source, tokenizer, seq_len: int, *, text_column: str = "text", add_eos: bool = True,
+                 num_proc: int | None = None):
+    """Tokenize documents and pack them into rows of exactly ``seq_len`` tokens.
+
+    ``source``: a ``datasets.Dataset`` with a ``text_column``, or text files (a path, a folder
+    -- its files, recursively, sorted -- or a list of paths), read with
+    ``datasets.load_dataset("text", sample_by="document")``: one document per file.  The
+    documents' tokens (each followed by ``tokenizer.eos_token_id`` when ``add_eos``) are
+    concatenated in order and cut into rows of ``seq_len``; the incomplete tail is dropped.
+    Returns a ``datasets.Dataset`` with ``input_ids`` and ``labels`` (a copy: every token is a
+    target; the causal shift happens in the loss).
+    """
+    import datasets
+
+    seq_len = as_int(seq_len, "seq_len", 2)
+    if isinstance(source, datasets.Dataset):
+        docs = source
+    else:
+        files = _text_files(source)
+        docs = datasets.load_dataset("text", data_files=[str(f) for f in files], sample_by="document", split="train")
+    if text_column not in docs.column_names:
+        raise ValueError(f"the dataset has no column {text_column!r} (columns: {docs.column_names})")
+    eos = tokenizer.eos_token_id
+    if add_eos and eos is None:
+        raise ValueError("the tokenizer has no eos_token_id; pass add_eos=False or set tokenizer.eos_token")
+
+    def tokenize(batch):
+        ids = tokenizer(batch[text_column], add_special_tokens=False)["input_ids"]
+        return {"ids": [x + [eos] if add_eos else x for x in ids]}
+
+    def group(batch):
+        flat = [t for ids in batch["ids"] for t in ids]
+        rows = [flat[i : i + seq_len] for i in range(0, len(flat) - seq_len + 1, seq_len)]
+        return {"input_ids": rows, "labels": [list(r) for r in rows]}
+
+    tokenized = docs.map(tokenize, batched=True, remove_columns=docs.column_names, num_proc=num_proc,
+                         desc="tokenize")
+    # one batch holding every document: rows may span documents, and only the very end is dropped
+    packed = tokenized.map(group, batched=True, batch_size=None, remove_columns=["ids"], desc=f"pack {seq_len}")
+    if len(packed) == 0:
+        total = sum(len(x) for x in tokenized["ids"])
+        raise ValueError(f"the text holds {total} tokens, fewer than one row of seq_len={seq_len}")
+    return packed
+
+
+def _text_files(source) -> list[Path]:
+    items: Iterable = [source] if isinstance(source, (str, os.PathLike)) else source
+    files: list[Path] = []
+    for item in items:
+        path = Path(item)
+        if path.is_dir():
+            files.extend(sorted(p for p in path.rglob("*") if p.is_file()))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"no such text file or folder: {path}")
+    if not files:
+        raise ValueError(f"no text files found in {source!r}")
+    return files
