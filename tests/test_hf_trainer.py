@@ -1,6 +1,7 @@
 """SeCOTrainer against the stock transformers Trainer (tiny random HF Llama, float64)."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from trainer_case import (
+    VOCAB,
     displacement_error,
     make_trainer,
     pad_collate,
@@ -46,6 +48,9 @@ def test_seco_trainer_equals_stock_trainer(tmp_path, lora):
     for a, b in zip(seco_logs, logs):
         assert a["loss"] == pytest.approx(b["loss"], rel=TOL)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=TOL)
+    # evaluation is the Trainer's own full-sequence forward, on the trained weights
+    held_out = padded_examples(4, seed=9)
+    assert seco.evaluate(held_out)["eval_loss"] == pytest.approx(stock.evaluate(held_out)["eval_loss"], rel=TOL)
 
 
 def test_seco_trainer_without_accumulation_fix_equals_stock(tmp_path):
@@ -156,6 +161,14 @@ def test_unsupported_trainer_features_are_refused(tmp_path, overrides, message):
         make_trainer(tmp_path, SeCOArguments(chunk_size=4), **overrides)
 
 
+def test_a_model_the_engine_cannot_drive_is_refused_at_construction(tmp_path):
+    from seco_lab.hf import build_hf_model
+
+    model = build_hf_model("qwen2", {"use_sliding_window": True, "sliding_window": 8}, dtype=torch.float64)
+    with pytest.raises(ValueError, match="sliding"):
+        make_trainer(tmp_path, SeCOArguments(chunk_size=4), model=model)
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="mode"):
         SeCOArguments(chunk_size=4, mode="dense")
@@ -185,3 +198,104 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
     assert two["ddp_hook_calls"] == 0 and two["seco_allreduce_calls"] == 3
     assert results["stock"]["ddp_hook_calls"] > 0
     assert displacement_error(results["stock"]["after"], results["stock"]["before"], r1, r0) <= TOL
+
+
+def word_tokenizer():
+    """A tokenizer whose tokens are the model's ids (TRL's SFTTrainer needs one): pad t0, eos t2."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t1"))
+    return PreTrainedTokenizerFast(tokenizer_object=vocab, pad_token="t0", unk_token="t1", eos_token="t2")
+
+
+def test_mixin_composes_with_trl_sft_trainer(tmp_path):
+    """SeCOTrainerMixin + TRL's SFTTrainer trains exactly as SeCOTrainer (= the stock Trainer) on the same batches."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from seco_lab.integrations.transformers import SeCOTrainerMixin
+
+    class SeCOSFTTrainer(SeCOTrainerMixin, SFTTrainer):
+        pass
+
+    rows = Dataset.from_list(padded_examples(8))
+    states = {}
+    for name, cls, extra in [("seco_sft", SeCOSFTTrainer, {"seco_args": SeCOArguments(chunk_size=4)}),
+                             ("sft", SFTTrainer, {})]:
+        args = SFTConfig(output_dir=str(tmp_path / name), per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                         max_steps=3, learning_rate=1e-2, max_grad_norm=0.05, lr_scheduler_type="constant",
+                         use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True, seed=0, bf16=False,
+                         activation_checkpointing=False)  # SFTConfig turns it on; SeCO refuses it
+        trainer = cls(model=tiny_llama(), args=args, train_dataset=rows, processing_class=word_tokenizer(), **extra)
+        before = trainable_state(trainer.model)
+        trainer.train()
+        states[name] = (trainable_state(trainer.model), before)
+    _, c0, c1 = run(tmp_path, "seco", SeCOArguments(chunk_size=4))
+    assert displacement_error(*states["seco_sft"], c1, c0) <= TOL
+    # the stock SFTTrainer computes its loss in float32 (a fused head), so it agrees to float32 accuracy only
+    assert displacement_error(*states["seco_sft"], *states["sft"]) <= 1e-4
+
+
+class CharTokenizer:
+    """A stand-in tokenizer: one id per character, eos = 0."""
+
+    eos_token_id = 0
+
+    def __call__(self, texts, add_special_tokens=False):
+        return {"input_ids": [[ord(c) for c in t] for t in texts]}
+
+
+def test_pack_dataset_concatenates_documents_and_cuts_fixed_rows(tmp_path):
+    from datasets import Dataset
+
+    from seco_lab.integrations.transformers import pack_dataset
+
+    docs = {"b.txt": "second document\nwith two lines", "a.txt": "first", "sub/c.txt": "third one"}
+    for name, text in docs.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    order = ["a.txt", "b.txt", "sub/c.txt"]  # files of a folder: recursive, sorted
+    stream = [t for name in order for t in [ord(c) for c in docs[name]] + [0]]
+    for source in (tmp_path, Dataset.from_dict({"text": [docs[n] for n in order]})):
+        rows = pack_dataset(source, CharTokenizer(), 7)
+        assert rows["input_ids"] == [stream[i : i + 7] for i in range(0, len(stream) - 6, 7)]
+        assert rows["labels"] == rows["input_ids"]
+    with pytest.raises(ValueError, match="fewer than one row"):
+        pack_dataset(tmp_path, CharTokenizer(), 10_000)
+    with pytest.raises(FileNotFoundError, match="no such"):
+        pack_dataset(tmp_path / "missing.txt", CharTokenizer(), 8)
+
+
+def test_readme_trainer_example_runs():
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("## Use SeCO/SpaCO in your Trainer", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(block.strip().splitlines()) <= 20
+    namespace = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == 2 and len(trainer.seco_draws) == 4  # 2 steps x 2 micro-batches
+    assert all(len(d[2]) == 2 for d in trainer.seco_draws)  # SpaCO: 2 of the 4 chunks each
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_lora_example_compares_memory_with_stock_trainer(tmp_path):
+    """The example script from the checkout, short: SmolLM2-135M, stock vs SeCO in fresh processes."""
+    import json
+    import textwrap as source  # a small real text: a stdlib module
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(root / "examples" / "lora_trainer.py"), "--seq-len", "128",
+                           "--chunk-size", "32", "--max-steps", "2", "--threads", "1", "--text", source.__file__,
+                           "--output-dir", str(tmp_path), "--compare-memory"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "'loss'" in proc.stdout and "peak RSS" in proc.stdout  # the Trainer's logs, then the table
+    runs = {r["trainer"]: r for r in json.loads((tmp_path / "memory.json").read_text())["runs"]}
+    assert set(runs) == {"stock", "seco"} and runs["seco"]["seq_len"] == 128
+    # the same batches and the exact gradient: the same training loss up to float32 rounding
+    assert runs["seco"]["train_loss"] == pytest.approx(runs["stock"]["train_loss"], rel=1e-4)
+    assert (tmp_path / "seco" / "adapter" / "adapter_config.json").is_file()

@@ -198,6 +198,7 @@ class SeCOTrainerMixin:
         self._seco_adapters: dict[int, HFChunkModel] = {}
         super().__init__(*args, **kwargs)
         self._seco_refuse_unsupported()
+        self.seco_adapter(self.model)  # a model the engine cannot drive fails here, with the reason
         self.add_callback(SeCOStateCallback(self))
 
     # ------------------------------------------------------------------ checks
