@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .child import rss_bytes, run_child
+from .child import reset_peak_rss, rss_bytes, run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,6 +129,7 @@ def memory_child(cfg: BenchConfig, n: int, m: dict, device: str) -> dict:
         step(cfg, m, model, tokens, targets)
         torch.cuda.synchronize()
         return {"peak_bytes": torch.cuda.max_memory_allocated() - base}
+    reset_peak_rss()
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     base = max(base, rss_bytes())
     step(cfg, m, model, tokens, targets)

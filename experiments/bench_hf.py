@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .child import rss_bytes, run_child
+from .child import reset_peak_rss, rss_bytes, run_child
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=16384,
@@ -124,6 +124,7 @@ def step(cfg: HFBenchConfig, m: dict, model, adapter, tokens, targets) -> None:
 def memory_child(cfg: HFBenchConfig, n: int, lora: bool, m: dict) -> dict:
     """Inside a fresh process: peak resident set of one step above the post-build baseline."""
     built = build(cfg, n, lora)
+    reset_peak_rss()
     base = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, rss_bytes())
     step(cfg, m, *built)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
