@@ -70,15 +70,15 @@ def train(args: argparse.Namespace) -> dict:
     import torch
     from transformers import Trainer, TrainingArguments, default_data_collator
 
-    from seco_lab.hf import add_lora, build_hf_model
+    from seco_lab.hf import add_lora
     from seco_lab.integrations.transformers import SeCOArguments, SeCOTrainer, pack_dataset
-    from seco_lab.pretrained import load_tokenizer
+    from seco_lab.pretrained import build_causal_lm, load_tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.model)
     rows = pack_dataset(args.text or default_text(), tokenizer, args.seq_len)
-    model = add_lora(build_hf_model(args.model), r=args.lora_rank, alpha=2 * args.lora_rank)
+    model = add_lora(build_causal_lm(args.model), r=args.lora_rank, alpha=2 * args.lora_rank)
     model.print_trainable_parameters()
     training = TrainingArguments(
         output_dir=args.output_dir, per_device_train_batch_size=1, gradient_accumulation_steps=args.grad_accum,
