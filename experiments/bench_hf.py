@@ -2,11 +2,14 @@
 HF full backprop, HF gradient checkpointing, SeCO and SpaCO (constant relay, bernoulli,
 falling-factorial), with and without LoRA, as sequences grow.
 
-    python -m experiments.bench_hf [--quick] [--layers 30] [--lengths 1024 2048 ...] [--out reports/bench]
+    python -m experiments.bench_hf [--quick] [--layers 30] [--lengths 1024 2048 ...] [--chunk-sizes 64 128 512]
+                                   [--out reports/bench]
 
 Model: SmolLM2-135M's shape (hidden 576, 9 heads / 3 KV heads, MLP 1536, vocab 49152,
 tied embeddings) with random weights, ``--layers`` decoder layers, float32, batch 1,
 transformers' sdpa attention (SeCO/SpaCO run it through :class:`seco_lab.hf.HFChunkModel`).
+SeCO and SpaCO run at every ``--chunk-sizes`` value; SpaCO (t/k = 1/ratio) visits a uniformly random
+set of t chunks, a fresh seeded draw each time, and its time is the mean over ``--draws`` draws.
 HF full = ``model(ids, labels=ids).loss.backward()``.  Time: one process per (length, lora)
 runs every method in turn, round after round (interleaved) after a warm-up round; medians of
 both the wall time and the process's CPU time.  On a shared machine run with ``--threads 1``:
@@ -41,9 +44,10 @@ SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, n
 @dataclass(frozen=True)
 class HFBenchConfig:
     lengths: tuple[int, ...] = (1024, 2048, 4096, 8192)
-    chunk_size: int = 512
+    chunk_sizes: tuple[int, ...] = (512,)
     n_layers: int = 30
     ratio: int = 8  # SpaCO budget t = k / ratio where k allows
+    draws: int = 8  # SpaCO: random draws of the visited chunks per round; its time is the mean over them
     schemes: tuple[str, ...] = ("released-unbiased", "bernoulli", "falling-factorial")
     lora: tuple[bool, ...] = (False, True)
     methods: tuple[str, ...] = ("forward", "hf_full", "hf_checkpoint", "seco", "spaco")
@@ -57,20 +61,36 @@ class HFBenchConfig:
 
 
 DEFAULT = HFBenchConfig()
-QUICK = replace(DEFAULT, lengths=(128, 256), chunk_size=32, n_layers=2, hidden_size=72, intermediate_size=128,
+QUICK = replace(DEFAULT, lengths=(128, 256), chunk_sizes=(32,), n_layers=2, hidden_size=72, intermediate_size=128,
                 vocab_size=512, rounds=1, threads=1)
 
 
+CHUNKED = ("seco", "spaco", "chunked_forward")
+
+
 def methods(cfg: HFBenchConfig, n: int) -> list[dict]:
-    k = -(-n // cfg.chunk_size)
-    out = [{"method": m} for m in cfg.methods if m != "spaco"]
-    if "spaco" in cfg.methods and k % cfg.ratio == 0:
-        out += [{"method": "spaco", "scheme": s, "budget": k // cfg.ratio, "ratio": cfg.ratio} for s in cfg.schemes]
+    """The measurements of one length: each method that does not chunk once, each chunked one per chunk size."""
+    out = [{"method": m} for m in cfg.methods if m not in CHUNKED]
+    for c in cfg.chunk_sizes:
+        k = -(-n // c)
+        out += [{"method": m, "chunk_size": c} for m in cfg.methods if m in CHUNKED and m != "spaco"]
+        if "spaco" in cfg.methods and k % cfg.ratio == 0:
+            out += [{"method": "spaco", "scheme": s, "budget": k // cfg.ratio, "ratio": cfg.ratio, "chunk_size": c}
+                    for s in cfg.schemes]
     return out
+
+
+def rows_of(cfg: HFBenchConfig, m: dict) -> list[int]:
+    """The chunk sizes a measurement of ``m`` is stored under (every one for a method that does not chunk)."""
+    return [m["chunk_size"]] if "chunk_size" in m else list(cfg.chunk_sizes)
 
 
 def label(m: dict) -> str:
     return m["method"] if m["method"] != "spaco" else f"spaco {m['scheme']} t/k=1/{m['ratio']}"
+
+
+def key(m: dict) -> str:
+    return label(m) + (f" c={m['chunk_size']}" if "chunk_size" in m else "")
 
 
 def build(cfg: HFBenchConfig, n: int, lora: bool):
@@ -93,8 +113,9 @@ def build(cfg: HFBenchConfig, n: int, lora: bool):
     return model, adapter, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def step(cfg: HFBenchConfig, m: dict, model, adapter, tokens, targets) -> None:
-    """One training step's gradient work for method m (no optimizer); .grad is cleared afterwards."""
+def step(cfg: HFBenchConfig, m: dict, model, adapter, tokens, targets, draw: int = 0) -> None:
+    """One training step's gradient work for method m (no optimizer); .grad is cleared afterwards.
+    SpaCO visits a uniformly random set of ``budget`` chunks, seeded by ``draw``."""
     import torch
 
     from seco_lab import seco_grad, spaco_grad
@@ -111,13 +132,11 @@ def step(cfg: HFBenchConfig, m: dict, model, adapter, tokens, targets) -> None:
         if name == "hf_checkpoint":
             model.gradient_checkpointing_disable()
     elif name == "seco":
-        seco_grad(adapter, tokens, targets, chunk_size=cfg.chunk_size)
+        seco_grad(adapter, tokens, targets, chunk_size=m["chunk_size"])
     elif name == "chunked_forward":
-        cache_leaves(adapter, prepare(adapter, tokens, targets, cfg.chunk_size))
+        cache_leaves(adapter, prepare(adapter, tokens, targets, m["chunk_size"]))
     else:
-        k = -(-tokens.shape[1] // cfg.chunk_size)
-        subset = tuple(range(k - m["budget"], k))  # a fixed set: equal work on every round
-        spaco_grad(adapter, tokens, targets, cfg.chunk_size, m["scheme"], m["budget"], subset=subset)
+        spaco_grad(adapter, tokens, targets, m["chunk_size"], m["scheme"], m["budget"], generator=cfg.seed + draw)
     model.zero_grad(set_to_none=True)
 
 
@@ -132,35 +151,41 @@ def memory_child(cfg: HFBenchConfig, n: int, lora: bool, m: dict) -> dict:
 
 
 def timing_child(cfg: HFBenchConfig, n: int, lora: bool) -> list[dict]:
-    """Inside one process per (length, lora): every method, interleaved, after a warm-up round."""
+    """Inside one process per (length, lora): every method and chunk size, interleaved, after the warm-up
+    rounds.  A SpaCO round is the mean over ``cfg.draws`` random draws (draw i of round r seeded r * draws + i)."""
     import torch
 
     built = build(cfg, n, lora)
     ms = methods(cfg, n)
-    times: dict[str, list[float]] = {label(m): [] for m in ms}
-    cpu: dict[str, list[float]] = {label(m): [] for m in ms}
+    times: dict[str, list[float]] = {key(m): [] for m in ms}
+    cpu: dict[str, list[float]] = {key(m): [] for m in ms}
     loads: list[float] = []
     for rnd in range(cfg.warmup + cfg.rounds):
         for m in ms:
+            draws = cfg.draws if m["method"] == "spaco" else 1
             t0, c0 = time.perf_counter(), time.process_time()
-            step(cfg, m, *built)
+            for i in range(draws):
+                step(cfg, m, *built, draw=rnd * draws + i)
             if rnd >= cfg.warmup:
-                times[label(m)].append(time.perf_counter() - t0)
-                cpu[label(m)].append(time.process_time() - c0)
+                times[key(m)].append((time.perf_counter() - t0) / draws)
+                cpu[key(m)].append((time.process_time() - c0) / draws)
                 loads.append(os.getloadavg()[0])
-    return [{"label": lab, "time_s": float(np.median(v)), "cpu_s": float(np.median(cpu[lab])), "rounds": len(v),
-             "times": v, "cpu_times": cpu[lab], "threads": torch.get_num_threads(),
-             "load1": float(np.mean(loads)) if loads else float("nan")} for lab, v in times.items()]
+    return [{"m": m, "label": label(m), "time_s": float(np.median(times[key(m)])),
+             "cpu_s": float(np.median(cpu[key(m)])), "rounds": len(times[key(m)]), "times": times[key(m)],
+             "cpu_times": cpu[key(m)], "draws": cfg.draws if m["method"] == "spaco" else 1,
+             "threads": torch.get_num_threads(), "load1": float(np.mean(loads)) if loads else float("nan")}
+            for m in ms]
 
 
-def profile_child(cfg: HFBenchConfig, n: int, lora: bool, top: int = 15) -> list[dict]:
-    """Top operators (self CPU time) of one SeCO step, after a warm-up step."""
+def profile_child(cfg: HFBenchConfig, n: int, lora: bool, top: int = 40) -> list[dict]:
+    """Top operators (self CPU time) of one SeCO step at the first chunk size, after a warm-up step."""
     from torch.profiler import ProfilerActivity, profile
 
     built = build(cfg, n, lora)
-    step(cfg, {"method": "seco"}, *built)
+    m = {"method": "seco", "chunk_size": cfg.chunk_sizes[0]}
+    step(cfg, m, *built)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step(cfg, {"method": "seco"}, *built)
+        step(cfg, m, *built)
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total = sum(e.self_cpu_time_total for e in events)
     events.sort(key=lambda e: -e.self_cpu_time_total)
@@ -177,8 +202,9 @@ def _child(kind: str, cfg: HFBenchConfig, n: int, lora: bool, m: dict | None, ti
 
 
 def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600.0, memory: bool = True,
-        profile_length: int | None = None, timing: bool = True) -> pd.DataFrame:
-    """Measure, append to ``out/hf_results.csv`` (rows of earlier runs with another tag are kept)."""
+        profile_length: int | None = None, timing: bool = True, profile_lora: bool = False) -> pd.DataFrame:
+    """Measure, append to ``out/hf_results.csv`` (rows of earlier runs with another tag are kept).  A method
+    that does not chunk is measured once per length and stored under every chunk size of the run."""
     from tqdm.auto import tqdm
 
     from seco_lab.store import atomic_write_csv
@@ -186,7 +212,7 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
     rows = []
     grid = [(n, lora) for n in cfg.lengths for lora in cfg.lora]
     head_dim = cfg.hidden_size // SMOLLM2_135M["num_attention_heads"]
-    common = dict(tag=tag, n_layers=cfg.n_layers, chunk_size=cfg.chunk_size,
+    common = dict(tag=tag, n_layers=cfg.n_layers,
                   kv_bytes_per_token=2 * cfg.n_layers * SMOLLM2_135M["num_key_value_heads"] * head_dim * 4)
     path = out / "hf_results.csv"
     out.mkdir(parents=True, exist_ok=True)
@@ -201,35 +227,38 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
         if old is not None:
             kind = old.metric.where(~((old.metric == "error") & (old.label == "*")), "error*")
             df = pd.concat([old[~((old.tag == tag) & old.n_layers.eq(cfg.n_layers) & old.length.isin(cfg.lengths)
-                                  & old.chunk_size.eq(cfg.chunk_size)
+                                  & old.chunk_size.isin(cfg.chunk_sizes)
                                   & old.label.isin([label(m) for n in cfg.lengths for m in methods(cfg, n)] + ["*"])
                                   & old.lora.isin(cfg.lora) & kind.isin(kinds))], df], ignore_index=True)
         atomic_write_csv(path, df)
         return df
 
     if profile_length:
-        prof = _child("profile", cfg, profile_length, False, None, timeout)
+        prof = _child("profile", cfg, profile_length, profile_lora, None, timeout)
         if not (isinstance(prof, dict) and "error" in prof):
-            atomic_write_csv(out / f"hf_profile_{tag}.csv",
-                             pd.DataFrame(prof).assign(tag=tag, length=profile_length, n_layers=cfg.n_layers))
+            c = cfg.chunk_sizes[0]
+            atomic_write_csv(out / f"hf_profile_{tag}_c{c}{'_lora' if profile_lora else ''}.csv",
+                             pd.DataFrame(prof).assign(tag=tag, length=profile_length, n_layers=cfg.n_layers,
+                                                       chunk_size=c, lora=profile_lora))
     for n, lora in tqdm(grid if timing else [], desc="time (interleaved)"):
         res = _child("timing", cfg, n, lora, None, timeout)
         for r in ([] if isinstance(res, dict) else res):
             for metric, per_round in (("time_s", "times"), ("cpu_s", "cpu_times")):
-                rows.append({**common, "length": n, "lora": lora, "label": r["label"], "metric": metric,
-                             "value": r[metric], "rounds": r["rounds"], "load1": r["load1"],
-                             "threads": r["threads"], "note": " ".join(f"{t:.9e}" for t in r[per_round])})
+                rows += [{**common, "chunk_size": c, "length": n, "lora": lora, "label": r["label"],
+                          "metric": metric, "value": r[metric], "rounds": r["rounds"], "load1": r["load1"],
+                          "threads": r["threads"], "draws": r["draws"],
+                          "note": " ".join(f"{t:.9e}" for t in r[per_round])} for c in rows_of(cfg, r["m"])]
         if isinstance(res, dict):
-            rows.append({**common, "length": n, "lora": lora, "label": "*", "metric": "error", "value": np.nan,
-                         "note": res["error"]})
+            rows += [{**common, "chunk_size": c, "length": n, "lora": lora, "label": "*", "metric": "error",
+                      "value": np.nan, "note": res["error"]} for c in cfg.chunk_sizes]
         save()
     jobs = [(n, lora, m) for n, lora in grid for m in methods(cfg, n)] if memory else []
     for n, lora, m in tqdm(jobs, desc="memory (fresh process each)"):
         r = _child("memory", cfg, n, lora, m, timeout)
-        rows.append({**common, "length": n, "lora": lora, "label": label(m),
-                     "metric": "error" if "error" in r else "peak_mib",
-                     "value": np.nan if "error" in r else r["peak_bytes"] / (1 << 20), "rounds": 1,
-                     "load1": os.getloadavg()[0], "note": r.get("error", "")})
+        rows += [{**common, "chunk_size": c, "length": n, "lora": lora, "label": label(m),
+                  "metric": "error" if "error" in r else "peak_mib",
+                  "value": np.nan if "error" in r else r["peak_bytes"] / (1 << 20), "rounds": 1,
+                  "load1": os.getloadavg()[0], "note": r.get("error", "")} for c in rows_of(cfg, m)]
         save()
     return save()
 
@@ -241,7 +270,9 @@ def main(argv=None):
     ap.add_argument("--lengths", type=int, nargs="+", default=None)
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=None, help="untimed rounds first (default 1)")
-    ap.add_argument("--chunk-size", type=int, default=None)
+    ap.add_argument("--chunk-sizes", type=int, nargs="+", default=None,
+                    help="chunk sizes of SeCO/SpaCO (default 512); each is a row of its own")
+    ap.add_argument("--draws", type=int, default=None, help="SpaCO: random draws per round, averaged (default 8)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads per process (1 on a shared machine)")
     ap.add_argument("--lora-only", action="store_true")
     ap.add_argument("--methods", nargs="+", default=None)
@@ -250,7 +281,9 @@ def main(argv=None):
     ap.add_argument("--no-lora", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--no-time", action="store_true")
-    ap.add_argument("--profile", type=int, default=None, help="length of the profiled SeCO step")
+    ap.add_argument("--profile", type=int, default=None,
+                    help="length of the profiled SeCO step (at the first chunk size)")
+    ap.add_argument("--profile-lora", action="store_true", help="profile the LoRA model")
     ap.add_argument("--tag", default="after", help="label of this run in the CSV (e.g. before/after a change)")
     ap.add_argument("--out", type=Path, default=Path("reports/bench"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -267,10 +300,11 @@ def main(argv=None):
     over = {"n_layers": a.layers, "lengths": tuple(a.lengths) if a.lengths else None, "rounds": a.rounds,
             "methods": tuple(a.methods) if a.methods else None, "schemes": tuple(a.schemes) if a.schemes else None,
             "lora": (False,) if a.no_lora else (True,) if a.lora_only else None, "warmup": a.warmup,
-            "chunk_size": a.chunk_size, "threads": a.threads}
+            "chunk_sizes": tuple(a.chunk_sizes) if a.chunk_sizes else None, "draws": a.draws, "threads": a.threads}
     cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
     t0 = time.perf_counter()
-    run(cfg, a.out, a.tag, memory=not a.no_memory, profile_length=a.profile, timing=not a.no_time)
+    run(cfg, a.out, a.tag, memory=not a.no_memory, profile_length=a.profile, timing=not a.no_time,
+        profile_lora=a.profile_lora)
     print(f"HF benchmark ({a.tag}) written to {a.out / 'hf_results.csv'} in {time.perf_counter() - t0:.0f} s")
 
 

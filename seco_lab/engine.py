@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -153,11 +154,17 @@ def cache_leaves(model: ChunkModel, batch: ChunkedBatch, with_loss: bool = True,
         raise ValueError("include_last=False needs with_loss=False: the last chunk's loss comes from its forward")
     leaves: list[ChunkCache] = []
     total = 0.0
-    for j in range(batch.num_chunks if include_last else batch.num_chunks - 1):
-        tok, tgt, start = batch.chunk(j)
-        out = checked_chunk(model.chunk_forward(tok, tgt if with_loss else None, leaves, start, batch.ignore_index), j)
-        total = total + out.loss_sum
-        leaves.append(unflat_cache([t.detach().requires_grad_(True) for t in flat_cache(out.cache)]))
+    n_chunks = batch.num_chunks if include_last else batch.num_chunks - 1
+    # a model may keep the leaves in one buffer (so a chunk reads its prefix without copying it)
+    buffer = getattr(model, "cache_buffer", None)
+    end = min(n_chunks * batch.chunk_size, batch.length)
+    with buffer(batch.tokens.shape[0], end) if callable(buffer) and end > 0 else nullcontext():
+        for j in range(n_chunks):
+            tok, tgt, start = batch.chunk(j)
+            out = checked_chunk(model.chunk_forward(tok, tgt if with_loss else None, leaves, start,
+                                                    batch.ignore_index), j)
+            total = total + out.loss_sum
+            leaves.append(unflat_cache([t.detach().requires_grad_(True) for t in flat_cache(out.cache)]))
     return leaves, total / batch.n_targets if with_loss else None
 
 

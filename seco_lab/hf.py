@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -131,10 +132,13 @@ class HFChunkModel(nn.Module):
         if reason:
             raise ValueError(f"{type(model).__name__} cannot be driven chunk by chunk: {reason}")
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        if chunk_attention and getattr(self.config, "_attn_implementation", None) == "sdpa":
-            from .hf_attention import CHUNK_ATTENTION
+        from .hf_attention import CHUNK_ATTENTION
 
+        if chunk_attention and getattr(self.config, "_attn_implementation", None) == "sdpa":
             base.set_attn_implementation(CHUNK_ATTENTION)
+        # seco_sdpa takes the prefix leaves and the own keys/values apart (no [prefix, own] concatenation)
+        self._split = getattr(self.config, "_attn_implementation", None) == CHUNK_ATTENTION
+        self._kv_buffer = None
         params = inspect.signature(base.forward).parameters
         # transformers renamed `past_key_values` to `cache`; accept either public name
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -162,12 +166,25 @@ class HFChunkModel(nn.Module):
         ``all_logits=False`` may return the logits of the last position only."""
         from .hf_attention import PrefixCache
 
-        cache = PrefixCache(past, self.n_layers)
+        cache = PrefixCache(past, self.n_layers, split=self._split, buffer=self._kv_buffer)
         b, t = tokens.shape
         pos = torch.arange(start, start + t, device=tokens.device).unsqueeze(0).expand(b, t)
         extra = {} if all_logits else self._no_logits
         out = self.model(input_ids=tokens, position_ids=pos, use_cache=True, **{self._cache_arg: cache}, **extra)
         return out.logits, cache.own()
+
+    @contextmanager
+    def cache_buffer(self, batch_size: int, length: int):
+        """Within: chunk forwards without a graph store their keys/values in one buffer per layer for the
+        first ``length`` positions (:class:`~seco_lab.hf_attention.KVBuffer`), so a chunk's prefix is read
+        as one view.  The engine's pass 1 opens it; the buffer lives on as the leaves' storage."""
+        from .hf_attention import KVBuffer
+
+        previous, self._kv_buffer = self._kv_buffer, KVBuffer(self.n_layers, batch_size, length)
+        try:
+            yield self._kv_buffer
+        finally:
+            self._kv_buffer = previous
 
     @property
     def n_layers(self) -> int:

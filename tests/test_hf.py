@@ -108,18 +108,90 @@ def test_lora_training_saves_an_adapter_that_peft_loads_back(tmp_path):
     assert again.evaluate()["eval_loss"] == pytest.approx(last["eval_loss"], rel=1e-12)
 
 
-def test_cache_leaves_own_only_their_chunk():
-    """Each chunk's cache leaf is an owned tensor of its own c positions, not a view into the prefix."""
+def test_cache_leaves_hold_the_kv_cache_once():
+    """Pass 1's leaves are views of their c positions in one buffer per layer and key/value: adjacent (a
+    chunk reads its prefix as one view) and, all together, exactly the KV cache's bytes -- no leaf keeps
+    a copy of its prefix alive."""
     from seco_lab.engine import cache_leaves, prepare
+    from seco_lab.hf_attention import adjacent_view
 
     adapter = HFChunkModel(build_hf_model("llama", attn_implementation="sdpa", dtype=torch.float64))
     tok, tgt = tokens(batch=2, length=21)
     leaves, _ = cache_leaves(adapter, prepare(adapter, tok, tgt, chunk_size=4))
+    storages = {}
     for j, cache in enumerate(leaves):
         for k, v in cache:
             for t in (k, v):
                 assert t.shape[-2] == min(4, 21 - 4 * j)
-                assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    for layer in range(adapter.n_layers):
+        for kv in range(2):
+            whole = adjacent_view([cache[layer][kv] for cache in leaves])
+            assert whole is not None and whole.shape[-2] == 21
+    cfg = adapter.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    kv_bytes = 2 * cfg.num_hidden_layers * 2 * 21 * cfg.num_key_value_heads * head_dim * 8
+    assert len(storages) == 2 * cfg.num_hidden_layers and sum(storages.values()) == kv_bytes
+
+
+COPYING_OPS = ("aten.cat", "aten.stack", "aten.copy_", "aten.clone", "aten._to_copy", "aten.contiguous")
+
+
+def _chunk_step_bytes(adapter, batch, leaves, j):
+    """Bytes written by copying operators in chunk j's forward with a graph, in its backward, and in its
+    forward without a graph; and the bytes its graph saves for backward outside the leaves and parameters."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CopiedBytes(TorchDispatchMode):
+        total = 0
+
+        def __torch_dispatch__(self, func, types, args, kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if str(func.overloadpacket) in COPYING_OPS:
+                outs = out if isinstance(out, (tuple, list)) else [out]
+                self.total += sum(o.numel() * o.element_size() for o in outs if isinstance(o, torch.Tensor))
+            return out
+
+    held = {p.untyped_storage().data_ptr() for p in adapter.parameters()}
+    held |= {t.untyped_storage().data_ptr() for cache in leaves for kv in cache for t in kv}
+    saved = []
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in held:
+            saved.append(t.untyped_storage())
+        return t
+
+    tok, tgt, start = batch.chunk(j)
+    src = [t for cache in leaves[:j] for kv in cache for t in kv]
+    with CopiedBytes() as forward, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = adapter.chunk_forward(tok, tgt, leaves[:j], start)
+    with CopiedBytes() as backward:
+        torch.autograd.backward([out.loss_sum], inputs=src)
+    for t in src:
+        t.grad = None
+    with CopiedBytes() as no_grad, torch.no_grad():
+        adapter.chunk_forward(tok, tgt, leaves[:j], start)
+    saved_bytes = sum({s.data_ptr(): s.nbytes() for s in saved}.values())
+    return forward.total, backward.total, no_grad.total, saved_bytes
+
+
+def test_chunk_forward_copies_nothing_of_the_prefix():
+    """The work and memory of a chunk do not grow with its prefix beyond attending to it: the bytes copied
+    (cat, copy, clone, ...) in a chunk's forward with and without a graph and in its backward, and the bytes
+    its graph saves for backward (outside the leaves and the parameters), are the same for chunk 1 as for
+    chunk 5 (counted, not timed).  Concatenating [prefix, own] in every layer fails this."""
+    from seco_lab.engine import cache_leaves, prepare
+
+    adapter = HFChunkModel(build_hf_model("llama", attn_implementation="sdpa", dtype=torch.float64))
+    tok, tgt = tokens(batch=1, length=24)
+    batch = prepare(adapter, tok, tgt, chunk_size=4)
+    leaves, _ = cache_leaves(adapter, batch)
+    first, last = (_chunk_step_bytes(adapter, batch, leaves, j) for j in (1, 5))
+    assert first == last
+    # the counter sees a concatenated prefix: leaves that are not adjacent in memory are concatenated
+    owned = [tuple((k.clone(), v.clone()) for k, v in cache) for cache in leaves]
+    first, last = (_chunk_step_bytes(adapter, batch, owned, j) for j in (1, 5))
+    assert last[0] > first[0] and last[2] > first[2]
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -148,25 +220,50 @@ def test_grad_accumulation_equals_returned_gradients(lora):
     assert all(p.grad is None for p in frozen)
 
 
-def test_grouped_chunk_attention_equals_explicit_softmax():
-    """seco_sdpa's grouped-query kernel for the chunk pattern against softmax(q k^T / sqrt(d) + causal mask) v
-    with keys/values repeated per head, in float64."""
+def _explicit_chunk_attention(q, k, v, prefix, scale):
+    """softmax(q k^T * scale + causal mask) v with keys/values repeated per head: (B, c, H, d)."""
+    rep = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    c = q.shape[2]
+    allowed = torch.arange(c)[:, None] + prefix >= torch.arange(prefix + c)
+    scores = (q @ kk.transpose(2, 3)) * scale
+    return (torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ vv).transpose(1, 2)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 6])
+def test_chunk_attention_equals_explicit_softmax(kv_heads):
+    """seco_sdpa for the chunk pattern -- the split prefix/own attention (the prefix as separate leaves) and
+    the grouped-mask kernel (the prefix concatenated) -- against softmax(q k^T / sqrt(d) + causal mask) v with
+    keys/values repeated per head, in float64: outputs and the gradients of q, the own keys/values and
+    every prefix leaf."""
     from transformers import LlamaConfig
 
-    from seco_lab.hf_attention import GroupedChunkMask, chunk_sdpa_attention, chunk_sdpa_mask
+    from seco_lab.hf_attention import ChunkCausal, PrefixLayer, chunk_sdpa_attention, chunk_sdpa_mask
 
     g = torch.Generator().manual_seed(3)
-    heads, kv_heads, c, prefix, d = 6, 2, 5, 7, 4
+    heads, c, sizes, d = 6, 5, (3, 4), 4
+    prefix = sum(sizes)
     cfg = LlamaConfig(hidden_size=heads * d, num_attention_heads=heads, num_key_value_heads=kv_heads)
-    q = torch.randn(2, heads, c, d, generator=g, dtype=torch.float64)
-    k, v = (torch.randn(2, kv_heads, prefix + c, d, generator=g, dtype=torch.float64) for _ in range(2))
+    q = torch.randn(2, heads, c, d, generator=g, dtype=torch.float64, requires_grad=True)
+    leaves = [torch.randn(2, kv_heads, n, d, generator=g, dtype=torch.float64, requires_grad=True)
+              for n in (*sizes, *sizes)]
+    own = [torch.randn(2, kv_heads, c, d, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    inputs = [q, *own, *leaves]
+    seed = torch.randn(2, c, heads, d, generator=g, dtype=torch.float64)
+    k = torch.cat([*leaves[: len(sizes)], own[0]], dim=-2)
+    v = torch.cat([*leaves[len(sizes):], own[1]], dim=-2)
+    ref = _explicit_chunk_attention(q, k, v, prefix, d**-0.5)
+    ref_grads = torch.autograd.grad(ref, inputs, seed)
     mask = chunk_sdpa_mask(2, c, prefix + c, q_offset=prefix, dtype=torch.float64, config=cfg)
-    assert isinstance(mask, GroupedChunkMask) and mask.shape == (1, 1, 3 * c, prefix + c)
-    out, _ = chunk_sdpa_attention(torch.nn.Module(), q, k, v, mask, scaling=d**-0.5)
-    kk, vv = k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1)
-    allowed = torch.arange(c)[:, None] + prefix >= torch.arange(prefix + c)
-    scores = (q @ kk.transpose(2, 3)) * d**-0.5
-    ref = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ vv
-    assert float((out - ref.transpose(1, 2)).abs().max()) <= 1e-14
+    assert isinstance(mask, ChunkCausal) and mask.numel() == 0  # a marker, not a dense mask
+    assert mask.grouped_mask(heads // kv_heads).shape == (1, 1, heads // kv_heads * c, prefix + c)
+    for split in (True, False):
+        layer = PrefixLayer(leaves[: len(sizes)], leaves[len(sizes):], split=split)
+        key, value = layer.update(*own)
+        assert split == (key.shape[-2] == c)  # split: the own keys only, the prefix is not concatenated
+        out, _ = chunk_sdpa_attention(torch.nn.Module(), q, key, value, mask, scaling=d**-0.5)
+        assert float((out - ref).detach().abs().max()) <= 1e-14
+        grads = torch.autograd.grad(out, inputs, seed)
+        assert max(float((a - b).abs().max()) for a, b in zip(grads, ref_grads)) <= 1e-13
     # a full-sequence or padded call is not the chunk pattern: transformers' own sdpa mask
-    assert not isinstance(chunk_sdpa_mask(2, c, c, dtype=torch.float64, config=cfg), GroupedChunkMask)
+    assert not isinstance(chunk_sdpa_mask(2, c, c, dtype=torch.float64, config=cfg), ChunkCausal)
