@@ -39,8 +39,8 @@ def test_hf_benchmark_measures_and_reports(tmp_path):
     from experiments import bench_hf
     from seco_lab.report.bench_hf import render, summarize
 
-    cfg = replace(bench_hf.QUICK, lengths=(64,), chunk_size=16, methods=("forward", "hf_full", "hf_checkpoint", "seco"),
-                  lora=(False,), rounds=1, warmup=0)
+    cfg = replace(bench_hf.QUICK, lengths=(64,), chunk_sizes=(16,),
+                  methods=("forward", "hf_full", "hf_checkpoint", "seco"), lora=(False,), rounds=1, warmup=0)
     df = bench_hf.run(cfg, tmp_path, tag="after", memory=False)
     wall = df[df.metric == "time_s"].set_index("label")
     t = df[df.metric == "cpu_s"].set_index("label")  # the clock the ratios use (CPU time of the process)
@@ -60,3 +60,22 @@ def test_hf_benchmark_measures_and_reports(tmp_path):
 
     pd.testing.assert_series_equal(timings(both), timings(df), rtol=1e-12)
     assert list(both[both.metric == "peak_mib"].label) == ["seco"]
+
+
+def test_hf_benchmark_chunk_sizes_and_random_draws():
+    """Chunk size is a dimension of the HF benchmark: a method that does not chunk is timed once per length
+    and stored under every chunk size, SeCO once per chunk size, SpaCO where t = k/ratio is whole, as the
+    mean over its random draws (in one process, as the driver's timing child does)."""
+    from dataclasses import replace
+
+    from experiments import bench_hf
+
+    cfg = replace(bench_hf.QUICK, lengths=(64,), chunk_sizes=(8, 16), methods=("forward", "seco", "spaco"),
+                  schemes=("released-unbiased",), lora=(False,), rounds=1, warmup=0, draws=2)
+    res = bench_hf.timing_child(cfg, 64, False)
+    got = sorted((r["label"], r["m"].get("chunk_size"), r["draws"]) for r in res)
+    spaco = "spaco released-unbiased t/k=1/8"
+    assert got == sorted([("forward", None, 1), ("seco", 8, 1), ("seco", 16, 1), (spaco, 8, 2)])
+    assert all(r["cpu_s"] > 0 and len(r["cpu_times"]) == 1 for r in res)
+    stored = {(r["label"], c) for r in res for c in bench_hf.rows_of(cfg, r["m"])}
+    assert stored == {("forward", 8), ("forward", 16), ("seco", 8), ("seco", 16), (spaco, 8)}
