@@ -13,7 +13,7 @@ STUDIES       := bias train real
 QUICK_STUDIES := bias train
 JOBS_real     := 1
 
-.PHONY: install test lint report train-demo train-compare bench bench-hf bench-fsdp clean \
+.PHONY: install test lint report train-demo train-compare bench bench-hf bench-hf-chunks bench-fsdp clean \
         $(addsuffix -study,$(STUDIES)) $(addsuffix -study-quick,$(QUICK_STUDIES))
 
 install: $(STAMP)
@@ -83,6 +83,20 @@ bench-hf: $(STAMP)
 	  --schemes released-unbiased bernoulli
 	$(HF) --layers 30 --lengths 2048 --no-time --no-memory --profile 2048
 	$(HF) --layers 2 --lengths 2048 4096 8192 --no-lora --warmup 0
+	$(MAKE) bench-hf-chunks
+
+# Issue 24: the paper's chunk sizes (64, 128, 512) at 30 layers, tag issue24-after; the issue24-before rows are
+# the same lines run in a worktree of the engine before it (`git worktree add ../before 1a0fbf5`, copy
+# experiments/bench_hf.py there, TAG=issue24-before).  SpaCO: the mean over 8 random draws.
+TAG ?= issue24-after
+HF24 = $(HF) --layers 30 --tag $(TAG) --rounds 1 --warmup 0
+bench-hf-chunks: $(STAMP)
+	$(HF24) --lengths 2048 --chunk-sizes 64 128 512 --methods forward hf_full hf_checkpoint seco --no-memory --lora-only
+	$(HF24) --lengths 2048 --chunk-sizes 64 128 512 --methods forward hf_full hf_checkpoint seco --no-memory --no-lora
+	$(HF24) --lengths 2048 8192 --chunk-sizes 64 --methods seco --no-time --no-lora
+	$(HF24) --lengths 8192 --chunk-sizes 64 128 --methods forward hf_checkpoint seco spaco --schemes released-unbiased \
+	  --no-memory --no-lora
+	$(HF24) --lengths 2048 --chunk-sizes 64 --methods seco --no-memory --no-time --profile 2048 --profile-lora
 
 # Per-rank memory and step time of --shard fsdp against replicated data parallelism (2 CPU ranks, ~5 min).
 bench-fsdp: $(STAMP)
