@@ -24,7 +24,7 @@ from typing import Literal, Union
 
 import numpy as np
 
-from .checks import check_budget, check_max_hops, check_rng
+from .checks import MAX_WEIGHT_ENTRIES, check_budget, check_max_hops, check_rng
 
 Num = Union[Fraction, int]
 
@@ -182,12 +182,22 @@ class Scheme:
 
     # -- expectations ----------------------------------------------------------
     def expected_weights_exact(self, k: int, t: int, max_hops: int) -> list[Fraction]:
-        """w(p) = W(p) pi(p), p = 0..P: the closed form (docs/estimators.md §3) when the scheme has one."""
-        check_budget(k, t)
-        check_max_hops(max_hops)
+        """w(p) = W(p) pi(p), p = 0..P: the closed form (docs/estimators.md §3) when the scheme has one.
+
+        No chain of a k-chunk sequence has more than k-1 hops, and none survives a draw of t chunks without
+        replacement past t-1: w(p) = 0 past ``sampler.max_hops(k, t)``, computed only up to there (a huge P
+        costs nothing but its zeros; more than :data:`~seco_lab.checks.MAX_WEIGHT_ENTRIES` is refused)."""
+        k, t = check_budget(k, t)
+        max_hops = check_max_hops(max_hops)
+        if max_hops + 1 > MAX_WEIGHT_ENTRIES:
+            raise ValueError(f"max_hops P={max_hops:,}: a weight vector of {max_hops + 1:,} entries, every one past "
+                             f"p = {self.sampler.max_hops(k, t)} zero; pass P <= k - 1 = {k - 1}")
+        top = min(max_hops, self.sampler.max_hops(k, t))
         if self.closed_form is not None:
-            return [Fraction(self.closed_form(self, k, t, p)) for p in range(max_hops + 1)]
-        return self.direct_expected_weights(k, t, max_hops)
+            head = [Fraction(self.closed_form(self, k, t, p)) for p in range(top + 1)]
+        else:
+            head = self.direct_expected_weights(k, t, top)
+        return head + [Fraction(0)] * (max_hops - top)
 
     def direct_expected_weights(self, k: int, t: int, max_hops: int) -> list[Fraction]:
         """w(p) computed generically as chain weight times survival probability."""
