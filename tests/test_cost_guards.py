@@ -26,7 +26,7 @@ def test_workers_are_capped_at_the_work_and_the_usable_cores(monkeypatch):
 
 
 def test_expected_weights_with_a_huge_max_hops_costs_only_its_zeros():
-    for name in ("falling-factorial", "paper", "bernoulli"):
+    for name in ("falling-factorial", "paper", "released-unbiased"):  # uniform draws of t chunks
         scheme = get_scheme(name)
         exact = scheme.expected_weights_exact(4, 2, 3)
         tracemalloc.start()
@@ -37,8 +37,14 @@ def test_expected_weights_with_a_huge_max_hops_costs_only_its_zeros():
         assert list(w[:4]) == [float(x) for x in exact] and not w[4:].any()
     # uniform sampling keeps no chain past t - 1 hops: the computed weights there were already exact zeros
     assert get_scheme("falling-factorial").expected_weights_exact(4, 2, 3)[2:] == [Fraction(0)] * 2
-    with pytest.raises(ValueError, match=r"a weight vector of 1,000,000,000,001 entries.*pass P <= k - 1 = 3"):
+    with pytest.raises(ValueError, match=r"1,000,000,000,001 weights, but no chain of k=4 chunks has more than 3 "
+                                         r"hops; pass P <= k - 1 = 3"):
         get_scheme("paper").expected_weights(4, 2, 10**12)
+    # Bernoulli weights never vanish (rho^(p+1) W(p)): exact up to a bound past k - 1, refused beyond
+    bern = get_scheme("bernoulli")
+    assert len(bern.expected_weights(4, 2, 3 + 4096)) == 4100
+    with pytest.raises(ValueError, match="no chain of k=4 chunks has more than 3 hops"):
+        bern.expected_weights(4, 2, 10**6)
 
 
 def test_hop_strata_clips_max_hops_to_k_minus_1_instead_of_allocating_a_copy_per_stratum():
