@@ -13,7 +13,7 @@ STUDIES       := bias train real
 QUICK_STUDIES := bias train
 JOBS_real     := 1
 
-.PHONY: install test lint report train-demo train-compare bench bench-hf bench-hf-chunks bench-fsdp clean \
+.PHONY: install test test-unit lint report train-demo train-compare bench bench-hf bench-hf-chunks bench-fsdp clean \
         $(addsuffix -study,$(STUDIES)) $(addsuffix -study-quick,$(QUICK_STUDIES))
 
 install: $(STAMP)
@@ -27,6 +27,10 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS) -p no:cacheprovider
+
+# The unit loop: everything but the integration tests (tests/conftest.py says which), under a minute on 2 cores.
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(JOBS) -p no:cacheprovider -m "not integration"
 
 lint: $(STAMP)
 	$(BIN)/ruff check seco_lab experiments tests

@@ -110,3 +110,18 @@ def as_bool(value, what: str) -> bool:
 def check_seed(seed, what: str = "seed") -> int:
     """An integer seed >= 0: ``1.7`` and ``True`` are refused rather than truncated to 1."""
     return as_int(seed, what, 0)
+
+
+#: work that grows exponentially or with the number of strata is refused above this many bytes unless forced
+MEMORY_GUARD_BYTES = 8 << 30
+#: longest weight vector (entries p = 0..P) a scheme computes; past k - 1 every entry is 0
+MAX_WEIGHT_ENTRIES = 1 << 24
+
+
+def guard_memory(what: str, nbytes: float, detail: str, fix: str, force: bool = False) -> None:
+    """Refuse, before allocating, work that would hold more than :data:`MEMORY_GUARD_BYTES`: the message
+    states the cost and how to lower it; ``force=True`` is the override for those who mean it."""
+    if force or nbytes <= MEMORY_GUARD_BYTES:
+        return
+    raise MemoryError(f"{what} would hold {nbytes / 2**30:,.1f} GiB ({detail}), above the "
+                      f"{MEMORY_GUARD_BYTES / 2**30:.0f} GiB guard; {fix}, or pass force=True if you mean it")

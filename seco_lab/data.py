@@ -118,6 +118,27 @@ def is_regular_file(path: Path) -> bool:
         return False
 
 
+def corpus_files(paths, pattern: str) -> list[Path]:
+    """The regular files a corpus reads: each named file, and the files under each named folder matching
+    ``pattern`` (sorted: the corpus is the same on every run).  A FIFO, device or socket named directly
+    is refused -- reading it could block forever (a FIFO) or never end (``/dev/zero``); inside a folder
+    it is skipped, never opened."""
+    paths = [Path(p) for p in paths]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"text path(s) not found: {', '.join(missing)}")
+    files: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            files.extend(sorted(f for f in p.rglob(pattern) if is_regular_file(f)))
+        elif is_regular_file(p):
+            files.append(p)
+        else:
+            raise ValueError(f"text path {p} is not a regular file or folder (a FIFO, device or socket "
+                             "cannot be read as a corpus); name text files or folders")
+    return files
+
+
 def read_text_bytes(files, max_bytes: int) -> bytes:
     """The first ``max_bytes`` bytes of the text files' concatenation (binary files skipped, see
     :func:`read_text_files`)."""
@@ -169,21 +190,10 @@ class TextCorpus:
         # default corpus: the standard library's *.py; a folder the user names: every text file in it
         paths = as_path_list(paths, "text paths")
         pattern = pattern or ("*" if paths else "*.py")
-        paths = paths or default_text_paths()
-        missing = [str(p) for p in paths if not p.exists()]
-        if missing:
-            raise FileNotFoundError(f"text path(s) not found: {', '.join(missing)}")
+        paths = [Path(p) for p in (paths or default_text_paths())]
+        files = corpus_files(paths, pattern)
         if not 0.0 < holdout < 1.0:
             raise ValueError(f"holdout must lie in (0, 1), got {holdout}")
-        files: list[Path] = []
-        for p in paths:
-            if p.is_dir():  # sorted: the corpus is the same on every run; FIFOs, devices, sockets skipped
-                files.extend(sorted(f for f in p.rglob(pattern) if is_regular_file(f)))
-            elif is_regular_file(p):
-                files.append(p)
-            else:
-                raise ValueError(f"text path {p} is not a regular file or folder (a FIFO, device or socket "
-                                 "cannot be read as a corpus); name text files or folders")
         text, binary = read_text_files(files, max_bytes)
         stream = np.frombuffer(text, dtype=np.uint8)
         n = seq_len + 1

@@ -14,12 +14,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .checks import check_budget, check_max_hops, check_subset
+from .checks import check_budget, check_max_hops, check_subset, guard_memory
 from .engine import accumulate_into, backward_sweep, cache_leaves, prepare, trainable
 from .grads import GradDict, flatten, named_grads
 from .schemes import Scheme, get_scheme
@@ -128,19 +129,26 @@ class HopStrata:
 
 
 def hop_strata(
-    model, tokens, targets, chunk_size: int, max_hops: int | None = None, subset=None, ignore_index: int = -100
+    model, tokens, targets, chunk_size: int, max_hops: int | None = None, subset=None, ignore_index: int = -100,
+    force: bool = False,
 ) -> HopStrata:
     """One stratified pass: relay buffers per hop count, chunk j's loss seeds stratum 0
     and the gradient it receives in stratum q is relayed to stratum q+1 of earlier chunks.
 
     ``max_hops`` defaults to k-1, so nothing is dropped and sum_p g(p) is the exact gradient;
-    a smaller P drops the strata above it.
+    a smaller P drops the strata above it, and a larger one is clipped to k-1 (no chain of a k-chunk
+    sequence has more hops: those strata would be zero).  Each stratum is one gradient-sized
+    buffer: more than :data:`~seco_lab.checks.MEMORY_GUARD_BYTES` in all is refused unless ``force``.
     """
     batch = prepare(model, tokens, targets, chunk_size, ignore_index)
     k = batch.num_chunks
-    max_hops = k - 1 if max_hops is None else check_max_hops(max_hops)
+    max_hops = k - 1 if max_hops is None else min(check_max_hops(max_hops), k - 1)
     visit = range(k) if subset is None else check_subset(subset, k)
     params = trainable(model)
+    grad_bytes = sum(p.numel() * p.element_size() for _, p in params)
+    guard_memory("hop_strata", (max_hops + 1) * grad_bytes,
+                 f"{max_hops + 1} strata x {grad_bytes / 2**20:,.1f} MiB of gradients",
+                 "lower max_hops (strata above it are dropped) or use fewer, longer chunks", force)
     strata = [[torch.zeros_like(p) for _, p in params] for _ in range(max_hops + 1)]
     leaves, loss = cache_leaves(model, batch)
 
@@ -184,11 +192,15 @@ class ChainBasis:
         return torch.as_tensor(coef, dtype=self.vectors.dtype) @ self.vectors
 
 
-def chain_basis(model, tokens, targets, chunk_size: int, max_hops: int, ignore_index: int = -100) -> ChainBasis:
+def chain_basis(model, tokens, targets, chunk_size: int, max_hops: int, ignore_index: int = -100,
+                force: bool = False) -> ChainBasis:
     """Decompose the gradient into per-chain vectors, chains of at most ``max_hops`` hops.
 
     Each chain's seed is relayed separately (labels are chain tuples); all seeds
     that reach a chunk share one rebuild and one batched vector-Jacobian product.
+    A chain is a decreasing run of chunks, so there are N = sum_{m=1}^{P+1} C(k, m) of them
+    (2^k - 1 at P = k-1), each a gradient-sized vector: N times the gradient's bytes above
+    :data:`~seco_lab.checks.MEMORY_GUARD_BYTES` is refused unless ``force``.
     """
     batch = prepare(model, tokens, targets, chunk_size, ignore_index)
     k = batch.num_chunks
@@ -196,6 +208,11 @@ def chain_basis(model, tokens, targets, chunk_size: int, max_hops: int, ignore_i
         raise ValueError(f"chain_basis stores chunk sets as 64-bit masks: k={k} chunks is too many (max 62)")
     max_hops = check_max_hops(max_hops)
     params = trainable(model)
+    n_chains = sum(math.comb(k, m) for m in range(1, min(max_hops, k - 1) + 2))
+    grad_bytes = sum(p.numel() * p.element_size() for _, p in params)
+    guard_memory("chain_basis", n_chains * grad_bytes,
+                 f"{n_chains:,} chains of at most {max_hops} hops over k={k} chunks x {grad_bytes / 2**20:,.2f} MiB "
+                 "each; the count grows as 2^k", "lower max_hops or use fewer, longer chunks", force)
     leaves, loss = cache_leaves(model, batch)
     found: dict[tuple[int, ...], torch.Tensor] = {}
 

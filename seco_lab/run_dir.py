@@ -5,18 +5,28 @@
     RUN_DIR/checkpoints/     step_NNNNNN.pt (written to a temporary name, then renamed) and ``latest``;
                              sharded runs write step_NNNNNN.dcp/ directories (seco_lab.sharded_checkpoint)
     RUN_DIR/.lock            held with ``fcntl.flock`` by the trainer that owns the directory
+    RUN_DIR/.seco-lab-run    the marker: this directory is a run of this tool
 
 A second trainer on the same directory is refused with the owner's pid.  On resume a
 damaged checkpoint (truncated, 0 bytes) is skipped for the previous intact one, and a
 torn last line of ``metrics.jsonl`` (a kill mid-write) is dropped -- both with a warning.
+A ``latest`` naming a checkpoint that is gone, or a checkpoint of another experiment, is refused.
+
+Nothing a user owns is deleted.  ``--overwrite`` replaces only a directory that is recognisably a
+run (the marker, or a ``config.json`` of a run written before the marker existed) and holds nothing
+but the files a run writes (:data:`RUN_TREE`); the replacement is atomic -- a new directory is
+built beside it and renamed into place, the old one moved aside, and then only the files named in
+:data:`RUN_TREE` are removed from it (anything else stays, with a warning).  ``""``, ``/``, the
+home directory, the current directory and their ancestors are never a run directory to overwrite.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
-import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -25,16 +35,124 @@ import torch
 from .folder_lock import LOCK_NAME, FolderBusy, hold_lock, release_lock
 from .store import atomic_write, atomic_write_json
 
+MARKER_NAME = ".seco-lab-run"
 CHECKPOINT_KEYS = ("step", "model", "optimizer", "scheduler", "torch_rng", "numpy_rng")
+CHECKPOINT_FILE = re.compile(r"step_(\d+)\.pt")
+
+FILE = None  # a leaf of a tree spec: a regular file (or a symlink, which is removed, never followed)
+#: the files of a sharded checkpoint directory (torch.distributed.checkpoint's names, and ours)
+DCP_TREE = {r"__\d+_\d+\.distcp": FILE, r"(__\d+)?\.metadata(\.tmp)?": FILE, r"extra\.pt(\.tmp\d*)?": FILE}
+#: the checkpoints/ folder: step files, sharded step directories (complete, half-written or set aside), latest
+CHECKPOINTS_TREE = {r"latest(\.tmp\d*)?": FILE, r"step_\d+\.pt(\.tmp\d*)?": FILE,
+                    r"step_\d+\.dcp(\.tmp|\.old)?": DCP_TREE}
+#: every name a run writes into its directory, as ``{name regex: FILE or subtree}``
+RUN_TREE = {
+    r"config\.json(\.tmp\d*)?": FILE, r"metrics\.jsonl(\.tmp\d*)?": FILE, r"loss(\.tmp\d+)?\.png": FILE,
+    re.escape(LOCK_NAME): FILE, re.escape(MARKER_NAME) + r"(\.tmp\d*)?": FILE, "checkpoints": CHECKPOINTS_TREE,
+    "tensorboard": {r"events\.out\.tfevents\..+": FILE},
+    "adapter": {r"adapter_config\.json": FILE, r"adapter_model\.(safetensors|bin)": FILE, r"README\.md": FILE},
+}
 
 
 class RunDirError(ValueError):
     """A run directory that cannot be used as asked (the message says why and what to do)."""
 
 
+def _match(name: str, spec: dict):
+    """The subtree (or FILE) of the first pattern of ``spec`` matching ``name`` in full; ``False`` when none does."""
+    for pattern, sub in spec.items():
+        if re.fullmatch(pattern, name):
+            return sub
+    return False
+
+
+def foreign_entries(root: Path, spec: dict) -> list[Path]:
+    """The entries under ``root`` that ``spec`` does not name (a directory where a file belongs, a file
+    where a directory belongs, a symlinked directory, or an unknown name): what this tool did not write."""
+    out = []
+    for p in sorted(Path(root).iterdir()):
+        sub = _match(p.name, spec)
+        if sub is FILE and (p.is_symlink() or p.is_file()):
+            continue
+        if isinstance(sub, dict) and p.is_dir() and not p.is_symlink():
+            out += foreign_entries(p, sub)
+            continue
+        out.append(p)
+    return out
+
+
+def remove_own(root: Path, spec: dict) -> list[Path]:
+    """Remove the files under ``root`` that ``spec`` names, then the directories left empty (``root``
+    too); anything else stays.  Returns what stayed.  Never a blanket ``rmtree``."""
+    root = Path(root)
+    left = []
+    for p in sorted(root.iterdir()):
+        sub = _match(p.name, spec)
+        if sub is FILE and (p.is_symlink() or p.is_file()):
+            p.unlink(missing_ok=True)
+        elif isinstance(sub, dict) and p.is_dir() and not p.is_symlink():
+            left += remove_own(p, sub)
+        else:
+            left.append(p)
+    if not left:
+        root.rmdir()
+    return left
+
+
+def protected_paths() -> dict[Path, str]:
+    """Directories no run may replace: the filesystem root, the home directory, the current directory
+    and every ancestor of the last two."""
+    out = {}
+    for what, base in (("the current directory", Path.cwd()), ("your home directory", Path.home())):
+        base = base.resolve()
+        out.setdefault(base, what)
+        for anc in base.parents:
+            out.setdefault(anc, f"an ancestor of {what}")
+    out[Path("/").resolve()] = "the filesystem root"
+    return out
+
+
+def check_path_given(path) -> Path:
+    """Refuse a run directory that is no choice at all: ``""`` (which means the current directory)."""
+    text = os.fspath(path)
+    if not str(text).strip():
+        raise RunDirError("--run-dir is empty; name a directory for the run, e.g. --run-dir runs/first")
+    return Path(text)
+
+
+def is_run(path: Path) -> bool:
+    """A directory this tool created: the marker, or (older runs) a config.json recording a run's mode."""
+    if (path / MARKER_NAME).is_file():
+        return True
+    try:
+        d = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and "mode" in d and "steps" in d
+
+
+def check_replaceable(path: Path) -> None:
+    """``--overwrite``: refuse anything but a run of this tool holding only its own files."""
+    if str(path) == "~" or str(path).startswith("~/"):
+        raise RunDirError(f"--run-dir {path}: a literal '~' (the shell did not expand it); write the path out")
+    resolved = path.resolve()
+    what = protected_paths().get(resolved)
+    if what is not None:
+        raise RunDirError(f"--overwrite would replace {resolved}, {what}; choose a run directory of its own, "
+                          "e.g. --run-dir runs/first")
+    if not is_run(path):
+        raise RunDirError(f"--overwrite: {path} is not a seco-lab run directory (no {MARKER_NAME} or run "
+                          "config.json), so it is left alone; choose another --run-dir or empty it yourself")
+    foreign = foreign_entries(path, RUN_TREE)
+    if foreign:
+        names = ", ".join(str(p.relative_to(path)) for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+        raise RunDirError(f"--overwrite: {path} holds files seco-lab did not write ({names}); move them out "
+                          "or choose another --run-dir")
+
+
 def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
     """Everything that can be checked without creating anything; raise :class:`RunDirError`."""
-    path = Path(path)
+    path = check_path_given(path)
     if path.exists() and not path.is_dir():
         raise RunDirError(f"run directory {path} is a file; choose another --run-dir")
     parent = next((p for p in [path, *path.parents] if p.exists()), Path("."))
@@ -43,9 +161,11 @@ def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
     if resume:
         if not (path / "config.json").is_file():
             raise RunDirError(f"--resume: {path} holds no run (no config.json); start it without --resume")
-    elif path.exists() and _contents(path) and not overwrite:
-        raise RunDirError(f"run directory {path} exists and is not empty; pass --overwrite (replace it) or "
-                          "--resume (continue it)")
+    elif path.exists() and _contents(path):
+        if not overwrite:
+            raise RunDirError(f"run directory {path} exists and is not empty; pass --overwrite (replace it) or "
+                              "--resume (continue it)")
+        check_replaceable(path)
 
 
 def _contents(path: Path) -> list[Path]:
@@ -56,7 +176,7 @@ class RunDir:
     """The files of one run.  ``open`` takes the lock; the other methods assume it is held."""
 
     def __init__(self, path):
-        self.path = Path(path)
+        self.path = check_path_given(path)
         self.checkpoints = self.path / "checkpoints"
         self.metrics_path = self.path / "metrics.jsonl"
         self.config_path = self.path / "config.json"
@@ -64,7 +184,7 @@ class RunDir:
 
     # ------------------------------------------------------------------ ownership
     def open(self, resume: bool, overwrite: bool) -> RunDir:
-        """Check, create (or clear with ``overwrite``) and lock the directory."""
+        """Check, create (or replace with ``overwrite``) and lock the directory."""
         check_usable(self.path, resume, overwrite)
         created = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
@@ -73,14 +193,38 @@ class RunDir:
             check_usable(self.path, resume, overwrite)  # again, now that no other trainer can change it
         except RunDirError:
             self.close()
-            if created:
-                shutil.rmtree(self.path, ignore_errors=True)
+            if created:  # only what this call made: the lock file and the (then empty) directory
+                remove_own(self.path, {re.escape(LOCK_NAME): FILE})
             raise
+        if not resume and _contents(self.path):
+            self._replace()
         if not resume:
-            for p in _contents(self.path):
-                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            atomic_write(self.path / MARKER_NAME, json.dumps({"tool": "seco-lab"}) + "\n")
         self.checkpoints.mkdir(exist_ok=True)
         return self
+
+    def _replace(self) -> None:
+        """Swap in a fresh directory (built beside, then renamed) and remove the old run's own files.
+
+        Called with the old directory locked and checked by :func:`check_replaceable`.  The old
+        directory is renamed aside first, so a crash leaves either the old run or the new one in place
+        (and at worst a ``.NAME.replaced-*`` folder beside it), never a half-emptied run."""
+        parent, name = self.path.parent, self.path.name
+        fresh = Path(tempfile.mkdtemp(prefix=f".{name}.new-", dir=parent))
+        atomic_write(fresh / MARKER_NAME, json.dumps({"tool": "seco-lab"}) + "\n")
+        aside = Path(tempfile.mkdtemp(prefix=f".{name}.replaced-", dir=parent))
+        os.rename(self.path, aside / name)  # the old run, with our lock on its .lock, moves aside
+        os.rename(fresh, self.path)
+        old_lock = self._lock_file
+        self._lock_file = None
+        self._lock()
+        release_lock(old_lock)
+        left = remove_own(aside / name, RUN_TREE)
+        if left:
+            warnings.warn(f"the replaced run's folder {aside / name} kept files seco-lab did not write: "
+                          f"{', '.join(str(p) for p in left[:5])}", stacklevel=3)
+        else:
+            aside.rmdir()
 
     def _lock(self) -> None:
         try:
@@ -116,9 +260,47 @@ class RunDir:
         """Name the newest complete checkpoint (file or sharded directory) in ``latest``."""
         atomic_write(self.checkpoints / "latest", name)
 
-    def load_checkpoint(self, map_location=None) -> dict | None:
+    def check_latest(self) -> None:
+        """Refuse a ``latest`` that is not a file or names a checkpoint that is gone: the run's later steps
+        would be lost without a word if the trainer fell back to an earlier one, or to step 0."""
+        latest = self.checkpoints / "latest"
+        if not latest.exists() and not latest.is_symlink():
+            return
+        if not latest.is_file():
+            raise RunDirError(f"--resume: {latest} is not a file (it names the newest checkpoint); remove it to "
+                              "resume from the newest checkpoint present")
+        pointed = latest.read_text(errors="replace").strip()
+        if not re.fullmatch(r"step_\d+\.(pt|dcp)", pointed):
+            raise RunDirError(f"--resume: {latest} holds {pointed[:60]!r}, not a checkpoint name; remove it to resume "
+                              "from the newest checkpoint present")
+        if not (self.checkpoints / pointed).exists():
+            raise RunDirError(f"--resume: {latest} names {pointed}, which is missing (deleted or moved); restore it, "
+                              "or start again with --overwrite")
+
+    def prune_checkpoints(self, keep: int) -> list[Path]:
+        """Delete all but the newest ``keep`` checkpoints -- only this tool's ``step_NNNNNN.pt`` files and
+        sharded ``step_NNNNNN.dcp`` directories (file by file), never the one ``latest`` names."""
+        latest = self.checkpoints / "latest"
+        pointed = latest.read_text().strip() if latest.is_file() else None
+        found = sorted((p for p in self.checkpoints.iterdir()
+                        if re.fullmatch(r"step_\d+\.pt", p.name) and p.is_file() and not p.is_symlink()
+                        or re.fullmatch(r"step_\d+\.dcp", p.name) and p.is_dir() and not p.is_symlink()),
+                       key=lambda p: int(p.name[5:].split(".")[0]))
+        removed = []
+        for p in found[:-keep] if keep > 0 else found:
+            if p.name == pointed:
+                continue
+            if p.is_dir():
+                remove_own(p, DCP_TREE)
+            else:
+                p.unlink()
+            removed.append(p)
+        return removed
+
+    def load_checkpoint(self, map_location=None, check=None) -> dict | None:
         """The newest intact checkpoint (``latest`` first, then older steps), or None when there is none.
-        A damaged one is reported with a warning and skipped."""
+        A damaged one is reported with a warning and skipped; ``check(state, name)`` may refuse one
+        (raising :class:`RunDirError`, which is not damage and stops the search)."""
         names = sorted((p.name for p in self.checkpoints.glob("step_*.pt")), reverse=True)
         latest = self.checkpoints / "latest"
         if latest.is_file():
@@ -129,21 +311,27 @@ class RunDir:
         skipped = []
         for name in names:
             try:
-                state = torch.load(self.checkpoints / name, map_location=map_location, weights_only=False)
+                state = safe_load(self.checkpoints / name, map_location)
+                if not isinstance(state, dict):
+                    raise ValueError(f"holds a {type(state).__name__}, not a checkpoint")
                 missing = [k for k in CHECKPOINT_KEYS if k not in state]
                 if missing:
                     raise ValueError(f"missing {', '.join(missing)}")
+            except RunDirError:
+                raise
             except Exception as e:  # noqa: BLE001 -- any unreadable file is a damaged checkpoint
                 skipped.append(name)
                 warnings.warn(f"checkpoint {self.checkpoints / name} is damaged ({type(e).__name__}: "
                               f"{str(e)[:120]}); falling back to an earlier one", stacklevel=2)
                 continue
+            if check is not None:
+                check(state, name)
             if skipped:
                 warnings.warn(f"resuming from {name} (step {state['step']}) instead of damaged "
                               f"{', '.join(skipped)}", stacklevel=2)
             return state
         if skipped:
-            warnings.warn(f"no intact checkpoint in {self.checkpoints}: starting again from step 0", stacklevel=2)
+            warnings.warn(f"no intact checkpoint in {self.checkpoints}", stacklevel=2)
         return None
 
     # ------------------------------------------------------------------ metrics
@@ -157,6 +345,22 @@ class RunDir:
         """Keep the records up to ``last_step``: later ones belong to the part of the run being redone."""
         rows = [r for r in read_metrics(self.path) if r["step"] <= last_step]
         atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def safe_load(path: Path, map_location=None):
+    """``torch.load(weights_only=True)``: tensors and plain values only, so a crafted file cannot run code.
+    numpy arrays (the RNG state of checkpoints written before it was stored as a tensor) are allowed too."""
+    import numpy as np
+    from numpy._core.multiarray import _reconstruct
+
+    with torch.serialization.safe_globals([_reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]):
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as e:
+            if "Weights only load failed" not in str(e):
+                raise
+            raise RunDirError(f"{path} holds objects a safe load refuses (not tensors or plain values); it is not a "
+                              "seco-lab checkpoint, and loading it could run code -- remove it") from None
 
 
 def read_config(run_dir) -> dict:

@@ -24,7 +24,7 @@ from typing import Literal, Union
 
 import numpy as np
 
-from .checks import as_float, check_budget, check_max_hops, check_rng
+from .checks import MAX_WEIGHT_ENTRIES, as_float, check_budget, check_max_hops, check_rng
 
 Num = Union[Fraction, int]
 
@@ -184,12 +184,25 @@ class Scheme:
 
     # -- expectations ----------------------------------------------------------
     def expected_weights_exact(self, k: int, t: int, max_hops: int) -> list[Fraction]:
-        """w(p) = W(p) pi(p), p = 0..P: the closed form (docs/estimators.md §3) when the scheme has one."""
-        check_budget(k, t)
-        check_max_hops(max_hops)
+        """w(p) = W(p) pi(p), p = 0..P: the closed form (docs/estimators.md §3) when the scheme has one.
+
+        No chain survives a draw of t chunks without replacement past t-1 hops: there pi(p) = 0, so w(p) is
+        computed only up to t-1 and the rest are zeros (a huge P costs nothing but them; more than
+        :data:`~seco_lab.checks.MAX_WEIGHT_ENTRIES` entries are refused).  Bernoulli weights do not vanish, but
+        past k-1 they weigh chains a k-chunk sequence cannot have: more than :data:`EXACT_TERMS` exact terms
+        past k-1 are refused."""
+        k, t = check_budget(k, t)
+        max_hops = check_max_hops(max_hops)
+        last_nonzero = self.sampler.max_hops(k, t) if self.sampler.kind == "uniform" else max_hops
+        if max_hops + 1 > MAX_WEIGHT_ENTRIES or last_nonzero > k - 1 + EXACT_TERMS:
+            raise ValueError(f"max_hops P={max_hops:,}: {max_hops + 1:,} weights, but no chain of k={k} chunks has "
+                             f"more than {k - 1} hops; pass P <= k - 1 = {k - 1}")
+        top = min(max_hops, last_nonzero)
         if self.closed_form is not None:
-            return [Fraction(self.closed_form(self, k, t, p)) for p in range(max_hops + 1)]
-        return self.direct_expected_weights(k, t, max_hops)
+            head = [Fraction(self.closed_form(self, k, t, p)) for p in range(top + 1)]
+        else:
+            head = self.direct_expected_weights(k, t, top)
+        return head + [Fraction(0)] * (max_hops - top)
 
     def direct_expected_weights(self, k: int, t: int, max_hops: int) -> list[Fraction]:
         """w(p) computed generically as chain weight times survival probability."""
@@ -201,6 +214,10 @@ class Scheme:
 
     def with_params(self, **params) -> Scheme:
         return _with_params(self, params)
+
+
+#: exact (Fraction) terms computed past k - 1 at most: each is a product of P factors, so their cost grows with P
+EXACT_TERMS = 4096
 
 
 def fraction_to_float(value: Fraction) -> float:

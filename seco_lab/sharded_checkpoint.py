@@ -18,12 +18,13 @@ a filesystem every node sees.
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from .run_dir import DCP_TREE, remove_own, safe_load
 
 SUFFIX = ".dcp"
 EXTRA = "extra.pt"
@@ -70,7 +71,8 @@ def save(checkpoints: Path, step: int, model, optimizer, extra: dict) -> Path:
     final = Path(checkpoints) / checkpoint_name(step)
     tmp = final.with_name(final.name + ".tmp")
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # a save killed half-way
+        if tmp.is_dir():  # a save killed half-way: remove its files (DCP's and ours), nothing else
+            remove_own(tmp, DCP_TREE)
         tmp.mkdir(parents=True)
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -83,20 +85,27 @@ def save(checkpoints: Path, step: int, model, optimizer, extra: dict) -> Path:
     _barrier()  # every rank's shards are on disk
     if rank == 0:
         old = final.with_name(final.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
+        if old.is_dir():
+            remove_own(old, DCP_TREE)
         if final.exists():  # the same step saved before (a rerun after a damaged later checkpoint)
             os.replace(final, old)  # two renames back to back; the old copy is deleted only after
         os.replace(tmp, final)
         _fsync_dir(final.parent)
-        shutil.rmtree(old, ignore_errors=True)
+        if old.is_dir():
+            remove_own(old, DCP_TREE)
     _barrier()
     return final
 
 
-def load(path: Path, model, optimizer) -> dict:
-    """Read ``path`` into ``model`` and ``optimizer`` (resharding to their layout) and return the extras."""
+def load(path: Path, model, optimizer, check=None) -> dict:
+    """Read ``path`` into ``model`` and ``optimizer`` (resharding to their layout) and return the extras;
+    ``check(extras, name)`` sees the extras (step, fingerprint) first and may refuse the checkpoint."""
     from torch.distributed.checkpoint import load as dcp_load
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    extra = safe_load(Path(path) / EXTRA, map_location="cpu")
+    if check is not None:
+        check(extra, Path(path).name)
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optimizer": optim_sd}
@@ -104,7 +113,7 @@ def load(path: Path, model, optimizer) -> dict:
         warnings.filterwarnings("ignore", message=r"torch.distributed is disabled, unavailable or uninitialized")
         dcp_load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    return torch.load(Path(path) / EXTRA, map_location="cpu", weights_only=False)
+    return extra
 
 
 def load_replicated(state: dict, model, optimizer) -> None:

@@ -4,7 +4,8 @@
 * :func:`allreduce_mean` -- the mean over micro-batches and ranks of the gradient (one
   flat buffer in the parameters' dtype) and of the step's statistics (float64, so a
   bfloat16 run still logs its loss with 16 significant digits).
-* :func:`lr_factor` -- the learning-rate schedule, a function of plain numbers.
+* :func:`lr_factor`, :func:`schedule_factor` -- the learning-rate schedule (warm-up + cosine, and its
+  cycles when a run is extended), functions of plain numbers.
 """
 
 from __future__ import annotations
@@ -32,6 +33,26 @@ def lr_factor(step: int, warmup: int, steps: int, min_lr_ratio: float) -> float:
         return (step + 1) / warmup
     progress = (step - warmup) / max(1, steps - warmup)
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def schedule_factor(step: int, warmup: int, steps: int, min_lr_ratio: float, cycles=()) -> float:
+    """:func:`lr_factor` over the run's cycles ``[[s_0, e_0], [s_1, e_1], ...]`` (empty: ``[[0, steps]]``).
+
+    The cycle of ``step`` is the last with s_i <= step; with u = step - s_i:
+
+        f = lr_factor(u, W, e_0 - s_0, r)                     in the first cycle (and r past e_0)
+        f = r + (1 - r) * (u + 1) / W                         for u < W in a later cycle (re-warm from r)
+        f = lr_factor(u, W, e_i - s_i, r)                     for u >= W (cosine from 1 to r at e_i, then r)
+
+    A run extended without a new cycle therefore keeps f = r: the schedule it finished, continued.
+    """
+    cycles = list(cycles) or [[0, steps]]
+    index = max(i for i, c in enumerate(cycles) if c[0] <= step or i == 0)
+    start, end = cycles[index]
+    u = step - start
+    if index > 0 and u < warmup:
+        return min_lr_ratio + (1 - min_lr_ratio) * (u + 1) / warmup
+    return lr_factor(u, warmup, end - start, min_lr_ratio)
 
 
 def chunk_grads(model, batch: Batch, cfg, rng: np.random.Generator | None, scheme=None):

@@ -13,28 +13,28 @@ does not depend on which other files exist.  Batches are deterministic from
 
 from __future__ import annotations
 
+import codecs
 import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .data import Batch, default_text_paths
+from .data import Batch, corpus_files, default_text_paths, is_regular_file
+
+#: bytes read per token of the budget at most: real text averages 3-5 bytes per BPE token
+BYTES_PER_TOKEN_BOUND = 16
 
 
 def text_files(paths=None, pattern: str | None = None) -> list[tuple[str, Path]]:
-    """(relative name, path) of every text file under ``paths``, sorted; default: the stdlib's ``*.py``."""
+    """(relative name, path) of every text file under ``paths``, sorted; default: the stdlib's ``*.py``.
+    FIFOs and devices are refused when named, skipped inside folders (:func:`seco_lab.data.corpus_files`)."""
     pattern = pattern or ("*" if paths else "*.py")
     roots = [Path(p) for p in (paths or default_text_paths())]
-    missing = [str(p) for p in roots if not p.exists()]
-    if missing:
-        raise FileNotFoundError(f"text path(s) not found: {', '.join(missing)}")
     out = []
     for root in roots:
-        if root.is_dir():
-            out.extend((f.relative_to(root).as_posix(), f) for f in sorted(root.rglob(pattern)) if f.is_file())
-        else:
-            out.append((root.name, root))
+        files = corpus_files([root], pattern)
+        out.extend((f.relative_to(root).as_posix() if root.is_dir() else root.name, f) for f in files)
     return out
 
 
@@ -43,13 +43,18 @@ def held_out(name: str, holdout: float) -> bool:
     return zlib.crc32(name.encode()) / 2**32 < holdout
 
 
-def read_text(path: Path) -> str | None:
-    """The file as text, or None when it is binary or not UTF-8."""
-    data = path.read_bytes()
+def read_text(path: Path, max_bytes: int | None = None) -> str | None:
+    """The file as text (its first ``max_bytes`` bytes, cut at a character boundary), or None when it is
+    binary or not UTF-8.  Only regular files are opened: a FIFO or device is refused, never read."""
+    path = Path(path)
+    if not is_regular_file(path):
+        raise ValueError(f"{path} is not a regular file (a FIFO, device or socket cannot be read as text)")
+    with open(path, "rb") as f:
+        data = f.read() if max_bytes is None else f.read(max_bytes)
     if b"\0" in data:  # anywhere: a text head does not make a binary file text
         return None
-    try:
-        return data.decode("utf-8")
+    try:  # a cut inside a multi-byte character drops that character, not the file
+        return codecs.getincrementaldecoder("utf-8")().decode(data, final=max_bytes is None or len(data) < max_bytes)
     except UnicodeDecodeError:
         return None
 
@@ -80,7 +85,7 @@ class TokenCorpus:
     name = "text"
 
     def __init__(self, seq_len: int, tokenizer, paths=None, holdout: float = 0.05, max_tokens: int = 1 << 21,
-                 pattern: str | None = None, seed: int = 0):
+                 pattern: str | None = None, seed: int = 0, max_bytes: int | None = None):
         if not 0.0 < holdout < 1.0:
             raise ValueError(f"holdout must lie in (0, 1), got {holdout}")
         if seq_len < 1 or max_tokens < 2 * (seq_len + 1):
@@ -90,6 +95,8 @@ class TokenCorpus:
         files = text_files(paths, pattern)
         # each split gets its share of the token budget; files are read in sorted order until it is spent
         budget = {"train": max_tokens - int(max_tokens * holdout), "val": int(max_tokens * holdout)}
+        # and a byte budget: the files read stop at it whatever their size (a 6 GB log, a huge single file)
+        bytes_left = BYTES_PER_TOKEN_BOUND * max_tokens if max_bytes is None else max_bytes
         streams: dict[str, list[int]] = {"train": [], "val": []}
         self.split_files: dict[str, list[str]] = {"train": [], "val": []}
         for name, path in files:
@@ -98,9 +105,12 @@ class TokenCorpus:
                 if all(len(streams[s]) >= budget[s] for s in streams):
                     break
                 continue
-            text = read_text(path)
+            if bytes_left <= 0:
+                break
+            text = read_text(path, bytes_left)
             if text is None:
                 continue
+            bytes_left -= len(text.encode())
             ids = encode_text(tokenizer, text)
             streams[split].extend(ids + ([eos] if eos is not None else []))
             self.split_files[split].append(name)

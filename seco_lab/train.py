@@ -14,11 +14,20 @@ parameters, optimizer state and stored gradients are sharded with FSDP2: the eng
 gathered parameters, the summed gradient is reduce-scattered once per optimizer step and
 checkpoints are sharded (:mod:`seco_lab.sharded_checkpoint`).  SpaCO draws its chunk subsets from
 ``numpy.random.default_rng([seed, step, micro, rank])``: every rank draws its own.
+
+Resuming: every checkpoint carries the experiment's fingerprint (a hash of the TrainConfig without
+its schedule length) and its step, both checked on load (``torch.load(weights_only=True)``: a checkpoint
+holds tensors and plain values only).  Extending a run (``--resume`` with a larger ``--steps``) keeps the
+schedule it had -- past its end the lr stays at ``min_lr_ratio * lr`` -- unless ``--rewarm`` asks for a new
+warm-up + cosine cycle over the added steps (:func:`seco_lab.step.schedule_factor`).  SIGINT and SIGTERM
+finish the step, checkpoint and raise :class:`TrainingInterrupted`; ``keep_checkpoints`` keeps the newest N.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import math
 import os
 import signal
@@ -39,10 +48,14 @@ from .metric_log import MetricLogger
 from .model import TinyTransformer
 from .run_dir import RunDir, RunDirError, check_usable, read_config, read_metrics
 from .sharding import ShardedModel, ShardingError, clip_grad_norm
-from .step import allreduce_mean, chunk_grads, lr_factor
+from .step import allreduce_mean, chunk_grads, schedule_factor
 
 __all__ = ["DTYPES", "MODES", "NonFiniteLoss", "RunControl", "TrainConfig", "Trainer", "TrainingInterrupted",
-           "init_distributed_from_env", "read_metrics"]
+           "experiment_fingerprint", "init_distributed_from_env", "read_metrics"]
+
+#: fields that may change when a run is resumed: its length, and the schedule cycles an extension adds
+SCHEDULE_FIELDS = ("steps", "lr_cycles")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -50,11 +63,33 @@ class NonFiniteLoss(RuntimeError):
 
 
 class TrainingInterrupted(RuntimeError):
-    """Stopped by SIGINT after checkpointing; ``step`` is the step saved."""
+    """Stopped by SIGINT or SIGTERM after checkpointing; ``step`` is the step saved, ``signum`` the signal."""
 
-    def __init__(self, step: int):
-        super().__init__(f"interrupted at step {step}")
+    def __init__(self, step: int, signum: int = signal.SIGINT):
+        super().__init__(f"interrupted ({signal.Signals(signum).name}) at step {step}")
         self.step = step
+        self.signum = int(signum)
+
+
+def experiment_fingerprint(config: dict) -> str:
+    """16 hex digits of SHA-256 over the experiment (a ``TrainConfig.to_dict()``), its schedule length left out:
+    equal for every checkpoint of one run, extended or not, and different for another seed, model or data."""
+    d = {k: v for k, v in TrainConfig.from_dict(config).to_dict().items() if k not in SCHEDULE_FIELDS}
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def numpy_rng_state() -> dict:
+    """``np.random.get_state()`` as plain values and a tensor (a safe ``torch.load`` reads them)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def set_numpy_rng_state(state) -> None:
+    if isinstance(state, dict):
+        state = (state["name"], state["keys"].numpy().astype(np.uint32), state["pos"], state["has_gauss"],
+                 state["cached_gaussian"])
+    np.random.set_state(state)  # checkpoints written before this format hold the tuple itself
 
 
 def experiment_record(cfg: TrainConfig, model) -> dict:
@@ -79,7 +114,7 @@ def experiment_from_record(d: dict, source: str) -> TrainConfig:
 def config_differences(saved: TrainConfig, new: TrainConfig) -> list[str]:
     """Fields that define the experiment and differ (``steps`` may grow: that extends the run)."""
     a, b = saved.to_dict(), new.to_dict()
-    out = [f"{k} ({a[k]!r} -> {b[k]!r})" for k in a if k != "steps" and a[k] != b[k]]
+    out = [f"{k} ({a[k]!r} -> {b[k]!r})" for k in a if k not in SCHEDULE_FIELDS and a[k] != b[k]]
     return out
 
 
@@ -112,14 +147,19 @@ class Trainer:
         if not self.params:
             raise ValueError("the model has no trainable parameters")
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: lr_factor(s, cfg.warmup, cfg.steps, cfg.min_lr_ratio))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self.lr_factor)
         self.scheme = cfg.build_scheme() if cfg.mode == "spaco" else None
         self.run_dir = RunDir(self.run.run_dir)
         self.step = 0
         self.allreduce_calls = 0  # gradient collectives issued (all-reduces; reduce-scatters under --shard fsdp)
         self.logger: MetricLogger | None = None
         self._stop_requested = False
+        self._stop_signal = signal.SIGINT
+
+    def lr_factor(self, step: int) -> float:
+        """The schedule at ``step`` (read from ``self.cfg``, whose cycles an extended resume sets)."""
+        c = self.cfg
+        return schedule_factor(step, c.warmup, c.steps, c.min_lr_ratio, c.lr_cycles)
 
     @classmethod
     def resume(cls, run_dir, **run) -> Trainer:
@@ -154,10 +194,14 @@ class Trainer:
             err = box[0]
         if err:
             raise RunDirError(err)
-        if self.run.resume:
-            self._resume()
-        elif self.rank == 0:
-            self.run_dir.write_config(experiment_record(self.cfg, self.model))
+        try:
+            if self.run.resume:
+                self._resume()
+            elif self.rank == 0:
+                self.run_dir.write_config(experiment_record(self.cfg, self.model))
+        except BaseException:
+            self.run_dir.close()  # a refused resume releases the directory
+            raise
         self._barrier()
         self.logger = MetricLogger(self.run_dir, self.run.tensorboard and self.rank == 0)
 
@@ -169,49 +213,106 @@ class Trainer:
             raise RunDirError(f"--resume: the config differs from the run in {self.run_dir.path} in: "
                               + ", ".join(diff) + "; resume with the saved settings or start a new --run-dir")
         state = self._load_newest_checkpoint()
-        if state is not None:
+        if state is None:
+            self._check_nothing_to_resume()
+        else:
             if state["step"] > self.cfg.steps:
                 raise RunDirError(f"--steps {self.cfg.steps} is below the run's step {state['step']}; a run can "
                                   "only be extended")
             if "model" in state:  # a replicated .pt checkpoint; a sharded one is already loaded
-                self.model.load_state_dict(state["model"])
-                self.opt.load_state_dict(state["optimizer"])
+                load_into(self.model, state["model"], self.run_dir.checkpoints)
+                try:
+                    self.opt.load_state_dict(state["optimizer"])
+                except (ValueError, KeyError, RuntimeError) as e:
+                    raise RunDirError(f"--resume: the optimizer state in {self.run_dir.checkpoints} does not fit "
+                                      f"this model ({str(e).splitlines()[0]})") from None
             self.sched.load_state_dict(state["scheduler"])
             torch.set_rng_state(state["torch_rng"])
-            np.random.set_state(state["numpy_rng"])
+            set_numpy_rng_state(state["numpy_rng"])
             self.step = int(state["step"])
+        self._continue_schedule(saved)
         if self.rank == 0:
             # metrics logged after the checkpoint belong to the part of the run redone now
             self.run_dir.truncate_metrics(self.step if state is not None else -1)
-            if saved.steps != self.cfg.steps:
+            if (saved.steps, saved.lr_cycles) != (self.cfg.steps, self.cfg.lr_cycles):
                 self.run_dir.write_config(experiment_record(self.cfg, self.model))
+
+    def _continue_schedule(self, saved: TrainConfig) -> None:
+        """A resumed run keeps its schedule whatever ``--steps`` now says: the cycles it had (by default one
+        over the saved ``steps``), plus, with ``--rewarm``, a new cycle from this step to the new ``steps``."""
+        c = self.cfg
+        cycles = [list(x) for x in (saved.lr_cycles or [[0, saved.steps]])]
+        if self.run.rewarm:
+            if c.steps <= saved.steps or self.step >= c.steps:
+                raise RunDirError(f"--rewarm starts a new schedule cycle over added steps; pass --steps above the "
+                                  f"run's {saved.steps}")
+            cycles = [x for x in cycles if x[0] < self.step] + [[self.step, c.steps]]
+        c.lr_cycles = cycles if cycles != [[0, c.steps]] else []
+        self.sched.base_lrs = [c.lr for _ in self.opt.param_groups]
+        for group, base in zip(self.opt.param_groups, self.sched.base_lrs):
+            group["lr"] = base * self.lr_factor(self.step)  # the loaded lr was computed by the old schedule
+        self.sched._last_lr = [g["lr"] for g in self.opt.param_groups]
+
+    def _check_nothing_to_resume(self) -> None:
+        """No checkpoint at all: resuming from step 0 is right only if the run never logged a training step."""
+        steps = [r.get("step", 0) for r in read_metrics(self.run_dir.path)]
+        done = max([s for s in steps if isinstance(s, int)], default=0)
+        if done > 0:
+            raise RunDirError(f"--resume: {self.run_dir.metrics_path} records step {done} but "
+                              f"{self.run_dir.checkpoints} holds no checkpoint to continue from (deleted, or the run "
+                              "stopped before its first checkpoint); restore them, or start again with --overwrite")
+
+    def _check_state(self, state: dict, name: str) -> None:
+        """Refuse a checkpoint of another experiment, or one whose step is not the step its name says."""
+        expected = int(name.split("_")[1].split(".")[0])
+        if int(state.get("step", -1)) != expected:
+            raise RunDirError(f"--resume: checkpoint {name} holds step {state.get('step')}, not {expected}; it was "
+                              "renamed or copied from elsewhere")
+        config = state.get("config")
+        try:
+            found = state.get("fingerprint") or experiment_fingerprint(config)
+        except (TypeError, ValueError, AttributeError):
+            found = None
+        if found != self.fingerprint:
+            diff = []
+            with contextlib.suppress(TypeError, ValueError, AttributeError):
+                diff = config_differences(experiment_from_record(dict(config), name), self.cfg)
+            raise RunDirError(f"--resume: checkpoint {name} belongs to another experiment (fingerprint {found}, this "
+                              f"run's {self.fingerprint}" + (f"; differs in {', '.join(diff)}" if diff else "")
+                              + "); put this run's checkpoints back or start a new --run-dir")
+
+    @property
+    def fingerprint(self) -> str:
+        return experiment_fingerprint(self.cfg.to_dict())
 
     def _load_newest_checkpoint(self) -> dict | None:
         """The newest checkpoint's state: a sharded directory is read into the model and optimizer
         here (resharded to this run's ranks) and its extras returned; a ``.pt`` file is returned whole."""
+        self.run_dir.check_latest()
         sharded = sharded_checkpoint.newest(self.run_dir.checkpoints)
         files = sorted(self.run_dir.checkpoints.glob("step_*.pt"))
         if sharded and (not files or sharded[0].name.split(".")[0] >= files[-1].name.split(".")[0]):
-            return sharded_checkpoint.load(sharded[0], self.model, self.opt)
-        state = self.run_dir.load_checkpoint(map_location="cpu")  # load_state_dict moves it to the model
+            return sharded_checkpoint.load(sharded[0], self.model, self.opt, check=self._check_state)
+        # load_state_dict moves the tensors to the model's device
+        state = self.run_dir.load_checkpoint(map_location="cpu", check=self._check_state)
         if state is not None and self.sharded is not None:  # a replicated run continued sharded
             sharded_checkpoint.load_replicated(state, self.model, self.opt)
             state = {k: v for k, v in state.items() if k not in ("model", "optimizer")}
         return state
 
     def save_checkpoint(self) -> None:
+        extra = {"step": self.step, "scheduler": self.sched.state_dict(), "torch_rng": torch.get_rng_state(),
+                 "numpy_rng": numpy_rng_state(), "config": self.cfg.to_dict(), "fingerprint": self.fingerprint}
         if self.sharded is not None:  # collective: every rank writes its shards
-            extra = {"step": self.step, "scheduler": self.sched.state_dict(), "torch_rng": torch.get_rng_state(),
-                     "numpy_rng": np.random.get_state(), "config": self.cfg.to_dict(), "world_size": self.world}
-            path = sharded_checkpoint.save(self.run_dir.checkpoints, self.step, self.model, self.opt, extra)
+            path = sharded_checkpoint.save(self.run_dir.checkpoints, self.step, self.model, self.opt,
+                                           {**extra, "world_size": self.world})
             if self.rank == 0:
                 self.run_dir.point_latest(path.name)
-            return
-        if self.rank == 0:
-            self.run_dir.save_checkpoint({
-                "step": self.step, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                "scheduler": self.sched.state_dict(), "torch_rng": torch.get_rng_state(),
-                "numpy_rng": np.random.get_state(), "config": self.cfg.to_dict()})
+        elif self.rank == 0:
+            self.run_dir.save_checkpoint({**extra, "model": self.model.state_dict(),
+                                          "optimizer": self.opt.state_dict()})
+        if self.rank == 0 and self.run.keep_checkpoints is not None:
+            self.run_dir.prune_checkpoints(self.run.keep_checkpoints)
 
     def save_adapter(self):
         """peft's own adapter format, under run_dir/adapter (LoRA runs only), naming its base model.
@@ -328,12 +429,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict:
-        """Train to ``stop_at`` or ``steps``.  SIGINT finishes the step, checkpoints and
+        """Train to ``stop_at`` or ``steps``.  SIGINT or SIGTERM finishes the step, checkpoints and
         raises :class:`TrainingInterrupted`; a non-finite loss raises :class:`NonFiniteLoss`."""
         c = self.cfg
         self.prepare()
         stop = self.run.stop_at or c.steps
-        restore = self._catch_sigint()
+        restore = self._catch_stop_signals()
         bar = tqdm(total=stop, initial=self.step, desc=f"{c.mode} train", unit="step",
                    disable=not self.run.progress or self.rank != 0)
         last = {}
@@ -347,7 +448,7 @@ class Trainer:
                 if self._stop_requested:
                     if self.step % c.ckpt_every and self.step != stop:
                         self.save_checkpoint()
-                    raise TrainingInterrupted(self.step)
+                    raise TrainingInterrupted(self.step, self._stop_signal)
             self._barrier()
             if self.step == c.steps:
                 if self.rank == 0 or self.sharded is not None:
@@ -381,18 +482,37 @@ class Trainer:
             self.logger.close()
         self.run_dir.close()
 
-    def _catch_sigint(self):
-        """Turn the first SIGINT into 'stop after this step'; a second one interrupts at once."""
+    def _catch_stop_signals(self):
+        """Turn the first SIGINT or SIGTERM (what schedulers send before killing a job) into 'stop after this
+        step'; a second one of the same kind acts at once, as it would without the trainer."""
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
-        previous = signal.getsignal(signal.SIGINT)
+        previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
 
         def handler(signum, frame):
             self._stop_requested = True
-            signal.signal(signal.SIGINT, previous)
+            self._stop_signal = signum
+            signal.signal(signum, previous[signum])
 
-        signal.signal(signal.SIGINT, handler)
-        return lambda: signal.signal(signal.SIGINT, previous)
+        for s in STOP_SIGNALS:
+            signal.signal(s, handler)
+
+        def restore():
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+        return restore
+
+
+def load_into(model, state_dict: dict, where) -> None:
+    """``model.load_state_dict`` with a one-line error when the checkpoint is of another architecture."""
+    try:
+        model.load_state_dict(state_dict)
+    except RuntimeError as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        detail = lines[1] if len(lines) > 1 else lines[0] if lines else ""
+        raise RunDirError(f"--resume: the checkpoint in {where} is of another model architecture ({detail[:200]}); "
+                          "resume with the run's own model settings or start a new --run-dir") from None
 
 
 def build_data(cfg: TrainConfig):

@@ -17,3 +17,19 @@ settings.register_profile(
 # "explore": random examples, to probe tolerances over many --hypothesis-seed values once
 settings.register_profile("explore", parent=settings.get_profile("seco"), derandomize=False, max_examples=400)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "seco"))
+
+
+# The unit loop (`make test-unit`: -m "not integration") leaves out what runs whole programs: every slow test,
+# and the modules below (studies end to end, distributed ranks, HF and pretrained models, benchmarks, installs).
+# `make test` runs everything.
+INTEGRATION_MODULES = {"test_bench", "test_bias_study", "test_fsdp", "test_hf", "test_install", "test_pretrained",
+                       "test_train_study"}
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    for item in items:
+        module = getattr(item, "module", None)
+        if item.get_closest_marker("slow") or (module is not None and module.__name__ in INTEGRATION_MODULES):
+            item.add_marker(pytest.mark.integration)

@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from seco_lab.study import (
     run_study,
     seed_sequence,
 )
+from seco_lab.study_runner import KILL_HOOK
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ("results", "checks", "groups", "convergence")
@@ -160,16 +160,13 @@ def _cli(out, *extra):
 def test_study_resumes_after_being_killed(tmp_path):
     out = tmp_path / "study"
     cells = out / "cells"
-    proc = subprocess.Popen(_cli(out), cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    # a deterministic crash: the driver SIGKILLs its own process group once 3 groups are done (whatever the load)
+    proc = subprocess.run(_cli(out), cwd=ROOT, start_new_session=True, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, KILL_HOOK: "3"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
     n_groups = len(QUICK.groups()) + len(QUICK.paper_groups())
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list(cells.glob("*.json"))) < 3:  # the paper-settings group runs first
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
     finished = sorted(cells.glob("*.json"))
-    assert 3 <= len(finished) < n_groups, "the kill must land mid-study"
+    assert len(finished) == 3 < n_groups, "the kill lands mid-study"
     for f in finished:  # nothing half-written: every group marked done has all its tables
         for name in PAPER_TABLES if f.name.startswith("paper_") else TABLES:
             assert len(pd.read_csv(f.with_suffix(f".{name}.csv")))

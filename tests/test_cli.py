@@ -181,21 +181,23 @@ def test_text_training_via_cli_and_plot_of_several_runs(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_ctrl_c_checkpoints_plots_and_exits_130(tmp_path):
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_and_sigterm_checkpoint_plot_and_exit_non_zero(tmp_path, signum, status):
     run = tmp_path / "int"
     proc = subprocess.Popen([sys.executable, "-m", "seco_lab.cli", "train", "--run-dir", str(run), *SMALL,
                              "--steps", "100000", "--ckpt-every", "100000", "--eval-every", "100000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = run / "metrics.jsonl"
-    deadline = time.time() + 240
-    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
+    # the step-0 evaluation is logged after the handlers are installed: from then on a signal is caught,
+    # whatever the machine's load (the signal then lands in some step >= 1, which the run finishes)
+    while proc.poll() is None and not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        time.sleep(0.1)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == status, err
     assert "Traceback" not in err and "interrupted; checkpoint at step" in err
     step = int(err.split("checkpoint at step ")[1].split()[0])
-    assert step >= 2
+    assert step >= 1
     assert (run / "checkpoints" / "latest").read_text() == f"step_{step:06d}.pt"
     assert (run / "loss.png").exists()
     assert max(r["step"] for r in read_metrics(run)) == step

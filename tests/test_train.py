@@ -1,5 +1,6 @@
 """The trainer: exactness against dense, bit-for-bit resume, data parallelism, the step's parts."""
 
+import datetime
 import math
 from dataclasses import asdict, replace
 
@@ -59,7 +60,8 @@ def test_stop_and_resume_matches_uninterrupted_run(tmp_path, mode):
 
 
 def _dist_worker(rank, world, init_file, cfg_dict, run_dict, out):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))  # a hang fails the test instead of stalling it
     torch.set_num_threads(1)
     try:
         t = Trainer(TrainConfig.from_dict(cfg_dict), RunControl(**run_dict))

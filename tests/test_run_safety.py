@@ -1,0 +1,295 @@
+"""Issue 19, data loss and wrong resumes: --overwrite never deletes a user's files, --resume refuses
+missing or foreign checkpoints (and loads them safely), extending a run keeps its schedule, SIGTERM
+checkpoints like Ctrl-C, and checkpoint retention deletes only the run's own older checkpoints."""
+
+import json
+import os
+import shutil
+import signal
+import warnings
+from dataclasses import replace
+
+import pytest
+import torch
+from test_run_dir import CFG, cli, final_state, run_for, same
+
+from seco_lab.model import TinyConfig, TinyTransformer
+from seco_lab.run_dir import MARKER_NAME, RUN_TREE, RunDir, RunDirError, foreign_entries, read_metrics, remove_own
+from seco_lab.step import lr_factor, schedule_factor
+from seco_lab.train import Trainer, TrainingInterrupted, load_into
+
+TINY_ARGS = ["--seq-len", "24", "--chunk-size", "8", "--batch-size", "2", "--eval-batches", "1", "--no-progress",
+             "--device", "cpu", "--d-model", "16", "--d-ff", "16", "--n-layers", "1", "--n-heads", "2",
+             "--vocab-size", "17"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    t = Trainer(CFG, run_for(tmp_path_factory.mktemp("full"), "full"))
+    t.fit()
+    return final_state(t)
+
+
+def tree(path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+# ---------------------------------------------------------------------------------------------- 1. --overwrite
+def test_an_empty_run_dir_is_refused_and_the_current_directory_is_never_emptied(tmp_path):
+    (tmp_path / "main.py").write_text("print('mine')\n")
+    r = cli("train", *TINY_ARGS, "--steps", "2", "--run-dir", "", "--overwrite", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "--run-dir is empty" in r.stderr and "Traceback" not in r.stderr
+    assert (tmp_path / "main.py").read_text() == "print('mine')\n"
+    assert tree(tmp_path) == ["main.py"]
+
+
+@pytest.mark.parametrize("where", ["cwd", "ancestor of cwd", "literal ~"])
+def test_overwrite_refuses_the_current_directory_its_ancestors_and_a_literal_tilde(tmp_path, monkeypatch, where):
+    run = tmp_path / "r"
+    t = Trainer(CFG, run_for(tmp_path, "r"))
+    t.prepare()  # a real run directory, so only the place is wrong
+    t.close()
+    (run / "checkpoints").mkdir(exist_ok=True)
+    before = tree(tmp_path)
+    if where == "cwd":
+        monkeypatch.chdir(run)
+        path, msg = ".", "the current directory"
+    elif where == "ancestor of cwd":
+        (run / "checkpoints" / "sub").mkdir()
+        monkeypatch.chdir(run / "checkpoints" / "sub")
+        path, msg = str(run), "an ancestor of the current directory"
+        before = tree(tmp_path)
+    else:
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "~").mkdir()
+        (tmp_path / "~" / "notes.txt").write_text("x")
+        path, msg = "~", "literal '~'"
+        before = tree(tmp_path)
+    with pytest.raises(RunDirError, match=msg):
+        RunDir(path).open(resume=False, overwrite=True)
+    assert tree(tmp_path) == before
+
+
+def test_overwrite_refuses_a_directory_that_is_not_a_run_and_a_run_holding_a_users_file(tmp_path):
+    user = tmp_path / "project"
+    user.mkdir()
+    (user / "main.py").write_text("x")
+    (user / "metrics.jsonl").write_text('{"step": 1}\n')  # even with names a run also writes
+    with pytest.raises(RunDirError, match="is not a seco-lab run directory"):
+        RunDir(user).open(resume=False, overwrite=True)
+    assert tree(user) == ["main.py", "metrics.jsonl"]
+    r = cli("train", *TINY_ARGS, "--steps", "2", "--run-dir", str(user), "--overwrite")
+    assert r.returncode == 2 and "not a seco-lab run directory" in r.stderr, r.stderr
+    assert tree(user) == ["main.py", "metrics.jsonl"]
+
+    run = tmp_path / "run"
+    Trainer(replace(CFG, steps=2), run_for(tmp_path, "run")).fit()
+    (run / "notes.txt").write_text("my notes")
+    (run / "checkpoints" / "best.pt").write_bytes(b"mine")
+    with pytest.raises(RunDirError, match=r"files seco-lab did not write \(checkpoints/best.pt, notes.txt\)"):
+        RunDir(run).open(resume=False, overwrite=True)
+    assert (run / "notes.txt").read_text() == "my notes" and (run / "checkpoints" / "best.pt").exists()
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_overwrite_replaces_a_run_atomically_and_leaves_nothing_behind(tmp_path, legacy):
+    run = tmp_path / "run"
+    Trainer(replace(CFG, steps=2, ckpt_every=1), run_for(tmp_path, "run")).fit()
+    assert (run / MARKER_NAME).is_file()
+    if legacy:  # a run written before the marker existed is recognised by its config.json
+        (run / MARKER_NAME).unlink()
+    t = Trainer(replace(CFG, steps=1), run_for(tmp_path, "run", overwrite=True))
+    t.fit()
+    assert [r["step"] for r in read_metrics(run)] == [0, 1]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_000001.pt"]
+    assert (run / MARKER_NAME).is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing set aside is left over
+
+
+def test_removal_follows_the_allowlist_and_never_a_symlink(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000002.dcp").mkdir(parents=True)
+    (run / "checkpoints" / "step_000002.dcp" / "__0_0.distcp").write_bytes(b"")
+    (run / "checkpoints" / "step_000002.dcp" / "mine.txt").write_text("x")
+    (run / "config.json").write_text("{}")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("x")
+    (run / "tensorboard").symlink_to(outside, target_is_directory=True)
+    assert [str(p.relative_to(run)) for p in foreign_entries(run, RUN_TREE)] == [
+        "checkpoints/step_000002.dcp/mine.txt", "tensorboard"]
+    left = remove_own(run, RUN_TREE)
+    assert sorted(str(p.relative_to(run)) for p in left) == ["checkpoints/step_000002.dcp/mine.txt", "tensorboard"]
+    assert (outside / "precious").exists() and not (run / "config.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------- 2. missing ckpts
+@pytest.mark.parametrize("deleted", ["step files", "checkpoints folder", "all damaged"])
+def test_resume_with_the_checkpoints_gone_refuses_and_keeps_the_metrics(tmp_path, deleted):
+    run = run_for(tmp_path, "r")
+    Trainer(CFG, replace(run, stop_at=4)).fit()
+    ckpts = tmp_path / "r" / "checkpoints"
+    metrics = (tmp_path / "r" / "metrics.jsonl").read_text()
+    if deleted == "step files":
+        for p in ckpts.glob("step_*.pt"):
+            p.unlink()
+        msg = "latest names step_000004.pt, which is missing"
+    elif deleted == "checkpoints folder":
+        shutil.rmtree(ckpts)
+        msg = "records step 4 but .* holds no checkpoint"
+    else:
+        for p in ckpts.glob("step_*.pt"):
+            p.write_bytes(b"")
+        msg = "records step 4 but .* holds no checkpoint"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "all damaged": each damaged file is reported before the refusal
+        with pytest.raises(RunDirError, match=msg):
+            Trainer(CFG, replace(run, resume=True)).prepare()
+    assert (tmp_path / "r" / "metrics.jsonl").read_text() == metrics
+    r = cli("train", "--run-dir", run.run_dir, "--resume", "--device", "cpu", "--no-progress")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "start again with --overwrite" in r.stderr
+    assert (tmp_path / "r" / "metrics.jsonl").read_text() == metrics
+
+
+def test_a_latest_that_is_a_directory_is_a_one_line_error(tmp_path):
+    run = run_for(tmp_path, "r")
+    Trainer(CFG, replace(run, stop_at=2)).fit()
+    latest = tmp_path / "r" / "checkpoints" / "latest"
+    latest.unlink()
+    latest.mkdir()
+    with pytest.raises(RunDirError, match="latest is not a file"):
+        Trainer(CFG, replace(run, resume=True)).prepare()
+
+
+# ---------------------------------------------------------------------------------------------- 3. foreign ckpts
+def test_a_checkpoint_of_another_run_or_step_is_refused(tmp_path):
+    run = run_for(tmp_path, "mine")
+    Trainer(CFG, replace(run, stop_at=4)).fit()
+    Trainer(replace(CFG, seed=7), replace(run_for(tmp_path, "other"), stop_at=4)).fit()
+    mine = tmp_path / "mine" / "checkpoints"
+    metrics = (tmp_path / "mine" / "metrics.jsonl").read_text()
+    shutil.copy(tmp_path / "other" / "checkpoints" / "step_000004.pt", mine / "step_000004.pt")
+    with pytest.raises(RunDirError, match=r"step_000004.pt belongs to another experiment .*seed \(7 -> 0\)"):
+        Trainer(CFG, replace(run, resume=True)).prepare()
+    shutil.copy(mine / "step_000002.pt", mine / "step_000004.pt")
+    with pytest.raises(RunDirError, match="step_000004.pt holds step 2, not 4"):
+        Trainer(CFG, replace(run, resume=True)).prepare()
+    assert (tmp_path / "mine" / "metrics.jsonl").read_text() == metrics
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+def test_a_crafted_checkpoint_cannot_run_code(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = run_for(tmp_path, "r")
+    Trainer(CFG, replace(run, stop_at=2)).fit()
+    torch.save({"step": 2, "payload": _RunsCode()}, tmp_path / "r" / "checkpoints" / "step_000002.pt")
+    with pytest.raises(RunDirError, match="safe load refuses"):
+        Trainer(CFG, replace(run, resume=True)).prepare()
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_checkpoints_hold_only_tensors_and_plain_values_with_fingerprint_and_step(tmp_path):
+    run = run_for(tmp_path, "r")
+    t = Trainer(CFG, replace(run, stop_at=2))
+    t.fit()
+    state = torch.load(tmp_path / "r" / "checkpoints" / "step_000002.pt", weights_only=True)
+    assert state["step"] == 2 and state["fingerprint"] == t.fingerprint and len(t.fingerprint) == 16
+    assert Trainer(replace(CFG, seed=1), run).fingerprint != t.fingerprint
+    assert Trainer(replace(CFG, steps=60), run).fingerprint == t.fingerprint  # extending keeps the experiment
+
+
+def test_loading_another_architecture_is_a_one_line_error():
+    small = TinyTransformer(TinyConfig(d_model=16, n_layers=1, n_heads=2, d_ff=16, vocab_size=17))
+    wide = TinyTransformer(TinyConfig(d_model=32, n_layers=1, n_heads=2, d_ff=16, vocab_size=17))
+    with pytest.raises(RunDirError, match=r"another model architecture \(size mismatch") as e:
+        load_into(small, wide.state_dict(), "runs/x/checkpoints")
+    assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------- 4. extending
+def test_extending_a_finished_run_continues_its_schedule_without_a_jump(tmp_path):
+    run = run_for(tmp_path, "r")
+    Trainer(CFG, run).fit()  # 6 steps, warm-up 2, floor 0.1 * lr
+    t = Trainer(replace(CFG, steps=12), replace(run, resume=True))
+    t.fit()
+    lrs = {r["step"]: r["lr"] for r in read_metrics(tmp_path / "r") if "lr" in r}
+    floor = CFG.lr * CFG.min_lr_ratio
+    assert lrs[6] == pytest.approx(CFG.lr * lr_factor(5, 2, 6, 0.1), rel=1e-12)  # the first run, untouched
+    assert [lrs[s] for s in range(7, 13)] == pytest.approx([floor] * 6, rel=1e-12)
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["lr_cycles"] == [[0, 6]]
+    # extending again keeps it
+    t = Trainer(replace(CFG, steps=14, lr_cycles=[[0, 6]]), replace(run, resume=True))
+    t.fit()
+    lrs = {r["step"]: r["lr"] for r in read_metrics(tmp_path / "r") if "lr" in r}
+    assert [lrs[s] for s in (13, 14)] == pytest.approx([floor] * 2, rel=1e-12)
+
+
+def test_rewarm_starts_a_new_warm_up_from_the_floor_over_the_added_steps(tmp_path):
+    run = run_for(tmp_path, "r")
+    Trainer(CFG, run).fit()
+    Trainer(replace(CFG, steps=12), replace(run, resume=True, rewarm=True)).fit()
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "r") if "lr" in r]
+    r, lr = CFG.min_lr_ratio, CFG.lr
+    expect = [lr * schedule_factor(s, 2, 12, r, [[0, 6], [6, 12]]) for s in range(6, 12)]
+    assert lrs[6:] == pytest.approx(expect, rel=1e-12)
+    assert expect[0] == pytest.approx(lr * (r + (1 - r) / 2)) and expect[1] == pytest.approx(lr)  # warm-up from r
+    assert max(abs(b - a) for a, b in zip(lrs[5:], lrs[6:])) <= lr * (1 - r) / 2 + 1e-12  # no step larger than W's
+    with pytest.raises(RunDirError, match="--rewarm starts a new schedule cycle"):
+        Trainer(replace(CFG, steps=12, lr_cycles=[[0, 6], [6, 12]]), replace(run, resume=True, rewarm=True)).prepare()
+
+
+def test_the_cycle_schedule_reduces_to_warm_up_and_cosine():
+    for s in range(30):
+        assert schedule_factor(s, 3, 20, 0.1) == lr_factor(s, 3, 20, 0.1)
+        assert schedule_factor(s, 3, 40, 0.1, [[0, 20]]) == (lr_factor(s, 3, 20, 0.1) if s < 20 else 0.1)
+
+
+# ---------------------------------------------------------------------------------------------- 5. SIGTERM
+class SignalAt:
+    """The data of a run that receives ``signum`` while building the batch of step ``at`` (deterministic)."""
+
+    def __init__(self, data, at, signum):
+        self.data, self.at, self.signum = data, at, signum
+
+    def __getattr__(self, name):
+        return getattr(self.data, name)
+
+    def batch(self, split, index, size):
+        if split == "train" and index == self.at:
+            os.kill(os.getpid(), self.signum)
+        return self.data.batch(split, index, size)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_finishes_the_step_checkpoints_and_resumes_bit_for_bit(tmp_path, uninterrupted, signum):
+    from seco_lab.train import build_data
+
+    run = run_for(tmp_path, "r")
+    t = Trainer(CFG, run, data=SignalAt(build_data(CFG), 2, signum))
+    with pytest.raises(TrainingInterrupted) as e:
+        t.fit()
+    assert e.value.step == 3 and e.value.signum == signum  # the step under way (the 3rd) was finished
+    assert (tmp_path / "r" / "checkpoints" / "latest").read_text() == "step_000003.pt"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the trainer's handlers are gone
+    t = Trainer(CFG, replace(run, resume=True))
+    t.fit()
+    assert same(final_state(t), uninterrupted)
+
+
+def test_keep_checkpoints_keeps_the_newest_and_only_deletes_its_own(tmp_path):
+    run = run_for(tmp_path, "r", keep_checkpoints=2)
+    ckpts = tmp_path / "r" / "checkpoints"
+    t = Trainer(replace(CFG, ckpt_every=1), run)
+    t.prepare()
+    (ckpts / "my_step_000001.pt").write_text("mine")
+    (ckpts / "step_000001.pt.bak").write_text("mine")
+    t.fit()
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "my_step_000001.pt", "step_000001.pt.bak",
+                                                        "step_000005.pt", "step_000006.pt"]
+    r = cli("train", "--help")
+    assert "--keep-checkpoints" in r.stdout and "--rewarm" in r.stdout
