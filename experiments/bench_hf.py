@@ -38,7 +38,8 @@ from .child import reset_peak_rss, rss_bytes, run_child
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=16384,
-                    tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=100000.0)
+                    tie_word_embeddings=True, rms_norm_eps=1e-5,
+                    rope_parameters={"rope_type": "default", "rope_theta": 100000.0})
 
 
 @dataclass(frozen=True)

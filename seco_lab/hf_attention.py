@@ -301,7 +301,11 @@ class SplitPrefixAttention(torch.autograd.Function):
 def _split_applies(query, key, value, attention_mask, dropout) -> bool:
     return (isinstance(key, PrefixedKV) and isinstance(value, PrefixedKV) and isinstance(attention_mask, ChunkCausal)
             and not dropout and split_attention_available(query.device) and query.shape[2] == key.shape[2]
-            and query.shape[1] % key.shape[1] == 0 and query.dtype == key.dtype)
+            and query.shape[1] % key.shape[1] == 0 and query.dtype == key.dtype
+            # the custom kernel gets no autocast: mixed precision (a bf16 chunk over a float32 prefix) takes the
+            # fallback, whose scaled_dot_product_attention autocast casts
+            and not torch.is_autocast_enabled(query.device.type)
+            and all(p.dtype == query.dtype for p in (*key.prefix, *value.prefix)))
 
 
 def chunk_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):

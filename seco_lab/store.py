@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -70,10 +71,17 @@ def atomic_write_json(path: str | Path, obj, indent: int = 2) -> Path:
     return atomic_write(path, json.dumps(obj, indent=indent) + "\n")
 
 
+#: a temporary file of :func:`atomic_write`: ``NAME.tmp<pid>``
+TEMP_FILE = r".+\.tmp\d+"
+#: the files a study writes for a cell: ``NAME.json`` and its tables ``NAME.TABLE.csv[.gz]`` / ``NAME.csv``
+CELL_FILE = r"[^/]+\.(json|csv|csv\.gz)"
+
+
 def clear_stale(folder: str | Path) -> None:
-    """Remove the temporary files an interrupted writer left in ``folder`` (not in subfolders)."""
-    for stale in Path(folder).glob("*.tmp*"):
-        if stale.is_file():
+    """Remove the temporary files an interrupted :func:`atomic_write` left in ``folder`` (not in
+    subfolders): only ``NAME.tmp<pid>`` files, never anything else a user keeps there."""
+    for stale in Path(folder).iterdir():
+        if re.fullmatch(TEMP_FILE, stale.name) and stale.is_file() and not stale.is_symlink():
             stale.unlink()
 
 
@@ -153,9 +161,9 @@ class StudyFolder:
             raise DefinitionMismatch(
                 f"{self.root} holds results of a different study definition (fingerprint {self._stored(old)} != "
                 f"{digest}); pass --fresh to discard them or --out to write elsewhere")
-        if fresh:
+        if fresh:  # only the cells' own files (and their temporaries): anything else in the folder stays
             for f in self.cells.iterdir():
-                if f.is_file():
+                if re.fullmatch(f"{CELL_FILE}|{TEMP_FILE}", f.name) and f.is_file() and not f.is_symlink():
                     f.unlink()
         return old
 

@@ -84,7 +84,7 @@ def test_overwrite_refuses_a_directory_that_is_not_a_run_and_a_run_holding_a_use
     assert tree(user) == ["main.py", "metrics.jsonl"]
 
     run = tmp_path / "run"
-    Trainer(replace(CFG, steps=2), run_for(tmp_path, "run")).fit()
+    Trainer(replace(CFG, steps=2, warmup=1), run_for(tmp_path, "run")).fit()
     (run / "notes.txt").write_text("my notes")
     (run / "checkpoints" / "best.pt").write_bytes(b"mine")
     with pytest.raises(RunDirError, match=r"files seco-lab did not write \(checkpoints/best.pt, notes.txt\)"):
@@ -95,11 +95,11 @@ def test_overwrite_refuses_a_directory_that_is_not_a_run_and_a_run_holding_a_use
 @pytest.mark.parametrize("legacy", [False, True])
 def test_overwrite_replaces_a_run_atomically_and_leaves_nothing_behind(tmp_path, legacy):
     run = tmp_path / "run"
-    Trainer(replace(CFG, steps=2, ckpt_every=1), run_for(tmp_path, "run")).fit()
+    Trainer(replace(CFG, steps=2, warmup=1, ckpt_every=1), run_for(tmp_path, "run")).fit()
     assert (run / MARKER_NAME).is_file()
     if legacy:  # a run written before the marker existed is recognised by its config.json
         (run / MARKER_NAME).unlink()
-    t = Trainer(replace(CFG, steps=1), run_for(tmp_path, "run", overwrite=True))
+    t = Trainer(replace(CFG, steps=1, warmup=0), run_for(tmp_path, "run", overwrite=True))
     t.fit()
     assert [r["step"] for r in read_metrics(run)] == [0, 1]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_000001.pt"]
@@ -293,3 +293,20 @@ def test_keep_checkpoints_keeps_the_newest_and_only_deletes_its_own(tmp_path):
                                                         "step_000005.pt", "step_000006.pt"]
     r = cli("train", "--help")
     assert "--keep-checkpoints" in r.stdout and "--rewarm" in r.stdout
+
+
+def test_a_study_folder_removes_only_its_own_temporaries_and_cells(tmp_path):
+    """--out may be a folder the user keeps other files in: opening (or --fresh) removes only the study's
+    own temporaries (NAME.tmp<pid>) and cell files, never e.g. notes.tmp.txt or a user's notes in cells/."""
+    from seco_lab.store import StudyFolder
+
+    folder = StudyFolder(tmp_path, cells="cells")
+    (tmp_path / "cells").mkdir()
+    keep = [tmp_path / "notes.tmp.txt", tmp_path / "draft.tmp", tmp_path / "cells" / "README.md"]
+    gone = [tmp_path / "study.json.tmp123", tmp_path / "cells" / "L1_k2_s0.json", tmp_path / "cells" / "a.rows.csv",
+            tmp_path / "cells" / "a.json.tmp99"]
+    for p in keep + gone:
+        p.write_text("x")
+    folder.open("digest", fresh=True)
+    assert all(p.exists() for p in keep)
+    assert not any(p.exists() for p in gone)

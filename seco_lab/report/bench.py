@@ -43,6 +43,11 @@ def _at(table_: pd.DataFrame, n, c) -> float:
     return float(table_.loc[n, c]) if n in table_.index and c in table_.columns else np.nan
 
 
+def _ratio(a: float, b: float) -> float:
+    """a / b; NaN where b is 0 (a memory growth or time too small to measure is no denominator)."""
+    return a / b if b else np.nan
+
+
 def spaco_labels(df: pd.DataFrame) -> pd.DataFrame:
     """SpaCO rows' (label, scheme, ratio), ordered by scheme then growing sparsity."""
     sp = df[df.method == "spaco"][["label", "scheme", "ratio"]].drop_duplicates("label")
@@ -56,28 +61,28 @@ def summarize_bench(df: pd.DataFrame, meta: dict) -> dict:
     mem = df[df.metric == "peak_mib"].pivot_table(index="length", columns="label", values="value")
     lengths = sorted(df.length.unique())
     n_lo, n_hi = lengths[0], lengths[-1]
-    core = pd.DataFrame([{"length": n, "SeCO/dense time": _at(t, n, "seco") / _at(t, n, "dense"),
-                          "SeCO/checkpoint time": _at(t, n, "seco") / _at(t, n, "checkpoint"),
-                          "SeCO/dense memory": _at(mem, n, "seco") / _at(mem, n, "dense"),
-                          "SeCO/checkpoint memory": _at(mem, n, "seco") / _at(mem, n, "checkpoint")}
+    core = pd.DataFrame([{"length": n, "SeCO/dense time": _ratio(_at(t, n, "seco"), _at(t, n, "dense")),
+                          "SeCO/checkpoint time": _ratio(_at(t, n, "seco"), _at(t, n, "checkpoint")),
+                          "SeCO/dense memory": _ratio(_at(mem, n, "seco"), _at(mem, n, "dense")),
+                          "SeCO/checkpoint memory": _ratio(_at(mem, n, "seco"), _at(mem, n, "checkpoint"))}
                          for n in lengths])
     sp = spaco_labels(df)
-    vs = [{"length": n, "method": r.label, "SpaCO/forward time": _at(t, n, r.label) / _at(t, n, "forward"),
-           "SpaCO/SeCO time": _at(t, n, r.label) / _at(t, n, "seco")}
+    vs = [{"length": n, "method": r.label, "SpaCO/forward time": _ratio(_at(t, n, r.label), _at(t, n, "forward")),
+           "SpaCO/SeCO time": _ratio(_at(t, n, r.label), _at(t, n, "seco"))}
           for r in sp.itertuples() for n in lengths if not np.isnan(_at(t, n, r.label))]
     strat_rows = []
     for r in sp[sp.scheme == cfg["stratified_scheme"]].itertuples():
         twin = sp[(sp.scheme == cfg["constant_scheme"]) & (sp.ratio == r.ratio)].label
         for n in lengths if len(twin) else []:
             strat_rows.append({"length": n, "budget": f"t/k=1/{int(r.ratio)}",
-                               "time ratio": _at(t, n, r.label) / _at(t, n, twin.iloc[0]),
-                               "memory ratio": _at(mem, n, r.label) / _at(mem, n, twin.iloc[0])})
+                               "time ratio": _ratio(_at(t, n, r.label), _at(t, n, twin.iloc[0])),
+                               "memory ratio": _ratio(_at(mem, n, r.label), _at(mem, n, twin.iloc[0]))})
     reach = pd.DataFrame([{"method": c, "longest length within cap": int(ok.max()) if len(ok) else 0}
                           for c in sorted(set(df.label))
                           for ok in [df[(df.label == c) & (df.metric == "peak_mib")].length]])
-    seco_t = [_at(t, n, "seco") / _at(t, n, "dense") for n in lengths]
+    seco_t = [_ratio(_at(t, n, "seco"), _at(t, n, "dense")) for n in lengths]
     dense_ok = [n for n in lengths if not np.isnan(_at(mem, n, "dense"))]
-    sparse = [(r.label, _at(t, n_hi, r.label) / _at(t, n_hi, "forward"), _at(t, n_hi, r.label) / _at(t, n_hi, "seco"))
+    sparse = [(r.label, _ratio(_at(t, n_hi, r.label), _at(t, n_hi, "forward")), _ratio(_at(t, n_hi, r.label), _at(t, n_hi, "seco")))
               for r in sp[sp.ratio == SPACO_RATIO].itertuples()]
     return {"time": t, "memory": mem, "lengths": lengths, "core": core, "spaco": pd.DataFrame(vs),
             "stratified": pd.DataFrame(strat_rows).dropna(), "reach": reach, "errors": df[df.metric == "error"],
@@ -138,7 +143,7 @@ def targets_section(s: dict, chunk: int) -> list[str]:
     if s["dense_range"]:
         d_lo, d_hi = s["dense_range"]
         mem = s["memory"]
-        md.append(f"- Dense memory grows {fmt(_at(mem, d_hi, 'dense') / _at(mem, d_lo, 'dense'))}× from {d_lo} to "
+        md.append(f"- Dense memory grows {fmt(_ratio(_at(mem, d_hi, 'dense'), _at(mem, d_lo, 'dense')))}× from {d_lo} to "
                   f"{d_hi} tokens ({d_hi // d_lo}× longer; attention scores grow quadratically)"
                   + (f" and does not fit the cap at {n_hi}." if d_hi < n_hi else "."))
     for label, a, b in s["spaco_targets"]:
