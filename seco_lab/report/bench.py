@@ -82,7 +82,8 @@ def summarize_bench(df: pd.DataFrame, meta: dict) -> dict:
                           for ok in [df[(df.label == c) & (df.metric == "peak_mib")].length]])
     seco_t = [_ratio(_at(t, n, "seco"), _at(t, n, "dense")) for n in lengths]
     dense_ok = [n for n in lengths if not np.isnan(_at(mem, n, "dense"))]
-    sparse = [(r.label, _ratio(_at(t, n_hi, r.label), _at(t, n_hi, "forward")), _ratio(_at(t, n_hi, r.label), _at(t, n_hi, "seco")))
+    sparse = [(r.label, _ratio(_at(t, n_hi, r.label), _at(t, n_hi, "forward")),
+               _ratio(_at(t, n_hi, r.label), _at(t, n_hi, "seco")))
               for r in sp[sp.ratio == SPACO_RATIO].itertuples()]
     return {"time": t, "memory": mem, "lengths": lengths, "core": core, "spaco": pd.DataFrame(vs),
             "stratified": pd.DataFrame(strat_rows).dropna(), "reach": reach, "errors": df[df.metric == "error"],
@@ -143,7 +144,8 @@ def targets_section(s: dict, chunk: int) -> list[str]:
     if s["dense_range"]:
         d_lo, d_hi = s["dense_range"]
         mem = s["memory"]
-        md.append(f"- Dense memory grows {fmt(_ratio(_at(mem, d_hi, 'dense'), _at(mem, d_lo, 'dense')))}× from {d_lo} to "
+        growth = _ratio(_at(mem, d_hi, "dense"), _at(mem, d_lo, "dense"))
+        md.append(f"- Dense memory grows {fmt(growth)}× from {d_lo} to "
                   f"{d_hi} tokens ({d_hi // d_lo}× longer; attention scores grow quadratically)"
                   + (f" and does not fit the cap at {n_hi}." if d_hi < n_hi else "."))
     for label, a, b in s["spaco_targets"]:
