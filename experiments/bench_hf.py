@@ -98,7 +98,7 @@ def step(cfg: HFBenchConfig, m: dict, model, adapter, tokens, targets) -> None:
     import torch
 
     from seco_lab import seco_grad, spaco_grad
-    from seco_lab.engine import cache_leaves, prepare
+    from seco_lab.engine import cache_leaves, checked_batch
 
     name = m["method"]
     if name == "forward":
@@ -113,7 +113,7 @@ def step(cfg: HFBenchConfig, m: dict, model, adapter, tokens, targets) -> None:
     elif name == "seco":
         seco_grad(adapter, tokens, targets, chunk_size=cfg.chunk_size)
     elif name == "chunked_forward":
-        cache_leaves(adapter, prepare(adapter, tokens, targets, cfg.chunk_size))
+        cache_leaves(adapter, checked_batch(adapter, tokens, targets, cfg.chunk_size))
     else:
         k = -(-tokens.shape[1] // cfg.chunk_size)
         subset = tuple(range(k - m["budget"], k))  # a fixed set: equal work on every round

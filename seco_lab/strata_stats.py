@@ -34,7 +34,7 @@ from scipy import stats
 from tqdm.auto import tqdm
 
 from .checks import as_int, check_budget, check_max_hops, check_rng
-from .engine import backward_sweep, cache_leaves, prepare, trainable
+from .engine import cache_leaves, checked_batch, hop_sweep, trainable
 from .estimators import HopStrata
 from .schemes import Sampler, Scheme
 
@@ -162,7 +162,7 @@ def strata_monte_carlo(
     gradient g (computed here by one full stratified sweep when omitted).  Every scheme must use
     ``sampler``: the draws are shared.
     """
-    batch = prepare(model, tokens, targets, chunk_size, ignore_index)
+    batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     k, t = check_budget(batch.num_chunks, budget)
     n_draws = as_int(n_draws, "n_draws", 1)
     batches = as_int(batches, "batches", 3)
@@ -186,8 +186,7 @@ def strata_monte_carlo(
         def collect(q, j, grads):
             out[q] += torch.cat([g.reshape(-1) for g in grads]).double()
 
-        backward_sweep(model, batch, leaves, tensors, visit, direct_label=lambda j: 0, direct_scale=1.0,
-                       relay=lambda q, j, i: (q + 1, 1.0) if q + 1 <= P else None, collect=collect)
+        hop_sweep(model, batch, leaves, tensors, visit, P, collect)
         return out
 
     g = stratified(range(k)).sum(0) if reference is None else torch.as_tensor(reference, dtype=torch.float64)

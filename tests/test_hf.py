@@ -110,11 +110,11 @@ def test_lora_training_saves_an_adapter_that_peft_loads_back(tmp_path):
 
 def test_cache_leaves_own_only_their_chunk():
     """Each chunk's cache leaf is an owned tensor of its own c positions, not a view into the prefix."""
-    from seco_lab.engine import cache_leaves, prepare
+    from seco_lab.engine import cache_leaves, checked_batch
 
     adapter = HFChunkModel(build_hf_model("llama", attn_implementation="sdpa", dtype=torch.float64))
     tok, tgt = tokens(batch=2, length=21)
-    leaves, _ = cache_leaves(adapter, prepare(adapter, tok, tgt, chunk_size=4))
+    leaves, _ = cache_leaves(adapter, checked_batch(adapter, tok, tgt, chunk_size=4))
     for j, cache in enumerate(leaves):
         for k, v in cache:
             for t in (k, v):
