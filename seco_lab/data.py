@@ -108,11 +108,14 @@ def read_text_bytes(files, max_bytes: int) -> bytes:
     return b"".join(parts)
 
 
+TEXT_VOCAB = 256  # byte-level text: one token per byte value
+
+
 class TextCorpus:
     """Byte-level text, packed into sequences of ``seq_len`` + 1 bytes."""
 
     name = "text"
-    vocab_size = 256
+    vocab_size = TEXT_VOCAB
 
     def __init__(self, seq_len: int, paths=None, holdout: float = 0.05, max_bytes: int = 16 << 20,
                  pattern: str | None = None, seed: int = 0):

@@ -3,8 +3,8 @@ differs from its first pass is an error naming the chunk, not a silently wrong g
 
 import pytest
 import torch
-
 from helpers import rel_err, tiny_model
+
 from seco_lab import dense_grad, hop_strata, seco_grad, spaco_grad
 from seco_lab.checks import RecomputationError, recompute_check
 from seco_lab.protocol import ChunkOutput
