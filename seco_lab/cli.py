@@ -31,6 +31,8 @@ from .field_types import unwrap_optional
 from .model import TinyConfig
 from .studies import STUDIES, report_main, study_main
 
+__all__ = ["fail", "main", "resolve_train_config"]
+
 GROUPS = ("model", "data", "estimator", "optimisation", "run control", "HF")
 DISTRIBUTED_HELP = ("distributed: launch under `torchrun --nproc_per_node N -m seco_lab.cli train ...`; "
                     "--batch-size is split over ranks and micro-batches, gradients are all-reduced once per step "

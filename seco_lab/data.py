@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+__all__ = ["Batch", "KeyValueTask", "TEXT_VOCAB", "TextCorpus", "default_text_paths", "read_text_bytes"]
+
 
 @dataclass
 class Batch:

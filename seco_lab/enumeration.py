@@ -22,6 +22,8 @@ from .estimators import spaco_grad
 from .grads import GradDict, flatten, unflatten
 from .schemes import Scheme, get_scheme
 
+__all__ = ["Expectation", "enumerate_expectation"]
+
 DEFAULT_MAX_SUBSETS = 20_000
 DEFAULT_FULL_COV_MAX_PARAMS = 4_000
 

@@ -10,6 +10,12 @@
 * :func:`chain_basis` splits the gradient further, into one vector per chain
   j = i_0 > i_1 > ... > i_p.  The estimate of any scheme on any draw is then
   ``sum_{chains c subset of I} W(p_c) v_c`` -- the Monte Carlo study's fast path.
+
+``max_hops`` is P, the deepest hop stratum kept.  Where it may be omitted its default is the
+largest P that can hold a nonzero stratum, so nothing is dropped: :func:`spaco_grad` min(|I| - 1, L)
+(a chain crosses at most L = the model's cache layers, and at most |I| - 1 drawn chunks);
+:func:`hop_strata` k - 1 (any model); :func:`seco_lab.strata_stats.strata_monte_carlo` min(L, k - 1).
+:func:`chain_basis` has no default: its size grows like k^P.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from .checks import check_budget, check_max_hops, check_subset
 from .engine import accumulate_into, backward_sweep, cache_leaves, checked_batch, hop_sweep, trainable
 from .grads import GradDict, flatten, named_grads
 from .schemes import Scheme, get_scheme
+
+__all__ = ["ChainBasis", "HopStrata", "chain_basis", "hop_strata", "spaco_grad"]
 
 
 def spaco_grad(

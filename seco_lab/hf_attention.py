@@ -31,6 +31,8 @@ from transformers.cache_utils import CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask
 
+__all__ = ["CHUNK_ATTENTION", "GroupedChunkMask", "PrefixCache", "chunk_sdpa_attention", "chunk_sdpa_mask", "register"]
+
 CHUNK_ATTENTION = "seco_sdpa"
 
 

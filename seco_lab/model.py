@@ -23,6 +23,8 @@ from torch.utils.checkpoint import checkpoint
 
 from .protocol import ChunkCache, ChunkOutput
 
+__all__ = ["RMSNorm", "SwiGLU", "TinyConfig", "TinyTransformer", "rotary"]
+
 
 @dataclass
 class TinyConfig:

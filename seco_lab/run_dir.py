@@ -25,6 +25,8 @@ import torch
 
 from .store import atomic_write, atomic_write_json
 
+__all__ = ["RunDir", "RunDirError", "check_usable", "checkpoint_steps", "read_config", "read_metrics"]
+
 LOCK_NAME = ".lock"
 CHECKPOINT_KEYS = ("step", "model", "optimizer", "scheduler", "torch_rng", "numpy_rng")
 

@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+__all__ = ["intact", "load", "load_replicated", "newest", "save"]
+
 SUFFIX = ".dcp"
 EXTRA = "extra.pt"
 

@@ -21,6 +21,8 @@ import torch
 
 from .data import Batch, default_text_paths
 
+__all__ = ["TokenCorpus", "file_tokens", "held_out", "read_text"]
+
 
 def text_files(paths=None, pattern: str | None = None) -> list[tuple[str, Path]]:
     """(relative name, path) of every text file under ``paths``, sorted; default: the stdlib's ``*.py``."""

@@ -13,6 +13,8 @@ from matplotlib.figure import Figure
 from ..run_dir import read_config, read_metrics
 from .figures import save_figure
 
+__all__ = ["plot_run", "plot_runs", "runs_figure"]
+
 
 def run_label(run_dir) -> str:
     cfg = read_config(run_dir)

@@ -10,6 +10,8 @@ import torch
 
 from .definition import StudyConfig, build_model, build_tokens
 
+__all__ = ["Cell", "load_cell", "load_study_config"]
+
 
 @dataclass
 class Cell:
