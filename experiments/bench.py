@@ -93,11 +93,11 @@ def step(cfg: BenchConfig, m: dict, model, tokens, targets) -> None:
     import torch
 
     from seco_lab import dense_grad, seco_grad, spaco_grad
-    from seco_lab.engine import cache_leaves, prepare
+    from seco_lab.engine import cache_leaves, checked_batch
 
     if m["method"] == "forward":
         with torch.no_grad():
-            cache_leaves(model, prepare(model, tokens, targets, cfg.chunk_size))
+            cache_leaves(model, checked_batch(model, tokens, targets, cfg.chunk_size))
     elif m["method"] in ("dense", "checkpoint"):
         model.checkpoint_layers = m["method"] == "checkpoint"
         dense_grad(model, tokens, targets)

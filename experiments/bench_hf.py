@@ -120,7 +120,7 @@ def step(cfg: HFBenchConfig, m: dict, model, adapter, tokens, targets, draw: int
     import torch
 
     from seco_lab import seco_grad, spaco_grad
-    from seco_lab.engine import cache_leaves, prepare
+    from seco_lab.engine import cache_leaves, checked_batch
 
     name = m["method"]
     if name == "forward":
@@ -135,7 +135,7 @@ def step(cfg: HFBenchConfig, m: dict, model, adapter, tokens, targets, draw: int
     elif name == "seco":
         seco_grad(adapter, tokens, targets, chunk_size=m["chunk_size"])
     elif name == "chunked_forward":
-        cache_leaves(adapter, prepare(adapter, tokens, targets, m["chunk_size"]))
+        cache_leaves(adapter, checked_batch(adapter, tokens, targets, m["chunk_size"]))
     else:
         spaco_grad(adapter, tokens, targets, m["chunk_size"], m["scheme"], m["budget"], generator=cfg.seed + draw)
     model.zero_grad(set_to_none=True)

@@ -6,7 +6,7 @@ The public names are imported on first use (PEP 562), so that ``seco-lab --help`
 the command line's refusals do not wait for torch to import.
 """
 
-from importlib import import_module
+from importlib import import_module as _import_module
 
 __version__ = "0.1.0"
 
@@ -27,7 +27,7 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str):
     if name in _EXPORTS:
-        value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+        value = getattr(_import_module(f".{_EXPORTS[name]}", __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

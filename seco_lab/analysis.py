@@ -25,6 +25,11 @@ from scipy import stats
 from .estimators import ChainBasis
 from .schemes import Sampler, Scheme
 
+__all__ = [
+    "ChainSpace", "Inclusion", "MonteCarlo", "enumerated_stats", "exact_stats", "monte_carlo_stats",
+    "scheme_chain_weights",
+]
+
 
 def popcount(x: np.ndarray) -> np.ndarray:
     return np.bitwise_count(x.astype(np.uint64)).astype(np.int64)
@@ -64,8 +69,9 @@ class ChainSpace:
         return a @ self.gram @ b.T
 
 
-def inclusion_table(sampler: Sampler, k: int, t: int) -> np.ndarray:
-    """pi[m] = P(m given chunks all drawn), m = 0..k."""
+def inclusion_table(sampler: Sampler, num_chunks: int, budget: int) -> np.ndarray:
+    """pi[m] = P(m given chunks all drawn), m = 0..k (k = ``num_chunks``, t = ``budget``)."""
+    k, t = num_chunks, budget
     return np.array([float(sampler.inclusion(k, t, m)) for m in range(k + 1)])
 
 
@@ -94,8 +100,8 @@ class Inclusion:
     cov_gram: np.ndarray  # (pi(|c u c'|) - pi(|c|) pi(|c'|)) * G_cc'
 
     @classmethod
-    def of(cls, space: ChainSpace, sampler: Sampler, k: int, t: int) -> Inclusion:
-        pi = inclusion_table(sampler, k, t)
+    def of(cls, space: ChainSpace, sampler: Sampler, num_chunks: int, budget: int) -> Inclusion:
+        pi = inclusion_table(sampler, num_chunks, budget)
         pi_c = pi[space.sizes]
         return cls(pi_c, (pi[space.union_sizes] - np.outer(pi_c, pi_c)) * space.gram)
 
@@ -112,9 +118,10 @@ def exact_stats(space: ChainSpace, chain_w: np.ndarray, inc: Inclusion) -> Exact
     return ExactStats(mean, sq_bias, cov_trace, cos)
 
 
-def enumerated_stats(space: ChainSpace, chain_w: np.ndarray, sampler: Sampler, k: int, t: int) -> tuple[float, float]:
+def enumerated_stats(space: ChainSpace, chain_w: np.ndarray, sampler: Sampler, num_chunks: int,
+                     budget: int) -> tuple[float, float]:
     """(squared bias, covariance trace) by summing over every possible draw (tier 2 in chain space)."""
-    subsets, probs = zip(*sampler.subsets(k, t))
+    subsets, probs = zip(*sampler.subsets(num_chunks, budget))
     masks = np.array([sum(1 << j for j in s) for s in subsets], dtype=np.int64)
     A = containment(masks, space.masks).astype(np.float64) * chain_w
     p = np.array([float(x) for x in probs])
@@ -138,8 +145,11 @@ class MonteCarlo:
     mean_size: float  # mean |I|
 
     @classmethod
-    def run(cls, space: ChainSpace, sampler: Sampler, k: int, t: int, n: int, rng: np.random.Generator,
-            batches: int = 50, n_checkpoints: int = 25, block: int = 2000) -> MonteCarlo:
+    def run(cls, space: ChainSpace, sampler: Sampler, num_chunks: int, budget: int, draws: int,
+            generator: np.random.Generator, batches: int = 50, n_checkpoints: int = 25,
+            block: int = 2000) -> MonteCarlo:
+        """``draws`` draws of I (in blocks of ``block``), summarised for every chain at once."""
+        k, t, n, rng = num_chunks, budget, draws, generator
         if n % batches:
             raise ValueError(f"number of draws {n} must be a multiple of the number of batches {batches}")
         nc = len(space.masks)
@@ -204,7 +214,7 @@ def monte_carlo_stats(space: ChainSpace, mc: MonteCarlo, chain_w: np.ndarray, le
     return MonteCarloStats(sq_err, cov_trace, sq_bias, se, sq_bias - q * se, sq_bias + q * se, conv)
 
 
-def scheme_chain_weights(scheme: Scheme, k: int, t: int, hops: np.ndarray) -> np.ndarray:
+def scheme_chain_weights(scheme: Scheme, num_chunks: int, budget: int, hops: np.ndarray) -> np.ndarray:
     """W(p_c) for every chain (0 where the chain is longer than any draw can hold)."""
     P = int(hops.max()) if len(hops) else 0
-    return scheme.chain_weights(k, t, P)[hops]
+    return scheme.chain_weights(num_chunks, budget, P)[hops]

@@ -28,17 +28,20 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from . import __version__
-from .config import RunControl, TrainConfig, check_fields, load_config_file, tiny_config_from_dict
+from .config import TEXT_VOCAB, RunControl, TrainConfig, check_fields, load_config_file, tiny_config_from_dict
+from .field_types import unwrap_optional
 from .memory_estimate import check_fits_in_memory
 from .studies import STUDIES, report_main, study_main
 from .tiny_config import TinyConfig
+
+__all__ = ["fail", "main", "resolve_train_config"]
 
 GROUPS = ("model", "data", "estimator", "optimisation", "run control", "HF")
 DISTRIBUTED_HELP = ("distributed: launch under `torchrun --nproc_per_node N -m seco_lab.cli train ...`; "
                     "--batch-size is split over ranks and micro-batches, gradients are all-reduced once per step "
                     "(gloo on CPU, NCCL on GPU). --shard fsdp shards parameters, optimizer state and stored gradients "
                     "with FSDP2 (gradients reduce-scattered once per step; see docs/training.md).")
-MODEL_HELP = {"vocab_size": "vocabulary (synthetic data; text data is 256 bytes)", "d_model": "width",
+MODEL_HELP = {"vocab_size": f"vocabulary (synthetic data; text data is {TEXT_VOCAB} bytes)", "d_model": "width",
               "n_layers": "transformer blocks", "n_heads": "attention heads",
               "n_kv_heads": "key/value heads (grouped-query attention; default: n_heads)", "d_ff": "MLP hidden width",
               "max_positions": "longest sequence the model accepts", "rope_theta": "RoPE base",
@@ -67,8 +70,7 @@ def _float_or_none(text: str) -> float | None:
 def _add_field(group, f, hint, dest: str, default, help_text: str) -> None:
     flag = "--" + f.metadata.get("flag", f.name.replace("_", "-"))
     kw: dict = {"dest": dest}
-    optional = type(None) in typing.get_args(hint)
-    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
+    base, optional = unwrap_optional(hint)
     origin = typing.get_origin(base)
     if base is bool:
         if default:  # the flag turns it off, and its help says so
@@ -166,7 +168,7 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
     model = {**base.get("model", {}), **file.get("model", {}),
              **{k[6:]: v for k, v in ns.items() if k.startswith("model.")}}
     if merged.get("data") == "text" and "vocab_size" not in model:
-        model["vocab_size"] = 256
+        model["vocab_size"] = TEXT_VOCAB
     merged["model"] = tiny_config_from_dict(model, "model flags")
     if merged.get("hf_model") is not None and any(k.startswith("model.") for k in ns):
         raise UserError("model flags (--d-model, ...) shape the tiny transformer; with --hf-model use --hf-override")

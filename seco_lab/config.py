@@ -10,23 +10,25 @@ flags are generated from these fields, so the CLI and the dataclasses cannot dri
 from __future__ import annotations
 
 import json
-import math
-import typing
+import tomllib
 import warnings
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-import tomllib
-
+from .field_types import check_fields
 from .schemes import SCHEME_NAMES, get_scheme
 from .tiny_config import TinyConfig
+
+__all__ = ["ATTENTION", "DATA", "DTYPE_NAMES", "GATHER_POLICIES", "HF_ARCHITECTURES", "MODES", "SHARD_MODES",
+           "TEXT_VOCAB", "RunControl", "TrainConfig", "check_fields", "flag_of", "load_config_file", "parse_device",
+           "tiny_config_from_dict"]
 
 MODES = ("dense", "seco", "spaco")
 DATA = ("synthetic", "text")
 DTYPE_NAMES = ("float32", "float64", "bfloat16")  # torch dtypes of the same names: DTYPES (imported on use)
 ATTENTION = ("eager", "sdpa", "eager_exact")
 HF_ARCHITECTURES = ("llama", "qwen2")
-TEXT_VOCAB = 256  # byte-level text
+TEXT_VOCAB = 256  # byte-level text: one token per byte value
 SHARD_MODES = ("none", "fsdp")
 GATHER_POLICIES = ("step", "chunk")  # seco_lab.sharding documents each
 
@@ -90,6 +92,8 @@ class TrainConfig:
     lora_targets: list[str] = opt(lambda: ["q_proj", "v_proj"], "comma-separated module names LoRA wraps", "HF")
 
     def __post_init__(self):
+        if isinstance(self.clip, (int, float)) and not isinstance(self.clip, bool) and self.clip == 0:
+            self.clip = None  # 0 means no clipping: one spelling of it, so that equal experiments compare equal
         # the model as a plain table (JSON/TOML) or absent: a TinyConfig, with the text's vocabulary by default
         if self.model is None or isinstance(self.model, dict):
             model = dict(self.model or {})
@@ -105,7 +109,7 @@ class TrainConfig:
         return get_scheme(self.scheme) if self.cap is None else get_scheme(self.scheme, cap=self.cap)
 
     def validate(self) -> TrainConfig:
-        """Check every field's type and range, and the fields against each other; return self."""
+        """Check every field's type and range, and the fields against each other; return self, unchanged."""
         check_fields(self)
         check_fields(self.model, prefix="model.")
         if self.mode != "spaco":
@@ -123,8 +127,6 @@ class TrainConfig:
                 raise ValueError(f"scheme {self.scheme!r} with cap={self.cap}: {e}") from None
         if self.text_paths and self.data != "text":
             raise ValueError("text paths are only read with --data text; add --data text or drop --text")
-        if self.clip is not None and self.clip == 0:
-            self.clip = None
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
         check_lr_cycles(self.lr_cycles, self.steps)
@@ -251,6 +253,7 @@ class RunControl:
                            "run control", choices=GATHER_POLICIES)
 
     def validate(self) -> RunControl:
+        """Check every field and the fields against each other; return self, unchanged."""
         check_fields(self)
         if self.resume and self.overwrite:
             raise ValueError("--resume and --overwrite exclude each other: continue the run, or replace it")
@@ -304,57 +307,6 @@ def flag_of(name: str) -> str:
     """The command-line flag of a TrainConfig field (``attn_implementation`` -> ``--attn``)."""
     f = TrainConfig.__dataclass_fields__[name]
     return "--" + f.metadata.get("flag", name.replace("_", "-"))
-
-
-def _type_ok(value, hint) -> bool:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        return any(_type_ok(value, a) for a in args)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if origin in (list, tuple):
-        return isinstance(value, (list, tuple)) and all(_type_ok(v, args[0]) for v in value)
-    if origin is dict or hint is dict:
-        return isinstance(value, dict)
-    return isinstance(value, hint)
-
-
-def _type_name(hint) -> str:
-    return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
-
-
-def check_fields(obj, prefix: str = "", skip_ranges: bool = False) -> None:
-    """Type and range of every field of a dataclass instance, from its annotations and metadata."""
-    hints = typing.get_type_hints(type(obj))
-    for f in fields(obj):
-        value, name = getattr(obj, f.name), prefix + f.name
-        if dataclass_type(hints[f.name]):
-            continue
-        if not _type_ok(value, hints[f.name]):
-            raise ValueError(f"{name} must be {_type_name(hints[f.name])}, got {value!r} ({type(value).__name__})")
-        if skip_ranges or value is None or isinstance(value, (bool, str, list, tuple, dict)):
-            if isinstance(value, str) and "choices" in f.metadata and value not in f.metadata["choices"]:
-                raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(f.metadata['choices'])}")
-            continue
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{name} must be finite, got {value}")
-        meta = f.metadata
-        if meta.get("positive") and not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value}")
-        if "min" in meta and value < meta["min"]:
-            raise ValueError(f"{name} must be >= {meta['min']}, got {value}")
-        if "max" in meta and value > meta["max"]:
-            raise ValueError(f"{name} must be <= {meta['max']}, got {value}")
-
-
-def dataclass_type(hint) -> bool:
-    return isinstance(hint, type) and hasattr(hint, "__dataclass_fields__")
 
 
 def load_config_file(path: Path) -> dict:

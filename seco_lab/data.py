@@ -23,6 +23,9 @@ import numpy as np
 import torch
 
 from .checks import as_float, as_int, check_seed
+from .config import TEXT_VOCAB
+
+__all__ = ["Batch", "KeyValueTask", "TEXT_VOCAB", "TextCorpus", "default_text_paths", "read_text_bytes"]
 
 SPLITS = ("train", "val")
 
@@ -177,11 +180,12 @@ def read_text_files(files, max_bytes: int, block: int = 1 << 20) -> tuple[bytes,
     return b"".join(parts), skipped
 
 
+
 class TextCorpus:
     """Byte-level text, packed into sequences of ``seq_len`` + 1 bytes."""
 
     name = "text"
-    vocab_size = 256
+    vocab_size = TEXT_VOCAB
 
     def __init__(self, seq_len: int, paths=None, holdout: float = 0.05, max_bytes: int = 16 << 20,
                  pattern: str | None = None, seed: int = 0):

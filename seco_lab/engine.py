@@ -20,117 +20,19 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 
-from .checks import as_float, as_int, ceil_div, check_chunk_size
-from .grads import GradDict, named_grads
-from .protocol import ChunkCache, ChunkModel, ChunkOutput, flat_cache, unflat_cache
+from .checks import ChunkedBatch, as_float, check_recomputed, checked_batch, checked_chunk
+from .grads import GradDict, grads_in_isolation, named_grads
+from .protocol import ChunkCache, ChunkModel, flat_cache, unflat_cache
 
+__all__ = ["ChunkedBatch", "accumulate_into", "backward_sweep", "cache_leaves", "checked_batch", "dense_grad",
+           "forward_loss", "hop_relay", "hop_sweep", "relay_sweep", "seco_grad", "seco_step", "trainable"]
 
-@dataclass
-class ChunkedBatch:
-    """Validated tokens/targets split into k chunks of ``chunk_size`` (last may be shorter)."""
-
-    tokens: torch.Tensor  # (B, n) integer
-    targets: torch.Tensor  # (B, n) integer, ignore_index allowed
-    chunk_size: int
-    ignore_index: int
-    n_targets: int  # number of non-ignored targets: the loss normaliser
-
-    @property
-    def length(self) -> int:
-        return self.tokens.shape[1]
-
-    @property
-    def num_chunks(self) -> int:
-        return ceil_div(self.length, self.chunk_size)
-
-    def chunk(self, j: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        s = j * self.chunk_size
-        e = min(s + self.chunk_size, self.length)
-        return self.tokens[:, s:e], self.targets[:, s:e], s
-
-
-def _as_2d(x, what: str) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() == 1:
-        x = x.unsqueeze(0)
-    if x.dim() != 2:
-        raise ValueError(f"{what} must have shape (batch, length) or (length,), got {tuple(x.shape)}")
-    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
-        raise TypeError(f"{what} must be an integer tensor of token ids, got dtype {x.dtype}")
-    # embeddings and cross-entropy index with int64; int8/int16/int32/uint8 ids are widened, not refused
-    return x.long()
-
-
-def check_model(model) -> None:
-    """Raise unless ``model`` implements the chunk-model protocol with one floating dtype."""
-    if not callable(getattr(model, "chunk_forward", None)) or not callable(getattr(model, "named_parameters", None)):
-        raise TypeError(
-            f"{type(model).__name__} does not implement the chunk-model protocol: it needs "
-            "chunk_forward(tokens, targets, past, start, ignore_index) and named_parameters() "
-            "(see seco_lab.protocol.ChunkModel)"
-        )
-    dtypes = {p.dtype for p in model.parameters()}
-    if not dtypes:
-        raise ValueError(f"{type(model).__name__} has no parameters: there is nothing to differentiate")
-    if len(dtypes) > 1:
-        raise TypeError(f"model parameters have mixed dtypes {sorted(map(str, dtypes))}; cast the model to one dtype")
-    if dtypes and not next(iter(dtypes)).is_floating_point:
-        raise TypeError(f"model parameters must be floating point, got {dtypes.pop()}")
-    if not getattr(model, "deterministic", True):
-        raise ValueError(
-            "the model is not deterministic (dropout is active in training mode): a chunk rebuild "
-            "would not reproduce its first pass and the gradient would be wrong; call model.eval() "
-            "or set dropout=0"
-        )
-
-
-def prepare(model, tokens, targets, chunk_size: int | None = None, ignore_index: int = -100) -> ChunkedBatch:
-    """Validate the inputs of any engine; every error says what was wrong."""
-    check_model(model)
-    ignore_index = as_int(ignore_index, "ignore_index")
-    tokens = _as_2d(tokens, "tokens")
-    targets = _as_2d(targets, "targets")
-    if tokens.shape != targets.shape:
-        raise ValueError(f"targets shape {tuple(targets.shape)} does not match tokens shape {tuple(tokens.shape)}")
-    b, n = tokens.shape
-    if b == 0 or n == 0:
-        raise ValueError(f"empty input: tokens have shape {tuple(tokens.shape)}")
-    chunk_size = n if chunk_size is None else check_chunk_size(chunk_size)
-    max_pos = getattr(model, "max_positions", None)
-    if max_pos is not None and n > max_pos:
-        raise ValueError(f"sequence length {n} exceeds the model's maximum positions {max_pos}")
-    vocab = getattr(model, "vocab_size", None)
-    if vocab is not None:
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= vocab:
-            raise ValueError(f"token ids must lie in [0, {vocab}), got range [{lo}, {hi}]")
-        valid = targets[targets != ignore_index]
-        if valid.numel() and (int(valid.min()) < 0 or int(valid.max()) >= vocab):
-            raise ValueError(f"target ids must lie in [0, {vocab}) or equal ignore_index={ignore_index}")
-    n_targets = int((targets != ignore_index).sum())
-    if n_targets == 0:
-        raise ValueError(f"every target equals ignore_index={ignore_index}: there is no loss to differentiate")
-    device = next(iter(model.parameters())).device
-    return ChunkedBatch(tokens.to(device), targets.to(device), chunk_size, ignore_index, n_targets)
-
-
-def checked_chunk(out, j: int) -> ChunkOutput:
-    """``out`` if it is a valid chunk output with a finite loss; otherwise a clear error naming chunk j."""
-    if not isinstance(out, ChunkOutput):
-        raise TypeError(
-            f"chunk_forward must return seco_lab.protocol.ChunkOutput(loss_sum, cache), got {type(out).__name__}"
-        )
-    if not torch.isfinite(out.loss_sum).all():
-        raise FloatingPointError(
-            f"the loss of chunk {j} is {float(out.loss_sum.detach())}: the model's forward produced NaN/inf "
-            "(non-finite weights, a negative or zero norm eps, or overflow in a low-precision dtype)"
-        )
-    return out
+Relay = Callable[[Hashable, int, int], "tuple[Hashable, float] | None"]
+Collect = Callable[[Hashable, int, Sequence[torch.Tensor]], None]
+prepare = checked_batch  # the name before checks.checked_batch; for code written against it
 
 
 def trainable(model) -> list[tuple[str, torch.nn.Parameter]]:
@@ -168,14 +70,32 @@ def cache_leaves(model: ChunkModel, batch: ChunkedBatch, with_loss: bool = True,
     return leaves, total / batch.n_targets if with_loss else None
 
 
+def hop_relay(max_hops: int, factors=None) -> Relay:
+    """The relay of the hop strata: a gradient in stratum q moves to stratum q + 1 of the earlier chunk, times
+    ``factors[q + 1]`` (1 without factors); strata above ``max_hops`` are dropped."""
+    if factors is None:
+        return lambda q, j, i: (q + 1, 1.0) if q + 1 <= max_hops else None
+    factors = [float(f) for f in factors]
+    return lambda q, j, i: (q + 1, factors[q + 1]) if q + 1 <= max_hops else None
+
+
+def hop_sweep(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCache], params: Sequence[torch.Tensor],
+              visit: Sequence[int], max_hops: int, collect: Collect, factors=None, collect_total: bool = False) -> None:
+    """The stratified pass: chunk j's loss seeds stratum 0 (times ``factors[0]``), and what a chunk receives in
+    stratum q reaches stratum q + 1 of the earlier visited chunks (:func:`hop_relay`); ``collect(q, j, grads)``
+    gets each stratum's parameter gradient (the sum over strata with ``collect_total``).  The hop strata
+    (factors = 1), their Monte Carlo and the hop-dependent SpaCO schemes (factors = c_q) all run on it."""
+    backward_sweep(model, batch, leaves, params, visit, direct_label=lambda j: 0,
+                   direct_scale=1.0 if factors is None else float(factors[0]), relay=hop_relay(max_hops, factors),
+                   collect=collect, collect_total=collect_total)
+
+
 def forward_loss(model: ChunkModel, tokens, targets, chunk_size: int | None = None,
                  ignore_index: int = -100) -> torch.Tensor:
     """Mean token loss sum_j J_j / N, chunk by chunk without a graph (any length, no activations kept)."""
-    return cache_leaves(model, prepare(model, tokens, targets, chunk_size, ignore_index))[1]
+    return cache_leaves(model, checked_batch(model, tokens, targets, chunk_size, ignore_index))[1]
 
 
-Relay = Callable[[Hashable, int, int], "tuple[Hashable, float] | None"]
-Collect = Callable[[Hashable, int, Sequence[torch.Tensor]], None]
 
 
 def backward_sweep(
@@ -215,16 +135,8 @@ def backward_sweep(
     constant = _constant_relay(order, direct_label, relay)
     if constant is not None:
         label, factor = constant
-        tensors = list(params)
-        saved = [p.grad for p in tensors]
-        for p in tensors:
-            p.grad = None
-        try:
-            relay_sweep(model, batch, leaves, tensors, order, direct_scale=direct_scale, relay_factor=factor)
-            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in tensors]
-        finally:
-            for p, g in zip(tensors, saved):
-                p.grad = g
+        _, grads = grads_in_isolation(params, lambda: relay_sweep(
+            model, batch, leaves, params, order, direct_scale=direct_scale, relay_factor=factor))
         collect(label, None, grads)
         return
     visited = set(order)
@@ -234,7 +146,8 @@ def backward_sweep(
         sources = [i for i in range(j) if i in visited]
         src_leaves = [t for i in sources for t in flat_cache(leaves[i])]
         with torch.enable_grad():
-            out = model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index)
+            out = checked_chunk(model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index), j)
+        check_recomputed(flat_cache(leaves[j]) if j < len(leaves) else [], flat_cache(out.cache), j)
         outputs = [out.loss_sum] + flat_cache(out.cache)
         # Seeds: one per label; the direct term joins its label's relayed seed.
         seeds: dict[Hashable, list] = {}
@@ -322,6 +235,7 @@ def relay_sweep(
         src = [t for i in range(j) if i in visited for t in flat_cache(leaves[i])]
         with torch.enable_grad():  # checked before its backward: a NaN loss accumulates nothing
             out = checked_chunk(model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index), j)
+        check_recomputed(own_leaves[j], flat_cache(out.cache), j)
         outs, seeds = [out.loss_sum], [out.loss_sum.new_tensor(direct_scale / batch.n_targets)]
         for o, leaf in zip(flat_cache(out.cache), own_leaves[j]):
             if leaf.grad is not None and o.requires_grad:
@@ -391,7 +305,7 @@ def dense_grad(model: ChunkModel, tokens, targets, ignore_index: int = -100) -> 
 
     Returns (loss, grads) with loss = sum of token losses / number of targets.
     """
-    batch = prepare(model, tokens, targets, None, ignore_index)
+    batch = checked_batch(model, tokens, targets, None, ignore_index)
     params = trainable(model)
     with torch.enable_grad():
         out = checked_chunk(model.chunk_forward(batch.tokens, batch.targets, (), 0, ignore_index), 0)
@@ -418,18 +332,10 @@ def seco_grad(
     ``.grad`` of the parameters is left as it was: the sweep accumulates into fresh
     ``.grad`` tensors, which are handed back (no copy) and the previous ones restored.
     """
-    batch = prepare(model, tokens, targets, chunk_size, ignore_index)
+    batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     params = trainable(model)
-    tensors = [p for _, p in params]
-    saved = [p.grad for p in tensors]
-    for p in tensors:
-        p.grad = None
-    try:
-        loss = _seco_into_grad(model, batch, tensors, scale=1.0)
-        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in tensors]
-    finally:
-        for p, g in zip(tensors, saved):
-            p.grad = g
+    loss, grads = grads_in_isolation([p for _, p in params], lambda: _seco_into_grad(model, batch,
+                                                                                      [p for _, p in params], 1.0))
     return loss, named_grads(params, grads)
 
 
@@ -445,7 +351,7 @@ def seco_step(model: ChunkModel, tokens, targets, chunk_size: int, ignore_index:
     """SeCO as a training step: accumulate ``scale`` times the exact gradient straight into
     ``.grad`` of trainable parameters (frozen ones stay untouched) and return the loss."""
     scale = as_float(scale, "scale")  # NaN or inf would be written into every .grad
-    batch = prepare(model, tokens, targets, chunk_size, ignore_index)
+    batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     tensors = [p for _, p in trainable(model)]
     loss = _seco_into_grad(model, batch, tensors, scale)
     for p in tensors:

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from .checks import check_budget
-from .engine import prepare
+from .checks import check_budget, checked_batch
 from .estimators import spaco_grad
 from .grads import GradDict, flatten, unflatten
 from .schemes import Scheme, get_scheme
+
+__all__ = ["Expectation", "enumerate_expectation"]
 
 DEFAULT_MAX_SUBSETS = 20_000
 DEFAULT_FULL_COV_MAX_PARAMS = 4_000
@@ -53,7 +54,7 @@ def enumerate_expectation(
 
     Refuses (ValueError) when there are more than ``max_subsets`` draws.
     """
-    batch = prepare(model, tokens, targets, chunk_size, ignore_index)
+    batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     scheme = get_scheme(scheme)
     k = batch.num_chunks
     check_budget(k, budget)

@@ -10,6 +10,12 @@
 * :func:`chain_basis` splits the gradient further, into one vector per chain
   j = i_0 > i_1 > ... > i_p.  The estimate of any scheme on any draw is then
   ``sum_{chains c subset of I} W(p_c) v_c`` -- the Monte Carlo study's fast path.
+
+``max_hops`` is P, the deepest hop stratum kept.  Where it may be omitted its default is the
+largest P that can hold a nonzero stratum, so nothing is dropped: :func:`spaco_grad` min(|I| - 1, L)
+(a chain crosses at most L = the model's cache layers, and at most |I| - 1 drawn chunks);
+:func:`hop_strata` k - 1 (any model); :func:`seco_lab.strata_stats.strata_monte_carlo` min(L, k - 1).
+:func:`chain_basis` has no default: its size grows like k^P.
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ import numpy as np
 import torch
 
 from .checks import check_budget, check_max_hops, check_subset, guard_memory
-from .engine import accumulate_into, backward_sweep, cache_leaves, prepare, trainable
+from .engine import accumulate_into, backward_sweep, cache_leaves, checked_batch, hop_sweep, trainable
 from .grads import GradDict, flatten, named_grads
 from .schemes import Scheme, get_scheme
+
+__all__ = ["ChainBasis", "HopStrata", "chain_basis", "hop_strata", "spaco_grad"]
 
 
 def spaco_grad(
@@ -49,7 +57,7 @@ def spaco_grad(
     (docs/estimators.md §2, checked by the tier-1 tests), so deeper strata are exactly zero.
     Pass ``max_hops=len(subset) - 1`` for a model without that property.
     """
-    batch = prepare(model, tokens, targets, chunk_size, ignore_index)
+    batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     scheme = get_scheme(scheme)
     k, t = check_budget(batch.num_chunks, budget)
     if max_hops is not None:
@@ -63,21 +71,13 @@ def spaco_grad(
     depth = len(leaves[0])  # cache layers
     P = min(max(len(subset) - 1, 0), depth if max_hops is None else max_hops)
     c = scheme.factors(k, t, P)
-    if scheme.constant_relay(k, t):
+    tensors, collect = [p for _, p in params], accumulate_into(acc)
+    if scheme.constant_relay(k, t):  # one label: every hop multiplies by c_1 (one relay buffer)
         relay_factor = float(c[1]) if P >= 1 else 0.0
-
-        def relay(lab, j, i):
-            return 0, relay_factor
+        backward_sweep(model, batch, leaves, tensors, subset, direct_label=lambda j: 0, direct_scale=float(c[0]),
+                       relay=lambda lab, j, i: (0, relay_factor), collect=collect, collect_total=True)
     else:
-
-        def relay(q, j, i):
-            return (q + 1, float(c[q + 1])) if q + 1 <= P else None
-
-    backward_sweep(
-        model, batch, leaves, [p for _, p in params], subset,
-        direct_label=lambda j: 0, direct_scale=float(c[0]), relay=relay, collect=accumulate_into(acc),
-        collect_total=True,
-    )
+        hop_sweep(model, batch, leaves, tensors, subset, P, collect, factors=c, collect_total=True)
     return loss, named_grads(params, acc)
 
 
@@ -140,7 +140,7 @@ def hop_strata(
     sequence has more hops: those strata would be zero).  Each stratum is one gradient-sized
     buffer: more than :data:`~seco_lab.checks.MEMORY_GUARD_BYTES` in all is refused unless ``force``.
     """
-    batch = prepare(model, tokens, targets, chunk_size, ignore_index)
+    batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     k = batch.num_chunks
     max_hops = k - 1 if max_hops is None else min(check_max_hops(max_hops), k - 1)
     visit = range(k) if subset is None else check_subset(subset, k)
@@ -156,11 +156,7 @@ def hop_strata(
         for a, g in zip(strata[q], grads):
             a.add_(g)
 
-    backward_sweep(
-        model, batch, leaves, [p for _, p in params], visit,
-        direct_label=lambda j: 0, direct_scale=1.0,
-        relay=lambda q, j, i: (q + 1, 1.0) if q + 1 <= max_hops else None, collect=collect,
-    )
+    hop_sweep(model, batch, leaves, [p for _, p in params], visit, max_hops, collect)
     return HopStrata(loss, [named_grads(params, s) for s in strata], k, None if subset is None else tuple(visit))
 
 
@@ -202,7 +198,7 @@ def chain_basis(model, tokens, targets, chunk_size: int, max_hops: int, ignore_i
     (2^k - 1 at P = k-1), each a gradient-sized vector: N times the gradient's bytes above
     :data:`~seco_lab.checks.MEMORY_GUARD_BYTES` is refused unless ``force``.
     """
-    batch = prepare(model, tokens, targets, chunk_size, ignore_index)
+    batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     k = batch.num_chunks
     if k > 62:
         raise ValueError(f"chain_basis stores chunk sets as 64-bit masks: k={k} chunks is too many (max 62)")

@@ -8,9 +8,11 @@ unflatten back, and add into ``.grad`` for an optimizer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
+
+__all__ = ["GradDict", "accumulate_grads", "flatten", "grads_in_isolation", "named_grads", "unflatten"]
 
 GradDict = dict[str, torch.Tensor]
 
@@ -52,3 +54,20 @@ def accumulate_grads(model, grads: GradDict, scale: float = 1.0) -> None:
             p.grad = g if scale == 1.0 else g * scale
         else:
             p.grad.add_(g, alpha=scale)
+
+
+def grads_in_isolation(tensors: Sequence[torch.Tensor], run: Callable):
+    """``(run(), grads)``: ``run`` accumulates into fresh ``.grad`` of ``tensors`` (set to None first);
+    ``grads`` are those tensors (zeros where nothing arrived), handed over without a copy, and every
+    ``.grad`` is restored to what it was before -- also when ``run`` raises."""
+    tensors = list(tensors)
+    saved = [p.grad for p in tensors]
+    for p in tensors:
+        p.grad = None
+    try:
+        result = run()
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in tensors]
+    finally:
+        for p, g in zip(tensors, saved):
+            p.grad = g
+    return result, grads

@@ -27,6 +27,8 @@ import torch.nn.functional as F
 
 from .protocol import ChunkCache, ChunkOutput
 
+__all__ = ["ARCHITECTURES", "HFChunkModel", "add_lora", "build_hf_model", "exact_float64"]
+
 SUPPORTED_ATTENTION = ("eager", "sdpa", "eager_exact", "seco_sdpa")
 
 

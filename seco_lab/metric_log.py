@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from .run_dir import RunDir
 
+__all__ = ["MetricLogger"]
+
 
 class MetricLogger:
     """``log(record)`` appends one JSON line (fsynced) and writes the numbers as TensorBoard

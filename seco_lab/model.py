@@ -25,6 +25,8 @@ from .config import parse_device
 from .protocol import ChunkCache, ChunkOutput
 from .tiny_config import TinyConfig
 
+__all__ = ["RMSNorm", "SwiGLU", "TinyConfig", "TinyTransformer", "rotary"]
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):

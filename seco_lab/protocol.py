@@ -24,6 +24,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+__all__ = ["ChunkCache", "ChunkModel", "ChunkOutput", "flat_cache", "unflat_cache"]
+
 LayerKV = tuple[torch.Tensor, torch.Tensor]
 ChunkCache = tuple[LayerKV, ...]
 

@@ -42,6 +42,11 @@ from .store import StudyFolder, atomic_write_csv, fingerprint, software_versions
 from .strata_stats import StrataGram, bias_metrics
 from .study_runner import run_cells
 
+__all__ = [
+    "CELLS", "DTYPES", "RealStudyConfig", "add_arguments", "exactness", "gram_metrics", "run_from_args",
+    "run_study", "study_folder", "window",
+]
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 CELLS = ("exact-lora", "exact-full", "lora", "full")
 RUN_ONLY = ("cells", "threads")  # fields that choose what to run now, not what a cell holds

@@ -35,6 +35,9 @@ import torch
 from .folder_lock import LOCK_NAME, FolderBusy, hold_lock, release_lock
 from .store import atomic_write, atomic_write_json
 
+__all__ = ["CHECKPOINT_KEYS", "DCP_TREE", "MARKER_NAME", "RUN_TREE", "RunDir", "RunDirError", "check_usable",
+           "checkpoint_steps", "read_config", "read_metrics", "remove_own", "safe_load"]
+
 MARKER_NAME = ".seco-lab-run"
 CHECKPOINT_KEYS = ("step", "model", "optimizer", "scheduler", "torch_rng", "numpy_rng")
 CHECKPOINT_FILE = re.compile(r"step_(\d+)\.pt")

@@ -26,6 +26,8 @@ import numpy as np
 
 from .checks import MAX_WEIGHT_ENTRIES, as_float, check_budget, check_max_hops, check_rng
 
+__all__ = ["BERNOULLI", "Hop", "SCHEME_NAMES", "Sampler", "Scheme", "falling", "get_scheme", "make_scheme"]
+
 Num = Union[Fraction, int]
 
 
@@ -60,22 +62,25 @@ class Sampler:
             if not 0.0 < as_float(self.rho, "Bernoulli inclusion probability rho") <= 1.0:
                 raise ValueError(f"Bernoulli inclusion probability rho must lie in (0, 1], got {self.rho}")
 
-    def rate(self, k: int, t: int) -> Fraction:
+    def rate(self, num_chunks: int, budget: int) -> Fraction:
         """rho as an exact fraction (t/k unless set)."""
+        k, t = num_chunks, budget
         check_budget(k, t)
         return Fraction(t, k) if self.rho is None else Fraction(self.rho)
 
-    def inclusion(self, k: int, t: int, m: int) -> Fraction:
+    def inclusion(self, num_chunks: int, budget: int, m: int) -> Fraction:
         """Probability that m given distinct chunks are all drawn."""
+        k, t = num_chunks, budget
         check_budget(k, t)
         if self.kind == "uniform":
             return Fraction(falling(t, m), falling(k, m)) if m <= t else Fraction(0)
         return self.rate(k, t) ** m
 
-    def draw_indicator(self, k: int, t: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    def draw_indicator(self, num_chunks: int, budget: int, n: int, generator: np.random.Generator) -> np.ndarray:
         """n independent draws as a (n, k) boolean matrix (row r: is chunk j in I_r)."""
+        k, t = num_chunks, budget
         check_budget(k, t)
-        u = rng.random((n, k))
+        u = generator.random((n, k))
         if self.kind == "bernoulli":
             return u < float(self.rate(k, t))
         out = np.zeros((n, k), dtype=bool)
@@ -84,22 +89,25 @@ class Sampler:
         np.put_along_axis(out, idx, True, axis=1)
         return out
 
-    def draw(self, k: int, t: int, rng: np.random.Generator | int | None) -> tuple[int, ...]:
+    def draw(self, num_chunks: int, budget: int, generator: np.random.Generator | int | None) -> tuple[int, ...]:
         """One draw: the sorted chunk indices of I."""
-        rng = check_rng(rng)
-        return tuple(int(j) for j in np.flatnonzero(self.draw_indicator(k, t, 1, rng)[0]))
+        k, t = num_chunks, budget
+        return tuple(int(j) for j in np.flatnonzero(self.draw_indicator(k, t, 1, check_rng(generator))[0]))
 
-    def max_hops(self, k: int, t: int) -> int:
+    def max_hops(self, num_chunks: int, budget: int) -> int:
         """The longest chain that can survive a draw: t-1 hops (uniform) or k-1 (Bernoulli)."""
+        k, t = num_chunks, budget
         check_budget(k, t)
         return t - 1 if self.kind == "uniform" else k - 1
 
-    def num_subsets(self, k: int, t: int) -> int:
+    def num_subsets(self, num_chunks: int, budget: int) -> int:
+        k, t = num_chunks, budget
         check_budget(k, t)
         return math.comb(k, t) if self.kind == "uniform" else 2**k
 
-    def subsets(self, k: int, t: int) -> Iterator[tuple[tuple[int, ...], Fraction]]:
+    def subsets(self, num_chunks: int, budget: int) -> Iterator[tuple[tuple[int, ...], Fraction]]:
         """Every possible I with its exact probability."""
+        k, t = num_chunks, budget
         check_budget(k, t)
         if self.kind == "uniform":
             p = Fraction(1, math.comb(k, t))
@@ -147,8 +155,9 @@ class Scheme:
             raise ValueError(f"cap_on must be 'hop' or 'chain', got {self.cap_on!r}")
 
     # -- factors ---------------------------------------------------------------
-    def factors_exact(self, k: int, t: int, max_hops: int) -> list[Fraction]:
+    def factors_exact(self, num_chunks: int, budget: int, max_hops: int) -> list[Fraction]:
         """[c_0, c_1, ..., c_P] as exact fractions, caps applied."""
+        k, t = num_chunks, budget
         check_max_hops(max_hops)
         rho = self.sampler.rate(k, t)
         c0 = Fraction(self.direct(k, t, rho))
@@ -165,25 +174,29 @@ class Scheme:
             prev = capped
         return out
 
-    def factors(self, k: int, t: int, max_hops: int) -> np.ndarray:
+    def factors(self, num_chunks: int, budget: int, max_hops: int) -> np.ndarray:
+        k, t = num_chunks, budget
         return np.array([float(c) for c in self.factors_exact(k, t, max_hops)])
 
-    def chain_weights_exact(self, k: int, t: int, max_hops: int) -> list[Fraction]:
+    def chain_weights_exact(self, num_chunks: int, budget: int, max_hops: int) -> list[Fraction]:
         """W(p) = c_0 c_1 ... c_p for p = 0..P."""
+        k, t = num_chunks, budget
         return list(itertools.accumulate(self.factors_exact(k, t, max_hops), lambda a, b: a * b))
 
-    def chain_weights(self, k: int, t: int, max_hops: int) -> np.ndarray:
+    def chain_weights(self, num_chunks: int, budget: int, max_hops: int) -> np.ndarray:
         """W(p) as floats; a weight beyond float range (e.g. (k/t)^p at k = 256) is ``inf``, which
         :meth:`HopStrata.combine` accepts only on an exactly zero stratum."""
+        k, t = num_chunks, budget
         return np.array([fraction_to_float(w) for w in self.chain_weights_exact(k, t, max_hops)])
 
-    def constant_relay(self, k: int, t: int) -> bool:
+    def constant_relay(self, num_chunks: int, budget: int) -> bool:
         """True when c_q does not depend on q (for the hops that can occur), so one relay buffer suffices."""
+        k, t = num_chunks, budget
         c = self.factors_exact(k, t, self.sampler.max_hops(k, t))[1:]
         return all(x == c[0] for x in c)
 
     # -- expectations ----------------------------------------------------------
-    def expected_weights_exact(self, k: int, t: int, max_hops: int) -> list[Fraction]:
+    def expected_weights_exact(self, num_chunks: int, budget: int, max_hops: int) -> list[Fraction]:
         """w(p) = W(p) pi(p), p = 0..P: the closed form (docs/estimators.md §3) when the scheme has one.
 
         No chain survives a draw of t chunks without replacement past t-1 hops: there pi(p) = 0, so w(p) is
@@ -191,7 +204,7 @@ class Scheme:
         :data:`~seco_lab.checks.MAX_WEIGHT_ENTRIES` entries are refused).  Bernoulli weights do not vanish, but
         past k-1 they weigh chains a k-chunk sequence cannot have: more than :data:`EXACT_TERMS` exact terms
         past k-1 are refused."""
-        k, t = check_budget(k, t)
+        k, t = check_budget(num_chunks, budget)
         max_hops = check_max_hops(max_hops)
         last_nonzero = self.sampler.max_hops(k, t) if self.sampler.kind == "uniform" else max_hops
         if max_hops + 1 > MAX_WEIGHT_ENTRIES or last_nonzero > k - 1 + EXACT_TERMS:
@@ -204,12 +217,14 @@ class Scheme:
             head = self.direct_expected_weights(k, t, top)
         return head + [Fraction(0)] * (max_hops - top)
 
-    def direct_expected_weights(self, k: int, t: int, max_hops: int) -> list[Fraction]:
+    def direct_expected_weights(self, num_chunks: int, budget: int, max_hops: int) -> list[Fraction]:
         """w(p) computed generically as chain weight times survival probability."""
+        k, t = num_chunks, budget
         W = self.chain_weights_exact(k, t, max_hops)
         return [W[p] * self.sampler.inclusion(k, t, p + 1) for p in range(max_hops + 1)]
 
-    def expected_weights(self, k: int, t: int, max_hops: int) -> np.ndarray:
+    def expected_weights(self, num_chunks: int, budget: int, max_hops: int) -> np.ndarray:
+        k, t = num_chunks, budget
         return np.array([float(w) for w in self.expected_weights_exact(k, t, max_hops)])
 
     def with_params(self, **params) -> Scheme:

@@ -26,6 +26,8 @@ import torch.distributed as dist
 
 from .run_dir import DCP_TREE, remove_own, safe_load
 
+__all__ = ["intact", "load", "load_replicated", "newest", "save"]
+
 SUFFIX = ".dcp"
 EXTRA = "extra.pt"
 

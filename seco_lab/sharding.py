@@ -57,6 +57,8 @@ import torch.nn.functional as F
 
 from .config import GATHER_POLICIES
 
+__all__ = ["ShardedModel", "ShardingError", "clip_grad_norm", "count_collectives"]
+
 
 class ShardingError(ValueError):
     """FSDP cannot be applied as asked (the message says why and what to do)."""

@@ -20,6 +20,8 @@ from .data import Batch
 from .engine import dense_grad, forward_loss, seco_grad
 from .estimators import spaco_grad
 
+__all__ = ["allreduce_mean", "chunk_grads", "lr_factor", "schedule_factor"]
+
 
 def lr_factor(step: int, warmup: int, steps: int, min_lr_ratio: float) -> float:
     """Linear warm-up, then cosine decay:
@@ -55,11 +57,11 @@ def schedule_factor(step: int, warmup: int, steps: int, min_lr_ratio: float, cyc
     return lr_factor(u, warmup, end - start, min_lr_ratio)
 
 
-def chunk_grads(model, batch: Batch, cfg, rng: np.random.Generator | None, scheme=None):
+def chunk_grads(model, batch: Batch, cfg, generator: np.random.Generator | None, scheme=None):
     """``(loss, grads, stats)`` of one micro-batch: the mean token loss, the gradient of
     the trainable parameters by name, and ``{"chunks": chunks backpropagated}``.
 
-    ``cfg`` is a :class:`~seco_lab.config.TrainConfig`; ``rng`` draws the SpaCO chunk
+    ``cfg`` is a :class:`~seco_lab.config.TrainConfig`; ``generator`` draws the SpaCO chunk
     subset (unused by ``dense`` and ``seco``); ``scheme`` defaults to ``cfg.build_scheme()``.
     """
     tok, tgt = batch.tokens, batch.targets
@@ -71,7 +73,7 @@ def chunk_grads(model, batch: Batch, cfg, rng: np.random.Generator | None, schem
         loss, grads = seco_grad(model, tok, tgt, chunk_size=cfg.chunk_size)
         return loss, grads, {"chunks": k}
     scheme = scheme or cfg.build_scheme()
-    subset = scheme.sampler.draw(k, cfg.budget, rng)
+    subset = scheme.sampler.draw(k, cfg.budget, generator)
     if subset:
         loss, grads = spaco_grad(model, tok, tgt, cfg.chunk_size, scheme, cfg.budget, subset=subset)
     else:  # an empty Bernoulli draw: forward only, zero gradient

@@ -1,4 +1,5 @@
-"""The study store: atomic result files, the software record and the definition fingerprint.
+"""The study store: atomic result files, the software record and the definition fingerprint
+(nothing heavy is imported before it is needed: the trainer loads this module too).
 
 Every stored result of the package (a study's cells and tables, a training run's config,
 checkpoints and metrics, a report) is written through :func:`atomic_write`: the bytes go to
@@ -26,8 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-import pandas as pd
-
 from .folder_lock import hold_lock, release_lock
 
 _HELD_LOCKS: dict[Path, IO] = {}  # study folders this process has locked (a rerun in the process reuses its lock)
@@ -39,7 +38,7 @@ __all__ = ["DefinitionMismatch", "StudyFolder", "atomic_write", "atomic_write_cs
 def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[bytes]], object]) -> Path:
     """Write ``content`` (text, bytes, or a function that writes to a binary file object) to ``path``
     through a temporary file, ``fsync`` and a rename: readers never see half a file."""
-    if isinstance(content, (Path, os.PathLike)) or isinstance(path, pd.DataFrame):
+    if isinstance(content, (Path, os.PathLike)) or hasattr(path, "to_csv"):
         raise TypeError("atomic_write(path, content): the path comes first")
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
@@ -58,9 +57,9 @@ def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[bytes]], 
     return path
 
 
-def atomic_write_csv(path: str | Path, df: pd.DataFrame) -> Path:
+def atomic_write_csv(path: str | Path, df) -> Path:
     """``df.to_csv(path, index=False)`` atomically (gzip-compressed when ``path`` ends in ``.gz``)."""
-    if not isinstance(df, pd.DataFrame):
+    if not hasattr(df, "to_csv"):
         raise TypeError("atomic_write_csv(path, df): the path comes first")
     gz = str(path).endswith(".gz")
     return atomic_write(path, lambda f: df.to_csv(f, index=False, compression="gzip" if gz else None))
@@ -92,6 +91,7 @@ def software_versions(*packages: str) -> dict:
 
     import matplotlib
     import numpy as np
+    import pandas as pd
     import scipy
     import torch
 
@@ -193,7 +193,7 @@ class StudyFolder:
         except (OSError, KeyError, TypeError, AttributeError):
             return False
 
-    def write_cell(self, name: str, record: dict, tables: dict[str, pd.DataFrame] | None = None,
+    def write_cell(self, name: str, record: dict, tables: dict | None = None,
                    table_suffix: str = ".{table}.csv") -> None:
         """Write a cell's tables (``NAME.TABLE.csv``), then its record ``NAME.json`` with each table's row
         count and SHA-256: the cell is done only once every table is on disk as recorded."""

@@ -34,9 +34,11 @@ from scipy import stats
 from tqdm.auto import tqdm
 
 from .checks import as_int, check_budget, check_max_hops, check_rng
-from .engine import backward_sweep, cache_leaves, prepare, trainable
+from .engine import cache_leaves, checked_batch, hop_sweep, trainable
 from .estimators import HopStrata
 from .schemes import Sampler, Scheme
+
+__all__ = ["StrataGram", "StrataMonteCarlo", "bias_metrics", "jackknife_sq_norm", "strata_monte_carlo"]
 
 # --------------------------------------------------------------------------- exact, first order
 
@@ -116,7 +118,7 @@ class StrataMonteCarlo:
     """
 
     scheme: str
-    n_draws: int
+    draws: int
     rel_sq_err: float  # ||mean - g||^2 / ||g||^2
     rel_var: float  # tr(Sigma_hat) / ||g||^2, unbiased sample estimate
     rel_sq_bias: float
@@ -145,7 +147,7 @@ def strata_monte_carlo(
     sampler: Sampler,
     budget: int,
     schemes: Mapping[str, Scheme],
-    n_draws: int,
+    draws: int,
     generator: np.random.Generator | int | None = None,
     max_hops: int | None = None,
     batches: int = 20,
@@ -154,7 +156,7 @@ def strata_monte_carlo(
     level: float = 0.95,
     progress: bool = False,
 ) -> dict[str, StrataMonteCarlo]:
-    """Draw I ~ ``sampler`` ``n_draws`` times; per draw one stratified sparse sweep over I gives
+    """Draw I ~ ``sampler`` ``draws`` times; per draw one stratified sparse sweep over I gives
     g_I(p), p = 0..P, and every scheme's estimate g_hat_s(I) = sum_p W_s(p) g_I(p).
 
     Pass 1 (the no-grad forward that builds the cache leaves) is shared by all draws.  P defaults to
@@ -162,12 +164,12 @@ def strata_monte_carlo(
     gradient g (computed here by one full stratified sweep when omitted).  Every scheme must use
     ``sampler``: the draws are shared.
     """
-    batch = prepare(model, tokens, targets, chunk_size, ignore_index)
+    batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     k, t = check_budget(batch.num_chunks, budget)
-    n_draws = as_int(n_draws, "n_draws", 1)
+    draws = as_int(draws, "draws", 1)
     batches = as_int(batches, "batches", 3)
-    if n_draws % batches:
-        raise ValueError(f"n_draws={n_draws} must be a multiple of batches={batches}")
+    if draws % batches:
+        raise ValueError(f"draws={draws} must be a multiple of batches={batches}")
     for name, s in schemes.items():
         if s.sampler != sampler:
             raise ValueError(f"scheme {name!r} uses sampler {s.sampler}, not the shared {sampler}")
@@ -186,17 +188,16 @@ def strata_monte_carlo(
         def collect(q, j, grads):
             out[q] += torch.cat([g.reshape(-1) for g in grads]).double()
 
-        backward_sweep(model, batch, leaves, tensors, visit, direct_label=lambda j: 0, direct_scale=1.0,
-                       relay=lambda q, j, i: (q + 1, 1.0) if q + 1 <= P else None, collect=collect)
+        hop_sweep(model, batch, leaves, tensors, visit, P, collect)
         return out
 
     g = stratified(range(k)).sum(0) if reference is None else torch.as_tensor(reference, dtype=torch.float64)
     weights = {name: torch.as_tensor(s.chain_weights(k, t, P), dtype=torch.float64) for name, s in schemes.items()}
-    per_batch = n_draws // batches
+    per_batch = draws // batches
     batch_sums = {name: torch.zeros(batches, g.numel(), dtype=torch.float64) for name in schemes}
     sq_sums = dict.fromkeys(schemes, 0.0)
     chunks = 0
-    for n in tqdm(range(n_draws), desc=f"{sampler.kind} t={t} draws", disable=not progress, leave=False):
+    for n in tqdm(range(draws), desc=f"{sampler.kind} t={t} draws", disable=not progress, leave=False):
         subset = sampler.draw(k, t, rng)
         chunks += len(subset)
         if not subset:  # an empty Bernoulli draw: every estimate is 0
@@ -211,12 +212,12 @@ def strata_monte_carlo(
     q = stats.t.ppf(0.5 + level / 2, batches - 1)
     out = {}
     for name in schemes:
-        mean = batch_sums[name].sum(0) / n_draws
+        mean = batch_sums[name].sum(0) / draws
         sq_err = float((mean - g) @ (mean - g))
-        var = (sq_sums[name] / n_draws - float(mean @ mean)) * n_draws / (n_draws - 1)
-        sq_bias = sq_err - var / n_draws
+        var = (sq_sums[name] / draws - float(mean @ mean)) * draws / (draws - 1)
+        sq_bias = sq_err - var / draws
         X = batch_sums[name] / per_batch - g
         _, se = jackknife_sq_norm((X @ X.T).numpy())
-        out[name] = StrataMonteCarlo(name, n_draws, sq_err / gg, var / gg, sq_bias / gg,
-                                     (sq_bias - q * se) / gg, (sq_bias + q * se) / gg, chunks / n_draws)
+        out[name] = StrataMonteCarlo(name, draws, sq_err / gg, var / gg, sq_bias / gg,
+                                     (sq_bias - q * se) / gg, (sq_bias + q * se) / gg, chunks / draws)
     return out

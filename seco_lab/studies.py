@@ -23,7 +23,9 @@ Registering a study is one line at the end of this module, e.g.::
                    report="seco_lab.audit.report:audit_report", run="seco_lab.audit.study:run_from_args",
                    add_arguments="seco_lab.audit.study:add_arguments", quick_results="reports/_work/audit_quick"))
 
-and a Makefile target ``audit-study`` that calls ``seco-lab study audit`` then ``seco-lab report audit``.
+and its name added to ``STUDIES`` (and, with a quick mode, ``QUICK_STUDIES``) at the top of the Makefile,
+whose pattern rules then give ``make audit-study`` (``seco-lab study audit`` then ``seco-lab report audit``),
+``make audit-study-quick`` and a line of ``make report`` (``tests/test_studies.py`` checks the pairing).
 Reports whose results come from a benchmark in ``experiments/`` register with ``run=None``.
 """
 

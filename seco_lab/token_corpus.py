@@ -25,6 +25,8 @@ from .data import Batch, corpus_files, default_text_paths, is_regular_file
 #: bytes read per token of the budget at most: real text averages 3-5 bytes per BPE token
 BYTES_PER_TOKEN_BOUND = 16
 
+__all__ = ["TokenCorpus", "file_tokens", "held_out", "read_text"]
+
 
 def text_files(paths=None, pattern: str | None = None) -> list[tuple[str, Path]]:
     """(relative name, path) of every text file under ``paths``, sorted; default: the stdlib's ``*.py``.

@@ -142,10 +142,11 @@ def test_one_stratified_pass_gives_every_scheme_and_the_chain_basis_agrees(probl
 def test_relay_buffers_per_scheme(monkeypatch, problems, name, labels):
     """Constant-factor schemes relay through one buffer (one label); hop-dependent ones keep one
     buffer per hop count -- counted on the labels the real sweep uses, not on a predicate."""
+    import seco_lab.engine as engine
     import seco_lab.estimators as est
 
     seen = set()
-    real_sweep = est.backward_sweep
+    real_sweep = engine.backward_sweep
 
     def spy(*args, relay, direct_label, **kw):
         def counting_relay(lab, j, i):
@@ -157,7 +158,8 @@ def test_relay_buffers_per_scheme(monkeypatch, problems, name, labels):
 
         return real_sweep(*args, relay=counting_relay, direct_label=direct_label, **kw)
 
-    monkeypatch.setattr(est, "backward_sweep", spy)
+    monkeypatch.setattr(est, "backward_sweep", spy)  # the constant-relay path calls it directly,
+    monkeypatch.setattr(engine, "backward_sweep", spy)  # the hop-dependent one through engine.hop_sweep
     model, tok, tgt, _, _ = problems[(2, 6)]
     scheme = get_scheme(name)  # k/t = 1.5: the chain cap C = 2 binds from p = 2 on
     spaco_grad(model, tok, tgt, chunk_size=2, scheme=scheme, budget=4, subset=(0, 1, 3, 5))

@@ -112,12 +112,12 @@ def test_cache_leaves_hold_the_kv_cache_once():
     """Pass 1's leaves are views of their c positions in one buffer per layer and key/value: adjacent (a
     chunk reads its prefix as one view) and, all together, exactly the KV cache's bytes -- no leaf keeps
     a copy of its prefix alive."""
-    from seco_lab.engine import cache_leaves, prepare
+    from seco_lab.engine import cache_leaves, checked_batch
     from seco_lab.hf_attention import adjacent_view
 
     adapter = HFChunkModel(build_hf_model("llama", attn_implementation="sdpa", dtype=torch.float64))
     tok, tgt = tokens(batch=2, length=21)
-    leaves, _ = cache_leaves(adapter, prepare(adapter, tok, tgt, chunk_size=4))
+    leaves, _ = cache_leaves(adapter, checked_batch(adapter, tok, tgt, chunk_size=4))
     storages = {}
     for j, cache in enumerate(leaves):
         for k, v in cache:

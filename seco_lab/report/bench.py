@@ -14,6 +14,8 @@ from . import bench_fsdp, bench_hf
 from .figures import new_figure, save_figure
 from .markdown import fmt, generated_note, require, table, write_markdown
 
+__all__ = ["INTEGER_COLUMNS", "bench_report", "load_bench", "summarize_bench"]
+
 PRODUCE_BENCH = STUDIES["bench"].produce
 BENCH_FILES = ("results.csv", "bench.json")
 # The paper's claims, reported against (not tuned for)

@@ -15,6 +15,8 @@ import pandas as pd
 
 from .markdown import table
 
+__all__ = ["INTEGER_COLUMNS", "render", "summarize"]
+
 BASELINE = "replicated"
 PRODUCE = "`make bench-fsdp` (python -m experiments.bench_fsdp)"
 INTEGER_COLUMNS = ("rounds", "all-gathers / step", "reduce-scatters / step", "all-reduces / step")

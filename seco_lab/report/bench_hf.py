@@ -19,6 +19,8 @@ import pandas as pd
 
 from .markdown import table
 
+__all__ = ["KEYS", "NOT_MET_REASONS", "clock", "render", "summarize", "targets"]
+
 KEYS = ["tag", "n_layers", "chunk_size", "length", "lora"]
 CONSTANT = "spaco released-unbiased"
 

@@ -13,6 +13,8 @@ from .bias_guide import guidance_section, paper_settings_section, real_lm_sectio
 from .bias_summary import COVERAGE_BAND, PRODUCE_BIAS, UNBIASED_TOL, load_bias, summarize_bias
 from .markdown import fmt, generated_note, table, write_markdown
 
+__all__ = ["bias_report", "settings_section"]
+
 ESTIMATORS_DOC = Path("docs") / "estimators.md"  # the estimators' math, relative to the repository root
 
 

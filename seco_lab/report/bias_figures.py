@@ -11,6 +11,11 @@ from ..study.definition import PAPER, SCHEMES
 from .bias_summary import UNBIASED_TOL
 from .figures import new_figure, save_figure, scheme_marker, scheme_offset, scheme_order, scheme_style
 
+__all__ = [
+    "fig_bias_vs_ratio", "fig_cap_tradeoff", "fig_convergence", "fig_paper_settings", "fig_variance_mse",
+    "fig_weights",
+]
+
 PAPER_FAMILY = tuple(v.label for v in SCHEMES if v.name.startswith(PAPER.name))
 
 

@@ -20,6 +20,8 @@ from ..study.definition import (
 from .bias_paper import PAPER_METRICS, UNBIASED_TOL, scheme_definitions
 from .markdown import fmt, table
 
+__all__ = ["guidance_section", "paper_settings_section", "real_lm_section", "scheme_definitions_section"]
+
 
 def paper_settings_section(p: dict, cfg: dict, timing: dict, figure: str | None) -> list[str]:
     """The headline: every scheme's bias, direction, residuals, variance and MSE at k = 128, t ∈ {8, 16, 32}."""

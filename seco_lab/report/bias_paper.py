@@ -18,6 +18,11 @@ from ..study.definition import (
 )
 from .figures import scheme_order
 
+__all__ = [
+    "PAPER_METRICS", "UNBIASED_TOL", "coinciding", "guidance", "paper_cells", "scheme_definitions",
+    "summarize_paper",
+]
+
 PAPER_K = 128  # the paper's chunk count: 16K tokens in chunks of 128
 UNBIASED_TOL = 1e-10  # as in bias_summary: relative bias below this is "exactly unbiased"
 # the schemes of the headline table: the paper's formula, what it ran, the public code, and the unbiased ones

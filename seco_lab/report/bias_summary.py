@@ -26,6 +26,8 @@ from .bias_paper import summarize_paper
 from .figures import scheme_order
 from .markdown import MissingResultsError, read_json_table, read_results_csv, require
 
+__all__ = ["BiasStudy", "COVERAGE_BAND", "PRODUCE_BIAS", "UNBIASED_TOL", "headline", "load_bias", "summarize_bias"]
+
 UNBIASED_TOL = 1e-10  # relative bias below this is "exactly unbiased" (float64 rounding is ~1e-15)
 PAPER_RATIO = 16  # the paper's chunks-to-budget ratio k/t (k = 128 chunks of 128 tokens, t = 8)
 OTHER_PAPER_RATIOS = (8, 4)  # the paper's other budgets at k = 128: t = 16, 32

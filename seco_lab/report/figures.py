@@ -19,6 +19,9 @@ from ..study.definition import (
     SCHEMES,
 )
 
+__all__ = ["SCHEME_COLOURS", "new_figure", "save_figure", "scheme_marker", "scheme_offset", "scheme_order",
+           "scheme_style", "write_png"]
+
 # colour per scheme family; within a family the first variant is solid, the others dashed
 SCHEME_COLOURS = {PAPER.name: "tab:red", PAPER_CAPPED_2.name: "tab:orange", PAPER_CHAIN_CAPPED_2.name: "tab:brown",
                   RELEASED.name: "tab:purple", RELEASED_UNBIASED.name: "tab:pink",

@@ -11,6 +11,8 @@ import pandas as pd
 
 from ..store import atomic_write
 
+__all__ = ["MissingResultsError", "fmt", "generated_note", "require", "table", "write_markdown"]
+
 
 class MissingResultsError(FileNotFoundError):
     """A report's stored results are missing or incomplete."""

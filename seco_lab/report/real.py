@@ -12,6 +12,8 @@ import pandas as pd
 from ..studies import STUDIES
 from .markdown import generated_note, require, write_markdown
 
+__all__ = ["real_report", "render", "summarize"]
+
 DEFAULT_DIR = STUDIES["real"].results
 PRODUCE_REAL = STUDIES["real"].produce
 

@@ -15,6 +15,8 @@ from matplotlib.figure import Figure
 from ..run_dir import read_config, read_metrics
 from .figures import save_figure
 
+__all__ = ["LABEL_KEYS", "LOSSES", "plot_run", "plot_runs", "run_label", "runs_figure"]
+
 LOSSES = ("loss", "far_loss", "eval_loss", "eval_far_loss")
 LABEL_KEYS = ("mode", "data", "seq_len", "chunk_size")
 

@@ -13,6 +13,8 @@ from ..studies import STUDIES
 from .figures import new_figure, save_figure
 from .markdown import generated_note, require, table, write_markdown
 
+__all__ = ["load_training", "summarize_training", "training_report"]
+
 PRODUCE_TRAINING = STUDIES["train-compare"].produce
 TRAINING_FILES = ("throughput.csv", "far_loss.csv", "training.json")
 

@@ -11,6 +11,8 @@ import torch
 from ..checks import as_int, check_seed
 from .definition import StudyConfig, build_model, build_tokens
 
+__all__ = ["Cell", "load_cell", "load_study_config"]
+
 
 @dataclass
 class Cell:

@@ -39,6 +39,13 @@ import torch
 from ..model import TinyConfig, TinyTransformer
 from ..schemes import Scheme, get_scheme
 
+__all__ = [
+    "BERNOULLI", "CHECK_COLUMNS", "CONVERGENCE_COLUMNS", "DEFAULT", "FALLING_FACTORIAL", "GROUP_COLUMNS",
+    "PAPER", "PAPER_CAPPED_2", "PAPER_CAPPED_4", "PAPER_CHAIN_CAPPED_2", "PAPER_CHAIN_CAPPED_4",
+    "PAPER_COLUMNS", "Purpose", "QUICK", "RELEASED", "RELEASED_UNBIASED", "RESULT_COLUMNS", "SAMPLER_CODES",
+    "SCHEMES", "STUDY_FORMAT", "SchemeVariant", "StudyConfig", "build_model", "build_tokens", "seed_sequence",
+]
+
 
 class Purpose(IntEnum):
     MODEL = 0

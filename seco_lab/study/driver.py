@@ -39,6 +39,11 @@ from .definition import (
 from .group import run_group
 from .paper import run_paper_group
 
+__all__ = [
+    "StudyDefinitionError", "TABLES", "add_arguments", "build_parser", "gather", "main", "run_from_args",
+    "run_study", "study_folder",
+]
+
 TABLES = {"results": RESULT_COLUMNS, "paper": PAPER_COLUMNS, "checks": CHECK_COLUMNS, "groups": GROUP_COLUMNS,
           "convergence": CONVERGENCE_COLUMNS}
 # rows sorted by these columns (then by every other key column): a fixed order whatever finished first

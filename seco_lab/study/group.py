@@ -55,6 +55,8 @@ from .definition import (
     seed_sequence,
 )
 
+__all__ = ["DETERMINISTIC_VAR", "GroupResult", "engine_check", "group_checks", "run_group", "scheme_metrics"]
+
 # below this tr Cov / ||g||² the estimate is deterministic (t = k) and an interval's coverage means nothing
 DETERMINISTIC_VAR = 1e-20
 

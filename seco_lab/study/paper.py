@@ -41,6 +41,8 @@ from .definition import (
 )
 from .group import DETERMINISTIC_VAR, GroupResult
 
+__all__ = ["run_paper_group"]
+
 
 def exact_metrics(gram: StrataGram, scheme, num_chunks: int, budget: int) -> dict[str, float]:
     """First-order metrics of one scheme at (k, t) from the strata's Gram matrices, and its weights w(p)."""

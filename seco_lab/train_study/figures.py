@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..report.figures import write_png
+from ..report.figures import SCHEME_COLOURS, write_png
 
-SCHEME_COLORS = {"paper": "tab:red", "paper-capped": "tab:orange", "released": "tab:purple",
-                 "released-unbiased": "tab:brown", "falling-factorial": "tab:blue", "bernoulli": "tab:green"}
+__all__ = ["distance_plot", "learning_curves", "lr_plot", "probe_plot", "save"]
+
 EXACT_STYLE = {"seco": dict(color="0.55", lw=4.0, ls="-", alpha=0.8, zorder=2),
                "dense": dict(color="black", lw=1.3, ls="--", zorder=3)}
 
@@ -25,7 +25,7 @@ def arm_style(arm: str) -> dict:
     if arm in EXACT_STYLE:
         return dict(EXACT_STYLE[arm])
     scheme = arm.split(" t=")[0]
-    return dict(color=SCHEME_COLORS.get(scheme, "tab:gray"), lw=1.6, ls="-", zorder=4)
+    return dict(color=SCHEME_COLOURS.get(scheme, "gray"), lw=1.6, ls="-", zorder=4)
 
 
 def panel_arms(arms, budget: int) -> list[str]:

@@ -38,6 +38,8 @@ from seco_lab.strata_stats import StrataGram, bias_metrics
 
 from .task import RecallBatch, RecallTask
 
+__all__ = ["Arm", "RunSpec", "TrainSettings", "evaluate", "gradient", "probe", "train_run"]
+
 OPTIMIZERS = ("adamw", "sgd")
 
 

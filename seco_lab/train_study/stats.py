@@ -7,6 +7,8 @@ import math
 import numpy as np
 from scipy import stats
 
+__all__ = ["detectable_difference", "paired_difference", "t_interval"]
+
 
 def t_interval(values, level: float = 0.95) -> tuple[float, float, float, int]:
     """(mean, low, high, n) of the Student-t interval mean +- t_{(1+level)/2, n-1} s / sqrt(n).

@@ -22,6 +22,11 @@ from ..study_runner import run_cells
 from .runner import Arm, RunSpec, TrainSettings, train_run
 from .task import RecallTask
 
+__all__ = [
+    "StudyConfig", "add_arguments", "collect", "default_arms", "quick_config", "run_from_args", "run_study",
+    "study_folder",
+]
+
 SPACO_SCHEMES = ("paper", "paper-capped", "released", "released-unbiased", "falling-factorial", "bernoulli")
 
 

@@ -15,6 +15,8 @@ import pandas as pd
 
 from .stats import detectable_difference, paired_difference, t_interval
 
+__all__ = ["KEYS", "at_best", "curves", "select_lr", "summarize"]
+
 KEYS = ["arm", "optimizer", "lr", "seed"]
 
 

@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+__all__ = ["RecallBatch", "RecallTask"]
+
 SPLITS = {"train": 0, "val": 1, "test": 2}
 
 
