@@ -1,17 +1,17 @@
 """What LoRA hop strata cost next to a SeCO step, before and after a change, side by side in one run.
 
     python -m experiments.bench_strata [--before REV] [--length 2048] [--chunk-size 64] [--max-hops 6]
-                                       [--rounds 1] [--out reports/bench]
+                                       [--rounds 1] [--parallel] [--out reports/bench]
 
 Model: SmolLM2-135M (Q4_1-dequantized, ``seco_lab.pretrained``) with LoRA r = 8, alpha = 16 on q/v
 (A and B random), float32, on ``--length`` tokens of ``pydoc_data/topics.py`` in chunks of
 ``--chunk-size``.  One fresh single-threaded process per (revision, round), revisions alternating
-within each round; in each process a warm-up SeCO step, then SeCO and ``hop_strata(max_hops=P)``
-in turn.  Time: the process's CPU time (one thread, so it counts the work done whatever shares
-the machine); ratio = strata / SeCO within the process, median over rounds.  ``--before`` is a git
-revision of this repository: its ``seco_lab`` is exported (``git archive``) into a temporary folder
-and imported by the 'before' processes; 'after' is this checkout.  Results are appended to
-OUT/strata_cost.csv (one row per process).
+within each round (``--parallel``: at the same time).  In each process a warm-up SeCO step, then
+SeCO and ``hop_strata(max_hops=P)`` in turn.  Time: the process's CPU time (one thread, so it
+counts the work done whatever shares the machine); ratio = strata / SeCO within the process,
+median over rounds.  ``--before`` is a git revision of this repository: its ``seco_lab`` is
+exported (``git archive``) into a temporary folder and imported by the 'before' processes;
+'after' is this checkout.  Results are appended to OUT/strata_cost.csv (one row per process).
 """
 
 from __future__ import annotations
@@ -73,27 +73,38 @@ def main(argv=None) -> None:
     ap.add_argument("--max-hops", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--text-file", default="pydoc_data/topics.py")
-    ap.add_argument("--timeout", type=float, default=7200)
+    ap.add_argument("--timeout", type=float, default=14400)
+    ap.add_argument("--parallel", action="store_true", help="run a round's revisions at the same time")
     ap.add_argument("--out", type=Path, default=Path("reports/bench"))
     a = ap.parse_args(argv)
     if a.child:
         print(json.dumps(child(json.loads(a.child))))
         return
     job = {"length": a.length, "chunk_size": a.chunk_size, "max_hops": a.max_hops, "text_file": a.text_file}
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    git = lambda *args: subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    head = git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "seco_lab") else "")
     rows = []
+
+    def measure(rnd, tag, code, rev):
+        res = run_child("experiments.bench_strata", job, a.timeout, code=code)
+        row = {"tag": tag, "rev": rev, "round": rnd, **job, "threads": 1, "parallel": a.parallel,
+               "loadavg_1m": os.getloadavg()[0], **{k: v for k, v in res.items() if k != "code"}}
+        print(json.dumps(row), flush=True)
+        return row
+
     with tempfile.TemporaryDirectory() as tmp:
-        versions = [("after", None, head.strip())]
+        versions = [("after", None, head)]
         if a.before:
             export(a.before, Path(tmp))
             versions.insert(0, ("before", Path(tmp), a.before))
         for rnd in range(a.rounds):
-            for tag, code, rev in versions:
-                res = run_child("experiments.bench_strata", job, a.timeout, code=code)
-                row = {"tag": tag, "rev": rev, "round": rnd, **job, "threads": 1, "loadavg_1m": os.getloadavg()[0],
-                       **{k: v for k, v in res.items() if k != "code"}}
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+            if a.parallel:  # the revisions of a round at the same time, one process each (CPU time: own work)
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(len(versions)) as pool:
+                    rows += list(pool.map(lambda v, r=rnd: measure(r, *v), versions))
+            else:
+                rows += [measure(rnd, *v) for v in versions]
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / "strata_cost.csv"
     old = pd.read_csv(path) if path.exists() else pd.DataFrame()

@@ -272,9 +272,9 @@ def _products(outputs, jobs, params, src_leaves, batched: bool):
         for n, job in enumerate(jobs):
             yield (*job, _seed_vjp(outputs, job[1], inputs(job), retain_graph=n + 1 < len(jobs)))
         return
-    groups: dict[tuple[bool, bool], list] = {}
-    for job in jobs:
-        groups.setdefault((job[2], job[3]), []).append(job)
+    groups: dict[tuple[bool, bool, bool], list] = {}
+    for job in jobs:  # a seed with a loss term apart: the others' product then skips the LM head
+        groups.setdefault((job[2], job[3], float(job[1][0]) != 0.0), []).append(job)
     for g, (_, group) in enumerate(groups.items()):
         res = _vjp(outputs, [job[1] for job in group], inputs(group[0]), retain_graph=g + 1 < len(groups))
         for s, job in enumerate(group):
@@ -422,8 +422,11 @@ def _vjp(outputs: list[torch.Tensor], seeds: list[list], inputs: list[torch.Tens
                             for s in seeds])
 
     # outputs that no trainable parameter or leaf reaches (e.g. layer-0 keys when only LoRA
-    # adapters on q/v train) carry no graph: they contribute nothing and are left out
-    live = [i for i, o in enumerate(outputs) if o.requires_grad]
+    # adapters on q/v train) carry no graph, and outputs no seed touches (the loss of relayed-only
+    # labels, cache layers a relayed gradient never reached): they contribute nothing and are left out
+    touched = [any(float(s[0]) != 0.0 for s in seeds)] + [
+        any(s[1] is not None and s[1][r] is not None for s in seeds) for r in range(len(outputs) - 1)]
+    live = [i for i, o in enumerate(outputs) if o.requires_grad and touched[i]]
     if not live:
         return [x.new_zeros((n, *x.shape)) for x in inputs]
     outs = [outputs[i] for i in live]
