@@ -437,9 +437,10 @@ def _vjp(outputs: list[torch.Tensor], seeds: list[list], inputs: list[torch.Tens
             materialize_grads=True
         )
         return [r.unsqueeze(0) for r in res]
+    # unused inputs come back as None (materialize_grads would drop the batch dimension): zeros of (n, *shape)
     res = torch.autograd.grad(outs, inputs, grad_outputs, retain_graph=retain_graph, is_grads_batched=True,
-                              allow_unused=True, materialize_grads=True)
-    return list(res)
+                              allow_unused=True)
+    return [x.new_zeros((n, *x.shape)) if r is None else r for r, x in zip(res, inputs)]
 
 
 def dense_grad(model: ChunkModel, tokens, targets, ignore_index: int = -100) -> tuple[torch.Tensor, GradDict]:

@@ -65,7 +65,7 @@ def test_strata_metrics_equal_enumeration(audit):
     exact mean and the dense gradient."""
     cfg = load_sequence(audit, "s00").config
     bias = _wide(pd.read_csv(audit / "bias.csv"), ["sequence", "t", "scheme"])
-    for name in ("s00", "s02"):
+    for name in ("s01",):
         seq = load_sequence(audit, name)
         _, dense = dense_grad(seq.model, seq.tokens, seq.targets)
         g = flatten(dense)

@@ -45,7 +45,8 @@ from .stats import (
     weights_with_remainder,
 )
 
-__all__ = ["run_audit", "write_results", "plan_units", "main", "build_parser", "DEFAULT_OUT"]
+__all__ = ["run_audit", "write_results", "plan_units", "main", "build_parser", "add_arguments", "run_from_args",
+           "config_from_args", "DEFAULT_OUT"]
 
 DEFAULT_OUT = Path("audit-results")
 
@@ -312,14 +313,20 @@ def summary(cfg: AuditConfig, units: dict, out: Path) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = DEFAULT
     ap = argparse.ArgumentParser(prog="seco-lab audit", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a tiny random HF Llama, < 2 minutes (tests, first look)")
-    ap.add_argument("--committed", action="store_true", help="the committed study's settings (issue 21 §4)")
     ap.add_argument("--out", type=Path, default=None, help=f"results folder (default: ./{DEFAULT_OUT})")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--report", type=Path, default=None, help="also write the Markdown report here")
+    add_arguments(ap)
+    return ap
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The audit's own options (also for a study registry's ``seco-lab study audit``)."""
+    d = DEFAULT
+    ap.add_argument("--committed", action="store_true", help="the committed study's settings (issue 21 §4)")
     ap.add_argument("--model", help=f"smollm2-135m | a .gguf file | a local HF folder | tiny | hf-llama "
                                     f"(default: {d.model})")
     ap.add_argument("--params", choices=["lora", "full"])
@@ -343,13 +350,20 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-length", type=int)
     ap.add_argument("--threads", type=int)
     ap.add_argument("--stages", nargs="+", choices=STAGES)
-    return ap
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run the audit an argument namespace describes (``add_arguments`` plus quick/out/progress): for a study
+    registry; ``--out`` defaults to the committed folder with --committed."""
+    cfg = config_from_args(args)
+    run_audit(cfg, args.out, progress=getattr(args, "progress", True))
+    return 0
 
 
 def config_from_args(ns: argparse.Namespace) -> AuditConfig:
-    if ns.quick and ns.committed:
+    if getattr(ns, "quick", False) and ns.committed:
         raise ValueError("--quick and --committed exclude each other")
-    base = QUICK if ns.quick else COMMITTED if ns.committed else DEFAULT
+    base = QUICK if getattr(ns, "quick", False) else COMMITTED if ns.committed else DEFAULT
     keys = ("model", "params", "lora_r", "lora_alpha", "lora_targets", "texts", "length", "chunk_size", "dtype",
             "budgets", "schemes", "max_hops", "num_sequences", "mc_draws", "mc_budgets", "mc_sequences",
             "cost_sequences", "cost_draws", "data_sequences", "data_length", "threads", "stages")

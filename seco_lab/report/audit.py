@@ -30,9 +30,10 @@ def _read(path: Path) -> pd.DataFrame:
         return pd.DataFrame()
 
 
-def profile_figure(results: Path, fig_dir: Path, root: Path) -> str | None:
+def profile_figure(results: Path, fig_dir: Path, root: Path, cfg: dict) -> str | None:
     """||g(p)|| / ||g|| against p on a log scale: toy k = 128, real k = 16, real (this audit)."""
     strata = _read(results / "strata.csv")
+    k = -(-cfg["length"] // cfg["chunk_size"])
     fig, ax = new_figure(figsize=(7, 4.4))
     ax = ax[0][0]
     toy = _read(root / TOY)
@@ -46,9 +47,9 @@ def profile_figure(results: Path, fig_dir: Path, root: Path) -> str | None:
         r = real16[real16.params == "lora"]
         ax.plot(r.p, r.norm_ratio, "--", marker="s", color="tab:blue", label="SmolLM2 LoRA, k=16 (256 tok)")
     for name, g in strata.groupby("sequence"):
-        g = g[g.p != "rest"]
-        ax.plot(g.p.astype(int), g.norm_ratio, "-", marker="o", label=f"SmolLM2 LoRA, this audit, {name} "
-                                                                    f"({g.kind.iloc[0]})")
+        g = g[(g.p != "rest") & (g.norm_ratio > 0)]  # exact zeros (p > L) have no place on a log scale
+        ax.plot(g.p.astype(int), g.norm_ratio, "-", marker="o",
+                label=f"{cfg['model']} {cfg['params']}, k={k}, {name} ({g.kind.iloc[0]})")
     if not len(strata) and not len(toy) and not len(real16):
         return None
     ax.set_yscale("log")
@@ -94,7 +95,7 @@ def render(results: Path, out_md: Path, root: Path = Path(".")) -> list[str]:
                   f"{ex['remainder_vs_dense_minus_sum']:.1e} (‖g(>P)‖/‖g‖ = {ex['remainder_ratio']:.2g}); full "
                   f"decomposition (P = k − 1) vs dense {ex['full_strata_sum_vs_dense']:.1e}.\n")
     strata = _read(results / "strata.csv")
-    fig = profile_figure(results, out_md.parent / "figures", root)
+    fig = profile_figure(results, out_md.parent / "figures", root, cfg)
     md.append("## The strata profile\n")
     if fig:
         md.append(f"![strata profile](figures/{fig})\n")
