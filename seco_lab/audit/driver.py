@@ -355,6 +355,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def run_from_args(args: argparse.Namespace) -> int:
     """Run the audit an argument namespace describes (``add_arguments`` plus quick/out/progress): for a study
     registry; ``--out`` defaults to the committed folder with --committed."""
+    if not getattr(args, "quick", False):
+        args.committed = True  # the registered study is the committed one
     cfg = config_from_args(args)
     run_audit(cfg, args.out, progress=getattr(args, "progress", True))
     return 0
