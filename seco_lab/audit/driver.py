@@ -30,8 +30,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..schemes import get_scheme
 from .. import store
+from ..schemes import get_scheme
 from . import measure
 from .config import COMMITTED, DEFAULT, QUICK, STAGES, AuditConfig
 from .sources import SequenceSpec, sequence_specs
@@ -44,6 +44,7 @@ from .stats import (
     strata_bias,
     weights_with_remainder,
 )
+
 
 def atomic_write_csv(df: pd.DataFrame, path: Path) -> None:
     store.atomic_write_csv(path, df)
