@@ -9,8 +9,8 @@ STAMP   := $(VENV)/.installed
 TORCH   ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
 JOBS    ?= 2
 # The registered studies (seco_lab.studies), those with a --quick mode, and per-study worker counts.
-STUDIES       := bias train real
-QUICK_STUDIES := bias train
+STUDIES       := bias train real audit
+QUICK_STUDIES := bias train audit
 JOBS_real     := 1
 
 .PHONY: install test test-unit lint report train-demo train-compare bench bench-hf bench-hf-chunks bench-fsdp clean \
@@ -45,6 +45,12 @@ $(addsuffix -study,$(STUDIES)): %-study: $(STAMP)
 $(addsuffix -study-quick,$(QUICK_STUDIES)): %-study-quick: $(STAMP)
 	$(BIN)/seco-lab study $* --quick --jobs $(or $(JOBS_$*),$(JOBS))
 	$(BIN)/seco-lab report $* --quick
+
+# The real-model audit at the paper's k = 128 (SmolLM2-135M, LoRA r = 8 on q/v, 8,192 tokens in chunks of 64):
+# strata, bias, Monte Carlo noise, data noise, cost, equal compute.  Days on 2 shared cores; resumable unit by
+# unit (rerun to continue); reports/audit.md from whatever is finished.  `make audit` = `make audit-study`.
+.PHONY: audit
+audit: audit-study
 
 # Every report from the stored results (a report whose results are absent says so and is skipped).
 report: $(STAMP)

@@ -11,11 +11,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_child(module: str, job: dict, timeout: float, preexec=None) -> dict | list:
+def run_child(module: str, job: dict, timeout: float, preexec=None, code: Path | None = None) -> dict | list:
     """Run ``python -m module --child <job as JSON>`` from the repository root and return the JSON its
     last stdout line holds, or ``{"error": ...}``: a timeout, out of memory (killed, or "memory" in its
-    error output), else the last line of its error output."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    error output), else the last line of its error output.  ``code``: a folder whose ``seco_lab`` the
+    child imports instead of this checkout's (another revision, for before/after benchmarks)."""
+    path = ([str(code)] if code is not None else []) + [str(ROOT)] + [os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p))
     try:
         p = subprocess.run([sys.executable, "-m", module, "--child", json.dumps(job)], capture_output=True,
                            text=True, timeout=timeout, env=env, cwd=ROOT, preexec_fn=preexec)

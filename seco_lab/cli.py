@@ -7,6 +7,7 @@ verification of the SpaCO gradient estimators.
     seco-lab plot runs/a runs/b --out compare.png        (loss curves of several runs)
     seco-lab study bias [--quick] ...                    (a registered study; `bias-study` = `study bias`)
     seco-lab report bias                                 (reports from stored results)
+    seco-lab audit [--quick] --model M --texts DIR ...   (audit an estimator on your model and text)
 
 The studies and reports are those of ``seco_lab.studies``.
 
@@ -304,6 +305,8 @@ def main(argv=None) -> int:
         s.name for s in STUDIES.values() if s.run), add_help=False)
     sub.add_parser("bias-study", help="the same as `study bias`", add_help=False)
     sub.add_parser("report", help="generate a report from stored results", add_help=False)
+    sub.add_parser("audit", help="audit a gradient estimator on a model and text (bias, noise, equal compute)",
+                   add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "study":
         return study_main(argv[1:])
@@ -313,9 +316,13 @@ def main(argv=None) -> int:
         return report_main(argv[1:])
     if argv and argv[0] == "plot":
         return plot_main(argv[1:])
+    if argv and argv[0] == "audit":
+        from .audit import main as audit_main
+
+        return audit_main(argv[1:])
     if argv and argv[0] == "train":
         return train_main(train, argv[1:])
-    commands = ("train", "plot", "study", "bias-study", "report")
+    commands = ("train", "plot", "study", "bias-study", "report", "audit")
     close = difflib.get_close_matches(argv[0], commands, n=1) if argv and not argv[0].startswith("-") else []
     if close:
         ap.error(f"unknown command {argv[0]!r}; did you mean {close[0]}?")

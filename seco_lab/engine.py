@@ -110,13 +110,19 @@ def backward_sweep(
     relay: Relay,
     collect: Collect,
     collect_total: bool = False,
+    batch_labels: bool | None = None,
 ) -> None:
     """Pass 2, generalised.  Visits ``visit`` in decreasing order; at chunk j backprops
 
         direct_scale * J_j / N  (under label direct_label(j))
         + sum_labels <m_j, G_j[label]>
 
-    with one vector-Jacobian product per distinct label (batched when several).
+    with one vector-Jacobian product per distinct label.  ``batch_labels=True`` runs a chunk's labels as
+    one batched product (``is_grads_batched``: fast where every operator has a vmap batching rule, as in
+    the tiny transformer); ``False`` runs one product per label, each touching only the outputs its
+    seed reaches (no LM head for a relayed label, no cache layer nothing reached), which is faster where
+    vmap would fall back to a loop anyway (transformers' attention kernels).  The default is the model's
+    ``batched_backward`` attribute (True when absent).
     ``collect(label, j, param_grads)`` receives the parameter gradient of each label.
     ``collect_total=True`` is for callers that only want the sum over labels (SpaCO with a
     hop-dependent relay): ``collect(None, j, param_grads)`` then receives the summed
@@ -140,7 +146,10 @@ def backward_sweep(
         collect(label, None, grads)
         return
     visited = set(order)
-    buffers: dict[int, dict[Hashable, list[torch.Tensor]]] = defaultdict(dict)
+    buffers: dict[int, dict[Hashable, list[torch.Tensor | None]]] = defaultdict(dict)
+    params = list(params)
+    if batch_labels is None:
+        batch_labels = getattr(model, "batched_backward", True)
     for j in order:
         tok, tgt, start = batch.chunk(j)
         sources = [i for i in range(j) if i in visited]
@@ -149,38 +158,87 @@ def backward_sweep(
             out = checked_chunk(model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index), j)
         check_recomputed(flat_cache(leaves[j]) if j < len(leaves) else [], flat_cache(out.cache), j)
         outputs = [out.loss_sum] + flat_cache(out.cache)
-        # Seeds: one per label; the direct term joins its label's relayed seed.
-        seeds: dict[Hashable, list] = {}
-        lab = direct_label(j)
-        seeds[lab] = [out.loss_sum.new_tensor(direct_scale / batch.n_targets), None]
+        # Seeds: one per label, [loss coefficient, cache gradients]; the direct term joins its label's relayed seed.
+        seeds: dict[Hashable, list] = {direct_label(j): [direct_scale / batch.n_targets, None]}
         for lab, g in buffers.pop(j, {}).items():
-            seeds.setdefault(lab, [out.loss_sum.new_zeros(()), None])[1] = g
-        labels = list(seeds)
+            seeds.setdefault(lab, [0.0, None])[1] = g
+        relayed = [lab for lab in seeds if any(relay(lab, j, i) is not None for i in sources)]
+        # (label, seed, wants parameter gradients, wants earlier-leaf gradients), one product each
         if collect_total:
-            labels = [lab for lab in labels if any(relay(lab, j, i) is not None for i in sources)]
-            grads = _vjp(outputs, [seeds[lab] for lab in labels], src_leaves, retain_graph=True) if labels else []
-            collect(None, j, [g[0] for g in _vjp(outputs, [_summed(seeds.values())], list(params))])
-            n_par = 0
+            jobs = [(lab, seeds[lab], False, True) for lab in relayed] + [(None, _summed(seeds.values()), True, False)]
         else:
-            grads = _vjp(outputs, [seeds[lab] for lab in labels], list(params) + src_leaves)
-            n_par = len(params)
-        for s, lab in enumerate(labels):
-            if not collect_total:
-                collect(lab, j, [g[s] for g in grads[:n_par]])
+            jobs = [(lab, seed, True, lab in relayed) for lab, seed in seeds.items()]
+        for lab, _, want_params, want_leaves, grads in _products(outputs, jobs, params, src_leaves, batch_labels):
+            if want_params:
+                collect(lab, j, [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)])
+            if not want_leaves:
+                continue
+            leaf_grads = grads[len(params) if want_params else 0:]
             for pos, i in enumerate(sources):
                 routed = relay(lab, j, i)
                 if routed is None:
                     continue
                 new_lab, factor = routed
                 n_kv = len(flat_cache(leaves[i]))
-                part = [grads[n_par + pos * n_kv + r][s] for r in range(n_kv)]
-                buf = buffers[i].get(new_lab)
-                if buf is None:  # this sweep's own tensors: kept as they are at factor 1, added into in place after
-                    buffers[i][new_lab] = part if factor == 1.0 else [g * factor for g in part]
-                else:
-                    for a, g in zip(buf, part):
-                        a.add_(g, alpha=factor)
-        del out, outputs, grads
+                _add_relayed(buffers[i], new_lab, leaf_grads[pos * n_kv:(pos + 1) * n_kv], factor)
+            del grads, leaf_grads
+        del out, outputs
+
+
+def _products(outputs, jobs, params, src_leaves, batched: bool):
+    """Yield (*job, gradients w.r.t. the job's inputs) for every job: one product per job, or (``batched``)
+    the jobs that want the same inputs in one batched product."""
+    inputs = lambda job: (params if job[2] else []) + (src_leaves if job[3] else [])  # noqa: E731
+    if not batched:
+        for n, job in enumerate(jobs):
+            yield (*job, _seed_vjp(outputs, job[1], inputs(job), retain_graph=n + 1 < len(jobs)))
+        return
+    groups: dict[tuple[bool, bool, bool], list] = {}
+    for job in jobs:  # a seed with a loss term apart: the others' product then skips the LM head
+        groups.setdefault((job[2], job[3], float(job[1][0]) != 0.0), []).append(job)
+    for g, (_, group) in enumerate(groups.items()):
+        res = _vjp(outputs, [job[1] for job in group], inputs(group[0]), retain_graph=g + 1 < len(groups))
+        for s, job in enumerate(group):
+            yield (*job, [r[s] for r in res])
+
+
+def _add_relayed(buffer: dict, label: Hashable, part: Sequence[torch.Tensor | None], factor: float) -> None:
+    """buffer[label] += factor * part, tensor by tensor; None (nothing reached that tensor) adds nothing."""
+    buf = buffer.get(label)
+    if buf is None:  # this sweep's own tensors: kept as they are at factor 1, added into in place after
+        buffer[label] = [g if g is None or factor == 1.0 else g * factor for g in part]
+        return
+    for r, g in enumerate(part):
+        if g is None:
+            continue
+        if buf[r] is None:
+            buf[r] = g if factor == 1.0 else g * factor
+        else:
+            buf[r].add_(g, alpha=factor)
+
+
+def _seed_vjp(outputs: Sequence[torch.Tensor], seed: list, inputs: Sequence[torch.Tensor],
+              retain_graph: bool) -> list[torch.Tensor | None]:
+    """The vector-Jacobian product of one seed [loss coefficient, cache gradients or None] w.r.t. ``inputs``
+    (None where nothing reaches an input).
+
+    Only the outputs the seed touches enter the product: a relayed seed (coefficient 0) skips the
+    LM head and its log-softmax, and cache tensors nothing reached (the upper layers, for a gradient
+    that has already descended some hops) are left out, so autograd never propagates zeros through
+    them.  Products w.r.t. the earlier leaves alone skip every weight-gradient matmul.
+    """
+    coef, caches = seed
+    outs, grads = [], []
+    if float(coef) != 0.0 and outputs[0].requires_grad:
+        outs.append(outputs[0])
+        grads.append(outputs[0].new_tensor(float(coef)))
+    for o, g in zip(outputs[1:], caches or ()):
+        if g is not None and o.requires_grad:
+            outs.append(o)
+            grads.append(g)
+    if not outs or not inputs:
+        return [None] * len(inputs)
+    return list(torch.autograd.grad(outs, list(inputs), grads, retain_graph=retain_graph, allow_unused=True))
 
 
 def _constant_relay(order: Sequence[int], direct_label, relay: Relay) -> tuple[Hashable, float] | None:
@@ -252,16 +310,17 @@ def relay_sweep(
 
 
 def _summed(seeds) -> list:
-    """The seed [sum of loss coefficients, sum of cache gradients] of several labels."""
+    """The seed [sum of loss coefficients, sum of cache gradients] of several labels (None: reached by none)."""
     seeds = list(seeds)
-    coef = sum(s[0] for s in seeds)
+    coef = sum(float(s[0]) for s in seeds)
     caches = [s[1] for s in seeds if s[1] is not None]
     if not caches:
         return [coef, None]
-    total = [g.clone() for g in caches[0]]
+    total = [None if g is None else g.clone() for g in caches[0]]
     for other in caches[1:]:
-        for a, g in zip(total, other):
-            a.add_(g)
+        for r, g in enumerate(other):
+            if g is not None:
+                total[r] = g.clone() if total[r] is None else total[r].add_(g)
     return [coef, total]
 
 
@@ -275,16 +334,21 @@ def _vjp(outputs: list[torch.Tensor], seeds: list[list], inputs: list[torch.Tens
     cache leaves alone skip the weight-gradient matmuls.
     """
     n = len(seeds)
+    ref0 = outputs[0]
 
     def stacked(idx: int) -> torch.Tensor:
         if idx == 0:
-            return torch.stack([s[0] for s in seeds])
+            return ref0.new_tensor([float(s[0]) for s in seeds])
         ref = outputs[idx]
-        return torch.stack([ref.new_zeros(ref.shape) if s[1] is None else s[1][idx - 1] for s in seeds])
+        return torch.stack([ref.new_zeros(ref.shape) if s[1] is None or s[1][idx - 1] is None else s[1][idx - 1]
+                            for s in seeds])
 
     # outputs that no trainable parameter or leaf reaches (e.g. layer-0 keys when only LoRA
-    # adapters on q/v train) carry no graph: they contribute nothing and are left out
-    live = [i for i, o in enumerate(outputs) if o.requires_grad]
+    # adapters on q/v train) carry no graph, and outputs no seed touches (the loss of relayed-only
+    # labels, cache layers a relayed gradient never reached): they contribute nothing and are left out
+    touched = [any(float(s[0]) != 0.0 for s in seeds)] + [
+        any(s[1] is not None and s[1][r] is not None for s in seeds) for r in range(len(outputs) - 1)]
+    live = [i for i, o in enumerate(outputs) if o.requires_grad and touched[i]]
     if not live:
         return [x.new_zeros((n, *x.shape)) for x in inputs]
     outs = [outputs[i] for i in live]
@@ -295,9 +359,10 @@ def _vjp(outputs: list[torch.Tensor], seeds: list[list], inputs: list[torch.Tens
             materialize_grads=True
         )
         return [r.unsqueeze(0) for r in res]
+    # unused inputs come back as None (materialize_grads would drop the batch dimension): zeros of (n, *shape)
     res = torch.autograd.grad(outs, inputs, grad_outputs, retain_graph=retain_graph, is_grads_batched=True,
-                              allow_unused=True, materialize_grads=True)
-    return list(res)
+                              allow_unused=True)
+    return [x.new_zeros((n, *x.shape)) if r is None else r for r, x in zip(res, inputs)]
 
 
 def dense_grad(model: ChunkModel, tokens, targets, ignore_index: int = -100) -> tuple[torch.Tensor, GradDict]:

@@ -83,12 +83,17 @@ def spaco_grad(
 
 @dataclass
 class HopStrata:
-    """g(p) for p = 0..P (restricted to ``subset`` when one was given)."""
+    """g(p) for p = 0..P (restricted to ``subset`` when one was given).
+
+    ``remainder`` (when measured, ``hop_strata(..., remainder=True)``) is g(>P) = g - sum_{p<=P} g(p)
+    with g from a SeCO sweep over the same chunks: the mass a P below the deepest chain leaves out.
+    """
 
     loss: torch.Tensor
     strata: list[GradDict]
     num_chunks: int
     subset: tuple[int, ...] | None
+    remainder: GradDict | None = None
 
     @property
     def max_hops(self) -> int:
@@ -127,10 +132,22 @@ class HopStrata:
     def norms(self) -> np.ndarray:
         return np.array([float(flatten(g).norm()) for g in self.strata])
 
+    def with_remainder(self) -> list[GradDict]:
+        """[g(0), ..., g(P), g(>P)]: the strata and the measured remainder (they sum to g exactly)."""
+        if self.remainder is None:
+            raise ValueError("the remainder was not measured: call hop_strata(..., remainder=True)")
+        return [*self.strata, self.remainder]
+
+    def remainder_ratio(self) -> float:
+        """||g(>P)|| / ||g||: the bound every number computed from g(0..P) alone carries."""
+        rest = flatten(self.with_remainder()[-1])
+        return float(rest.norm() / (flatten(self.total()) + rest).norm())
+
 
 def hop_strata(
     model, tokens, targets, chunk_size: int, max_hops: int | None = None, subset=None, ignore_index: int = -100,
     force: bool = False,
+    remainder: bool = False,
 ) -> HopStrata:
     """One stratified pass: relay buffers per hop count, chunk j's loss seeds stratum 0
     and the gradient it receives in stratum q is relayed to stratum q+1 of earlier chunks.
@@ -139,6 +156,8 @@ def hop_strata(
     a smaller P drops the strata above it, and a larger one is clipped to k-1 (no chain of a k-chunk
     sequence has more hops: those strata would be zero).  Each stratum is one gradient-sized
     buffer: more than :data:`~seco_lab.checks.MEMORY_GUARD_BYTES` in all is refused unless ``force``.
+    ``remainder=True`` measures what was dropped: one more SeCO sweep over the same cache leaves (and
+    ``subset``) gives g, and ``HopStrata.remainder`` = g - sum_{p<=P} g(p).
     """
     batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     k = batch.num_chunks
@@ -146,18 +165,43 @@ def hop_strata(
     visit = range(k) if subset is None else check_subset(subset, k)
     params = trainable(model)
     grad_bytes = sum(p.numel() * p.element_size() for _, p in params)
-    guard_memory("hop_strata", (max_hops + 1) * grad_bytes,
+    guard_memory("hop_strata", (max_hops + 1 + remainder) * grad_bytes,
                  f"{max_hops + 1} strata x {grad_bytes / 2**20:,.1f} MiB of gradients",
                  "lower max_hops (strata above it are dropped) or use fewer, longer chunks", force)
-    strata = [[torch.zeros_like(p) for _, p in params] for _ in range(max_hops + 1)]
     leaves, loss = cache_leaves(model, batch)
+    strata, rest = strata_sweep(model, batch, leaves, [p for _, p in params], visit, max_hops, remainder)
+    return HopStrata(loss, [named_grads(params, s) for s in strata], k, None if subset is None else tuple(visit),
+                     None if rest is None else named_grads(params, rest))
+
+
+def strata_sweep(model, batch, leaves, params, visit, max_hops: int,
+                 remainder: bool = False) -> tuple[list[list[torch.Tensor]], list[torch.Tensor] | None]:
+    """The stratified sweep of :func:`hop_strata` over given cache leaves (pass 1 done by the caller, so
+    several sweeps -- e.g. Monte Carlo draws -- share it): ([g(0), ..., g(P)], g(>P) or None), each a
+    list of tensors in the order of ``params``."""
+    strata = [[torch.zeros_like(p) for p in params] for _ in range(max_hops + 1)]
 
     def collect(q, j, grads):
         for a, g in zip(strata[q], grads):
             a.add_(g)
 
-    hop_sweep(model, batch, leaves, [p for _, p in params], visit, max_hops, collect)
-    return HopStrata(loss, [named_grads(params, s) for s in strata], k, None if subset is None else tuple(visit))
+    hop_sweep(model, batch, leaves, params, visit, max_hops, collect)
+    if not remainder:
+        return strata, None
+    total = total_sweep(model, batch, leaves, params, visit)
+    for a, *parts in zip(total, *strata):
+        for g in parts:
+            a.sub_(g)
+    return strata, total
+
+
+def total_sweep(model, batch, leaves, params, visit) -> list[torch.Tensor]:
+    """The unweighted sweep over ``visit`` (every chain inside it, any depth): a SeCO step over the given
+    cache leaves when ``visit`` is every chunk, sum_p g_I(p) otherwise."""
+    total = [torch.zeros_like(p) for p in params]
+    backward_sweep(model, batch, leaves, params, visit, direct_label=lambda j: 0, direct_scale=1.0,
+                   relay=lambda q, j, i: (0, 1.0), collect=accumulate_into(total))
+    return total
 
 
 @dataclass

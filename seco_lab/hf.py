@@ -121,6 +121,10 @@ class HFChunkModel(nn.Module):
     model's own full-sequence forward is unchanged, it delegates to transformers' sdpa).
     """
 
+    # a sweep runs one backward product per relay label: vmap has no batching rule for the attention
+    # kernels' backward on CPU and would loop over the labels anyway (seco_lab.engine.backward_sweep)
+    batched_backward = False
+
     def __init__(self, model: nn.Module, chunk_attention: bool = True):
         super().__init__()
         transformers = _require_transformers()

@@ -230,6 +230,12 @@ register(Study("real", "hop strata and each scheme's exact bias on the pretraine
                results="reports/real_study/k16x16", report_file="reports/real_study.md",
                report="seco_lab.report.real:real_report", run="seco_lab.real_study:run_from_args",
                add_arguments="seco_lab.real_study:add_arguments"))
+register(Study("audit", "a gradient estimator audited on SmolLM2-135M at k = 128: strata with the remainder, exact "
+               "bias, sampling against data noise, cost, equal compute.", results="reports/audit/k128",
+               report_file="reports/audit.md", quick_results="reports/_work/audit_quick",
+               report="seco_lab.report.audit:write_report", run="seco_lab.audit.driver:run_from_args",
+               add_arguments="seco_lab.audit.driver:add_arguments",
+               produce="`make audit` (`seco-lab study audit`, or `seco-lab audit --committed`)"))
 register(Study("bench", "time and memory of every method as sequences grow (benchmarks in experiments/).",
                results="reports/bench", report_file="reports/benchmarks.md",
                report="seco_lab.report.bench:bench_report",

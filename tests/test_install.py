@@ -64,6 +64,32 @@ def test_wheel_runs_the_study_and_the_report_from_any_directory(tmp_path):
     missing = subprocess.run([str(cli), "report", "bias"], cwd=tmp_path, capture_output=True, text=True)
     assert "seco-lab bias-study" in missing.stderr and "Traceback" not in missing.stderr
 
+    _run([cli, "audit", "--quick", "--no-progress"], cwd=work, timeout=900)
+    _check_quick_audit(work / "audit-quick")
+    assert not list(site.rglob("audit-quick")), "nothing may be written into the installed package's folders"
+
+
+def _check_quick_audit(out: Path) -> None:
+    for name in ("strata.csv", "bias.csv", "mc.csv", "cost.csv", "data.csv", "equal_compute.csv", "audit.json",
+                 "report.md"):
+        assert (out / name).is_file(), name
+    assert "Equal compute" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_quick_audit_runs_from_a_fresh_clone(tmp_path):
+    """`seco-lab audit --quick` from a clone of the committed tree, run from another folder, writes only there."""
+    clone, work = tmp_path / "clone", tmp_path / "work"
+    work.mkdir()
+    _run(["git", "clone", "-q", ROOT, clone], cwd=tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV",)}
+    env["PYTHONPATH"] = str(clone)
+    proc = subprocess.run([sys.executable, "-m", "seco_lab.cli", "audit", "--quick", "--no-progress", "--out", "q"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    _check_quick_audit(work / "q")
+    assert not (clone / "audit-quick").exists()
+
 
 def _imported_modules(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())

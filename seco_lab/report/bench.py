@@ -158,6 +158,24 @@ def targets_section(s: dict, chunk: int) -> list[str]:
     return md
 
 
+def strata_cost_section(path: Path) -> list[str]:
+    """LoRA hop strata next to a SeCO step, before and after (experiments/bench_strata.py)."""
+    df = pd.read_csv(path)
+    keys = ["length", "chunk_size", "max_hops", "tag", "rev"]
+    g = df.groupby(keys, sort=False).agg(rounds=("ratio", "size"), seco_cpu_s=("seco_cpu_s", "median"),
+                                         strata_cpu_s=("strata_cpu_s", "median"), ratio=("ratio", "median"),
+                                         peak_rss_gib=("peak_rss_gib", "max"),
+                                         load_1m=("loadavg_1m", "median")).reset_index()
+    g = g.rename(columns={"ratio": "strata / SeCO", "max_hops": "P"})
+    return ["\n## Hop strata (LoRA) next to a SeCO step, before and after\n",
+            "`python -m experiments.bench_strata --before REV` (SmolLM2-135M, Q4_1-dequantized, LoRA r = 8, α = 16 on "
+            "q/v, float32, `pydoc_data/topics.py`): one fresh single-threaded process per (revision, round), "
+            "revisions alternating; in each, SeCO then `hop_strata(max_hops=P)`; CPU time of the process; the "
+            "ratio is taken within the process, medians over rounds; load_1m = the machine's load average when the "
+            "process ended (2 cores, shared). Target (issue 21): P = 6 at ≤ 4× SeCO.\n",
+            table(g, ("length", "chunk_size", "P", "rounds")) + "\n"]
+
+
 def bench_report(folder: Path, out_md: Path) -> Path:
     folder, out_md = Path(folder), Path(out_md)
     df, meta = load_bench(folder)
@@ -194,6 +212,8 @@ def bench_report(folder: Path, out_md: Path) -> Path:
         md += bench_hf.render(folder)
     if (folder / "fsdp_results.csv").exists():
         md += bench_fsdp.render(folder)
+    if (folder / "strata_cost.csv").exists():
+        md += strata_cost_section(folder / "strata_cost.csv")
     sw = meta["software"]
     md.append(f"\nSoftware: Python {sw['python']}, torch {sw['torch']}; {sw['platform']}.\n")
     return write_markdown(md, out_md)
