@@ -2,7 +2,7 @@
 of its gradient estimators.  Data flows model -> chunk engine -> estimators ->
 analysis -> reports; see README.md and docs/estimators.md."""
 
-from .engine import dense_grad, forward_loss, seco_grad, seco_step
+from .engine import dense_grad, forward_loss, seco_grad, seco_step, truncated_grad
 from .enumeration import Expectation, enumerate_expectation
 from .estimators import ChainBasis, HopStrata, chain_basis, hop_strata, spaco_grad
 from .grads import GradDict, accumulate_grads, flatten, unflatten
@@ -36,5 +36,6 @@ __all__ = [
     "seco_grad",
     "seco_step",
     "spaco_grad",
+    "truncated_grad",
     "unflatten",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -46,8 +46,17 @@ class StudyConfig:
     lrs: dict = field(default_factory=lambda: {"adamw": (1e-3, 3e-3, 1e-2), "sgd": (0.1, 0.3, 1.0)})
     seeds: tuple[int, ...] = (0, 1, 2)
     arms: tuple[Arm, ...] | None = None  # None: default_arms(k, budgets)
+    # explicit cells (arm, optimizer, learning rates, seeds or None = all) instead of arms x lrs x seeds
+    cells: tuple[tuple[Arm, str, tuple[float, ...], tuple[int, ...] | None], ...] | None = None
 
     def __post_init__(self):
+        if self.cells is not None:
+            self.cells = tuple((a, o, tuple(float(x) for x in lrs), None if sd is None else tuple(sd))
+                               for a, o, lrs, sd in self.cells)
+            arms = list(dict.fromkeys(c[0] for c in self.cells))
+            if self.arms is not None and list(self.arms) != arms:
+                raise ValueError("pass either cells or arms, not both")
+            self.arms = tuple(arms)
         if self.arms is None:
             self.arms = default_arms(self.settings.task.num_chunks, self.budgets)
         k = self.settings.task.num_chunks
@@ -59,16 +68,26 @@ class StudyConfig:
 
     def runs(self) -> list[RunSpec]:
         """Seeds outermost, so an interrupted study has whole seeds first."""
+        if self.cells is not None:
+            return [RunSpec(arm, opt, lr, seed) for seed in self.seeds for arm, opt, lrs, seeds in self.cells
+                    if seeds is None or seed in seeds for lr in lrs]
         return [RunSpec(arm, opt, float(lr), seed) for seed in self.seeds for opt, grid in self.lrs.items()
                 for lr in grid for arm in self.arms]
 
     def to_dict(self) -> dict:
-        return {"settings": self.settings.to_dict(), "budgets": list(self.budgets),
-                "lrs": {k: list(v) for k, v in self.lrs.items()}, "seeds": list(self.seeds),
-                "arms": [{"name": a.name, **asdict(a)} for a in self.arms]}
+        d = {"settings": self.settings.to_dict(), "budgets": list(self.budgets),
+             "lrs": {k: list(v) for k, v in self.lrs.items()}, "seeds": list(self.seeds),
+             "arms": [{"name": a.name, **a.definition()} for a in self.arms]}
+        if self.cells is not None:
+            d["cells"] = [{"arm": a.name, "optimizer": o, "lrs": list(lrs), "seeds": None if sd is None else list(sd)}
+                          for a, o, lrs, sd in self.cells]
+        return d
 
     def fingerprint(self) -> str:
-        return fingerprint(self.to_dict())
+        """Hash of the definition.  A study of explicit cells hashes only its settings (what a run's result
+        depends on besides its run id), so cells can be added to a folder, or run in tiers, and resumed."""
+        return fingerprint(self.to_dict() if self.cells is None else {"settings": self.settings.to_dict(),
+                                                                      "design": "cells"})
 
 
 def quick_config() -> StudyConfig:
@@ -87,6 +106,9 @@ def study_folder(out: Path) -> StudyFolder:
 def _work(args) -> dict:
     """One run in a worker: one thread (the pool already fills the cores), results written atomically."""
     spec, settings, out = args
+    js = study_folder(out).marker(spec.run_id)
+    if js.exists():  # finished meanwhile by another process (an earlier, interrupted driver's worker)
+        return json.loads(js.read_text())
     torch.set_num_threads(1)
     rows, summary = train_run(spec, settings)
     df = pd.DataFrame(rows)
@@ -120,9 +142,11 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 2, fresh: bool = False, p
     return meta
 
 
-def collect_partial(cfg: StudyConfig, out: Path) -> dict:
-    """Assemble the runs finished so far (while a study still runs, or after it was stopped) and mark
-    ``study.json`` 'partial'; its wall time counts the running session up to its latest finished run."""
+def collect_partial(cfg: StudyConfig, out: Path, ended: bool = False) -> dict:
+    """Assemble the runs of ``cfg`` finished so far (while a study still runs, or after it was stopped) and mark
+    ``study.json`` 'partial'; its wall time counts the running session up to its latest finished run.
+    ``ended=True`` (the driver, after its sessions of a tiered folder): no session is running; the status
+    is 'complete' or 'incomplete'."""
     out = Path(out)
     meta_path = out / "study.json"
     if not meta_path.exists():
@@ -139,8 +163,12 @@ def collect_partial(cfg: StudyConfig, out: Path) -> dict:
     latest = max(p.stat().st_mtime for p in done)
     status = "complete" if len(done) == len(specs) else "partial"
     completed = sum(x["wall_s"] for x in meta.get("sessions", []))  # sessions that ran to the end
-    running = meta.get("status") in ("running", "partial")  # a session that has not (yet) completed
-    meta.update(status=status, runs_done=len(runs), session_started_at=started,
+    # a session that has not (yet) completed; after the driver's last session nothing is running
+    running = meta.get("status") in ("running", "partial") and not ended
+    if ended and status != "complete":
+        status = "incomplete"  # every session ended, some runs were never done
+    meta.update(status=status, runs_done=len(runs), session_started_at=started, design=cfg.to_dict(),
+                runs_total=len(specs),
                 study_wall_s=completed + (max(latest - started, 0.0) if running else 0.0),
                 run_wall_s_total=float(runs["wall_s"].sum()))
     study_folder(out).write_manifest(meta)
@@ -170,18 +198,48 @@ def collect(out: Path, specs: list[RunSpec]) -> pd.DataFrame:
 
 
 def add_arguments(ap) -> None:
-    """The training study's own option of ``seco-lab study train``."""
+    """The training study's own options of ``seco-lab study train``."""
     ap.add_argument("--collect-only", action="store_true",
                     help="assemble the runs finished so far (status 'partial') without running anything")
+    ap.add_argument("--part", default="all",
+                    help="'main' (issue 14's study), 'extensions' (issue 22's tiers in priority order: equal compute, "
+                         "replays with noise probes, L = 4, ...), one tier's name, or 'all' (default)")
 
 
 def run_from_args(args) -> int:
-    """``seco-lab study train``: run (or resume) the study into ``args.out``, or only collect it."""
+    """``seco-lab study train``: run (or resume) the study into ``args.out``, or only collect it; then issue 22's
+    extension tiers into ``args.out/equal_compute`` and ``args.out/second_L4`` (each folder's fingerprint covers
+    its settings only, so the tiers share it and a stopped tier resumes)."""
+    from .extensions import extension_plan, folder_configs, write_costs
+
     cfg = quick_config() if args.quick else StudyConfig()
-    if args.collect_only:
-        meta = collect_partial(cfg, args.out)
-    else:
-        meta = run_study(cfg, args.out, jobs=2 if args.jobs is None else args.jobs, fresh=args.fresh,
-                         progress=args.progress)
-    print(json.dumps({k: meta[k] for k in ("status", "runs_done", "study_wall_s", "fingerprint")}))
+    out, jobs = Path(args.out), 2 if args.jobs is None else args.jobs
+    if args.part in ("main", "all"):
+        if args.collect_only:
+            meta = collect_partial(cfg, out)
+        else:
+            meta = run_study(cfg, out, jobs=jobs, fresh=args.fresh, progress=args.progress)
+        _print_meta("main", meta)
+    if args.part == "main":
+        return 0
+    n_layers = 2 if args.quick else 4
+    plan = extension_plan(cfg, out, n_layers)
+    tiers = [p for p in plan if args.part in ("all", "extensions", p[0])]
+    if not tiers:
+        raise SystemExit(f"unknown --part {args.part!r}; use main, extensions, all or one of {[p[0] for p in plan]}")
+    unions = folder_configs(cfg, out, n_layers)
+    if not args.collect_only:
+        for tier, sub, tier_cfg in tiers:
+            if tier in ("equal-compute", "second"):
+                write_costs(tier_cfg, out / sub, reps=2 if args.quick else 7)
+            _print_meta(tier, run_study(tier_cfg, out / sub, jobs=jobs, fresh=args.fresh, progress=args.progress))
+            collect_partial(unions[sub], out / sub, ended=True)  # the folder's tables: every finished run
+    for sub, union in unions.items():
+        if (out / sub / "study.json").exists():
+            _print_meta(sub, collect_partial(union, out / sub, ended=True))
     return 0
+
+
+def _print_meta(part: str, meta: dict) -> None:
+    keys = ("status", "runs_done", "study_wall_s", "fingerprint")
+    print(json.dumps({"part": part, **{k: meta[k] for k in keys}}), flush=True)
