@@ -195,6 +195,10 @@ def verdict(best: pd.DataFrame, level: dict, opt: str, chance: float) -> tuple[l
             return rows, line, summary
         return rows, "", summary
     bsp = min(sp, key=lambda r: r["far"] if np.isfinite(r["far"]) else math.inf)
+    if not np.isfinite(bsp["diff_lo"]):
+        line = (f"best arm `{winner['arm']}`; best SpaCO arm `{bsp['arm']}` − `{level['ref']}` = {fmt(bsp['diff'])} "
+                f"over {bsp['pairs']} paired seed(s): **too few seeds for an interval**, no verdict.")
+        return rows, line, summary
     if bsp["diff_hi"] < 0:
         word = "**SpaCO beats SeCO**"
     elif bsp["diff_lo"] > 0:
