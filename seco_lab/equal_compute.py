@@ -44,8 +44,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["best_scale_mse", "chunk_passes", "crossover_batch", "equal_compute_batch", "noise_to_signal",
-           "step_variance"]
+__all__ = ["best_scale_mse", "chunk_passes", "crossover_batch", "equal_batches", "equal_compute_batch",
+           "noise_to_signal", "step_variance"]
 
 
 def _finite(x: float, name: str) -> float:
@@ -144,3 +144,10 @@ def chunk_passes(mode: str, num_chunks: int, budget: float | None = None) -> flo
             raise ValueError(f"spaco needs a budget in (0, num_chunks={k}], got {budget}")
         return k + 3 * float(budget)
     raise ValueError(f"unknown mode {mode!r}; use 'seco', 'spaco', 'truncated' or 'dense'")
+
+
+def equal_batches(num_chunks: int, batch: int, budget: int) -> tuple[int, int]:
+    """(B_0, B_t): SeCO's sequences per step at SpaCO(t)'s compute and SpaCO(t)'s at SeCO's, for a study of
+    ``batch`` sequences per step (the cost model, rounded to whole sequences, at least 1)."""
+    c0, ct = chunk_passes("seco", num_chunks), chunk_passes("spaco", num_chunks, budget)
+    return max(1, round(batch * ct / c0)), max(1, round(batch * c0 / ct))

@@ -22,12 +22,13 @@ from seco_lab.equal_compute import (
     best_scale_mse,
     chunk_passes,
     crossover_batch,
+    equal_batches,
     equal_compute_batch,
     noise_to_signal,
     step_variance,
 )
 from seco_lab.train_study import Arm, RecallTask
-from seco_lab.train_study.extensions import equal_batches, near_rates
+from seco_lab.train_study.extensions import near_rates
 from seco_lab.train_study.runner import gradient, micro_batches, noise_probe
 from tests.helpers import rel_err, tiny_model
 

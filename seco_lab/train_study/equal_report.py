@@ -24,7 +24,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from scipy import stats
 
-from seco_lab.equal_compute import chunk_passes
+from seco_lab.equal_compute import chunk_passes, equal_batches
 
 from .figures import SCHEME_COLORS, save
 from .stats import detectable_difference, paired_difference, t_interval
@@ -142,8 +142,6 @@ def arm_row(best: pd.DataFrame, arm: str, opt: str, ref: str | None, chance: flo
 def levels(final: pd.DataFrame, budgets, num_chunks: int, batch: int) -> list[dict]:
     """The compute levels compared: SpaCO(t)'s compute (SeCO with fewer sequences / steps as reference) and
     SeCO's compute (SeCO as reference), per budget, each with the arms present at that level."""
-    from .extensions import equal_batches
-
     arms = list(dict.fromkeys(final.arm))
     out = []
     for t in budgets:

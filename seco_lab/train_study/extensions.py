@@ -29,6 +29,7 @@ at equal compute, at the main study's tuned rate of the same method (not re-tune
 from __future__ import annotations
 
 import functools
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -38,10 +39,11 @@ import pandas as pd
 import torch
 
 from seco_lab import TinyConfig, TinyTransformer
-from seco_lab.equal_compute import chunk_passes
+from seco_lab.equal_compute import chunk_passes, equal_batches
 
 from .runner import Arm, gradient
 from .study import StudyConfig, atomic_write_csv
+from .summary import summarize
 
 __all__ = ["best_and_worst", "equal_compute_config", "extension_plan", "folder_configs", "measure_costs",
            "near_rates", "second_config", "tuned_rates"]
@@ -67,10 +69,12 @@ def _main_tables(folder: Path) -> dict:
 
 @functools.lru_cache(maxsize=4)
 def _main_tables_cached(folder: str) -> dict:
-    from .report import load
-    from .summary import summarize
-
-    return summarize(*load(Path(folder)))
+    f = Path(folder)
+    missing = [n for n in ("results.csv.gz", "runs.csv", "study.json") if not (f / n).exists()]
+    if missing:
+        raise FileNotFoundError(f"{f} lacks {missing}: run the main study first (`seco-lab study train --part main`)")
+    return summarize(pd.read_csv(f / "results.csv.gz"), pd.read_csv(f / "runs.csv"),
+                     json.loads((f / "study.json").read_text()))
 
 
 def tuned_rates(tabs: dict) -> dict[tuple[str, str], float]:
@@ -87,12 +91,6 @@ def best_and_worst(tabs: dict, optimizer: str, budget: int) -> tuple[str, str]:
         raise ValueError(f"the main study has no SpaCO arm at t={budget} for {optimizer}")
     at = at.sort_values("test_far_loss", kind="stable")
     return str(at.scheme.iloc[0]), str(at.scheme.iloc[-1])
-
-
-def equal_batches(num_chunks: int, batch: int, budget: int) -> tuple[int, int]:
-    """(B_0, B_t): SeCO's sequences at SpaCO(t)'s compute, SpaCO(t)'s at SeCO's (cost model, rounded)."""
-    c0, ct = chunk_passes("seco", num_chunks), chunk_passes("spaco", num_chunks, budget)
-    return max(1, round(batch * ct / c0)), max(1, round(batch * c0 / ct))
 
 
 def _tiers(main: StudyConfig, main_folder: Path) -> dict[str, list]:
