@@ -39,7 +39,11 @@ def paper_settings_section(p: dict, cfg: dict, timing: dict, figure: str | None)
           "per parameter tensor (closer to what Adam's per-coordinate normalisation absorbs); variance tr Σ/‖g‖²; "
           "MSE E‖ĝ − g‖²/‖g‖²; and at matched scale (a tuned learning rate or Adam removes any global scale, "
           "docs/estimators.md §4c): noise-to-signal tr Σ/‖E ĝ‖² and best-scale MSE min_a E‖a ĝ − g‖²/‖g‖² "
-          "= 1 − ⟨E ĝ, g⟩²/(‖g‖² (‖E ĝ‖² + tr Σ)).\n"]
+          "= 1 − ⟨E ĝ, g⟩²/(‖g‖² (‖E ĝ‖² + tr Σ))."
+          + (" The stored paper.csv predates these two columns (study format 3): they are derived exactly from its "
+             "stored scale ⟨E ĝ, g⟩/‖E ĝ‖², direction bias and variance (‖E ĝ‖/‖g‖ = cos/scale; "
+             "`seco_lab.report.bias_paper.derive_matched_scale`); `make bias-study` stores them."
+             if p.get("matched_scale_derived") else "") + "\n"]
     for L, tab in p["tables"].items():
         md += [f"**L = {L} layers, k = {k}** (mean over seeds):\n", table(tab, integer_columns=("t",)) + "\n"]
     same = [f"t = {t}: " + "; ".join(" = ".join(f"`{x}`" for x in grp) for grp in groups)

@@ -61,6 +61,7 @@ def derive_matched_scale(cells: pd.DataFrame) -> pd.DataFrame:
     x2 = (cos / cells.scale.where(cells.scale != 0)) ** 2
     var = cells.mc_rel_var
     derived = {"noise_to_signal": var / x2, "best_scale_mse": (1.0 - cos**2 * x2 / (x2 + var)).clip(0.0, 1.0)}
+    cells.attrs["matched_scale_derived"] = bool(cells[list(derived)].isna().any().any())
     for m, v in derived.items():
         cells[m] = cells[m].fillna(v)
     return cells
@@ -153,6 +154,7 @@ def summarize_paper(paper: pd.DataFrame, groups: pd.DataFrame, level: float) -> 
     cells = paper_cells(paper)
     if cells.empty:
         return None
+    derived = cells.attrs.get("matched_scale_derived", False)
     mean = cells.groupby(["L", "k", "t", "scheme"], as_index=False).mean(numeric_only=True)
     ks = sorted(int(k) for k in cells.k.unique())
     k0 = PAPER_K if PAPER_K in ks else ks[0]
@@ -161,6 +163,7 @@ def summarize_paper(paper: pd.DataFrame, groups: pd.DataFrame, level: float) -> 
     covered = cells.mc_covered.dropna()
     headline = [s.label for s in HEADLINE_SCHEMES]
     return {
+        "matched_scale_derived": derived,
         "k": k0, "depths": depths, "budgets": budgets, "seeds": sorted(int(s) for s in cells.seed.unique()),
         "tables": {L: settings_table(mean, L, k0, headline) for L in depths},
         "all_schemes": {L: settings_table(mean, L, k0, scheme_order(cells.scheme)) for L in depths},
