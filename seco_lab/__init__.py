@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "dense_grad": "engine", "forward_loss": "engine", "seco_grad": "engine", "seco_step": "engine",
+    "truncated_grad": "engine",
     "Expectation": "enumeration", "enumerate_expectation": "enumeration",
     "ChainBasis": "estimators", "HopStrata": "estimators", "chain_basis": "estimators", "hop_strata": "estimators",
     "spaco_grad": "estimators",

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from .equal_compute import best_scale_mse, noise_to_signal
 from .estimators import ChainBasis
 from .schemes import Sampler, Scheme
 
@@ -81,15 +82,27 @@ class ExactStats:
     sq_bias: float
     cov_trace: float
     cos: float
+    mean_sq: float = float("nan")  # ||E g_hat||^2
+    inner: float = float("nan")  # <E g_hat, g>
 
     def relative(self, g_norm2: float) -> dict[str, float]:
+        """Metrics relative to ||g||^2, and at matched scale (SPEC §4c): noise-to-signal tr Cov / ||E g_hat||^2
+        and best-scale MSE min_a E||a g_hat - g||^2 / ||g||^2 (``seco_lab.equal_compute``)."""
         return {
             "rel_bias": float(np.sqrt(max(self.sq_bias, 0.0) / g_norm2)),
             "rel_var": self.cov_trace / g_norm2,
             "rel_mse": (self.sq_bias + self.cov_trace) / g_norm2,
             "direction_bias": max(1.0 - self.cos, 0.0),  # rounding can push cos a hair above 1
             "best_scale_residual": float(np.sqrt(max(1.0 - self.cos**2, 0.0))),
+            **matched_scale(self.inner / g_norm2, self.mean_sq / g_norm2, self.cov_trace / g_norm2),
         }
+
+
+def matched_scale(rel_inner: float, rel_mean_sq: float, rel_var: float) -> dict[str, float]:
+    """noise_to_signal = tr Cov / ||E g_hat||^2 and best_scale_mse = 1 - <E g_hat, g>^2 / (||g||^2 (||E g_hat||^2
+    + tr Cov)), from <E g_hat, g>, ||E g_hat||^2 and tr Cov, each relative to ||g||^2."""
+    return {"noise_to_signal": noise_to_signal(max(rel_var, 0.0), rel_mean_sq),
+            "best_scale_mse": best_scale_mse(rel_inner, rel_mean_sq, 1.0, rel_var)}
 
 
 @dataclass
@@ -115,7 +128,7 @@ def exact_stats(space: ChainSpace, chain_w: np.ndarray, inc: Inclusion) -> Exact
     mg = float(space.quad(mean, ones))
     mm = float(space.quad(mean))
     cos = mg / np.sqrt(mm * space.g_norm2) if mm > 0 else 0.0
-    return ExactStats(mean, sq_bias, cov_trace, cos)
+    return ExactStats(mean, sq_bias, cov_trace, cos, mm, mg)
 
 
 def enumerated_stats(space: ChainSpace, chain_w: np.ndarray, sampler: Sampler, num_chunks: int,

@@ -379,6 +379,36 @@ def dense_grad(model: ChunkModel, tokens, targets, ignore_index: int = -100) -> 
     return loss.detach(), named_grads(params, grads)
 
 
+def truncated_grad(
+    model: ChunkModel, tokens, targets, chunk_size: int, ignore_index: int = -100
+) -> tuple[torch.Tensor, GradDict]:
+    """The gradient cut at every cache: g(0), the direct term of every chunk and no relay.
+
+    What a user gets by detaching the KV cache between chunks: one pass, chunk j runs forward
+    with a graph on the detached caches of chunks < j and backprops J_j / N at once (every
+    chunk backpropagated once, no pass 1, no cache gradient).  Equal to the 0-hop stratum of
+    :func:`seco_lab.estimators.hop_strata` up to rounding (tested).
+    """
+    batch = prepare(model, tokens, targets, chunk_size, ignore_index)
+    params = trainable(model)
+    tensors = [p for _, p in params]
+    acc = [torch.zeros_like(p) for p in tensors]
+    past: list[ChunkCache] = []
+    loss_sum = torch.zeros((), dtype=acc[0].dtype, device=acc[0].device)
+    for j in range(batch.num_chunks):
+        tok, tgt, start = batch.chunk(j)
+        with torch.enable_grad():
+            out = checked_chunk(model.chunk_forward(tok, tgt, past, start, batch.ignore_index), j)
+            grads = torch.autograd.grad(out.loss_sum / batch.n_targets, tensors, allow_unused=True,
+                                        materialize_grads=True)
+        for a, g in zip(acc, grads):
+            a.add_(g)
+        loss_sum = loss_sum + out.loss_sum.detach()
+        if j + 1 < batch.num_chunks:
+            past.append(unflat_cache([t.detach() for t in flat_cache(out.cache)]))
+    return loss_sum / batch.n_targets, named_grads(params, acc)
+
+
 def accumulate_into(acc: list[torch.Tensor]) -> Collect:
     """A collector that adds every label's parameter gradients into ``acc``."""
 

@@ -224,8 +224,8 @@ register(Study("train", "does the bias change what a model learns? every scheme 
                results="reports/training_study", report_file="reports/training_study.md",
                quick_results="reports/_work/training_study_quick", aliases=("training-study",),
                report="seco_lab.train_study.report:training_study_report",
-               run="seco_lab.train_study.study:run_from_args",
-               add_arguments="seco_lab.train_study.study:add_arguments"))
+               run="seco_lab.train_study.driver:run_from_args",
+               add_arguments="seco_lab.train_study.driver:add_arguments"))
 register(Study("real", "hop strata and each scheme's exact bias on the pretrained SmolLM2-135M (stdlib text).",
                results="reports/real_study/k16x16", report_file="reports/real_study.md",
                report="seco_lab.report.real:real_report", run="seco_lab.real_study:run_from_args",

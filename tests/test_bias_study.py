@@ -337,3 +337,24 @@ def test_guidance_numbers_come_from_paper_csv(quick_study):
     guide = text.split("## Which scheme should I use?", 1)[1].split("\n## ", 1)[0]
     t0 = QUICK.paper_budgets[0]
     assert f"t = {t0}: {g['var_price']['falling-factorial'][t0]:.3g}×" in guide
+
+
+def test_matched_scale_metrics_are_stored_and_consistent(quick_study):
+    """results.csv and paper.csv carry noise-to-signal and best-scale MSE (issue 22).  Unbiased cells: E ĝ = g, so
+    noise-to-signal = rel_var and best-scale MSE = v / (1 + v) exactly; paper cells: with ||E ĝ||/||g|| = cos / scale
+    (scale = <E ĝ, g> / ||E ĝ||²), noise-to-signal = var scale² / cos² and MSE = 1 - cos² x² / (x² + var)."""
+    res = pd.read_csv(quick_study / "results.csv")
+    cells = res.pivot_table(index=["L", "k", "seed", "t", "scheme"], columns="metric", values="value").reset_index()
+    random = cells[cells.rel_var > 1e-12]
+    assert len(random) and ((random.best_scale_mse >= 0) & (random.best_scale_mse <= 1)).all()
+    unb = random[random.rel_bias < 1e-10]
+    assert len(unb)
+    np.testing.assert_allclose(unb.noise_to_signal, unb.rel_var, rtol=1e-9)
+    np.testing.assert_allclose(unb.best_scale_mse, unb.rel_var / (1 + unb.rel_var), rtol=1e-9)
+    biased = random[random.rel_bias > 1e-3]  # a shrunken mean: matched scale charges the noise more than ||g||² does
+    assert len(biased) and (biased.best_scale_mse >= biased.best_scale_residual**2 - 1e-12).all()
+    pc = paper_cells(pd.read_csv(quick_study / "paper.csv"))
+    cos = 1 - pc.direction_bias
+    x2 = (cos / pc.scale) ** 2
+    np.testing.assert_allclose(pc.noise_to_signal, pc.mc_rel_var / x2, rtol=1e-8)
+    np.testing.assert_allclose(pc.best_scale_mse, 1 - cos**2 * x2 / (x2 + pc.mc_rel_var), rtol=1e-8, atol=1e-14)

@@ -15,7 +15,7 @@ PUBLIC_NAMES = [
     "ChainBasis", "ChunkModel", "ChunkOutput", "Expectation", "GradDict", "HopStrata", "SCHEME_NAMES", "Sampler",
     "Scheme", "TinyConfig", "TinyTransformer", "accumulate_grads", "chain_basis", "dense_grad",
     "enumerate_expectation", "flatten", "forward_loss", "get_scheme", "hop_strata", "make_scheme", "seco_grad",
-    "seco_step", "spaco_grad", "unflatten",
+    "seco_step", "spaco_grad", "truncated_grad", "unflatten",
 ]
 
 

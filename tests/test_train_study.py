@@ -170,7 +170,7 @@ def test_quick_study_end_to_end(tmp_path):
     """``--quick`` from a fresh folder: tidy results, every arm trained, resume skips finished runs,
     and the report renders."""
     out = tmp_path / "study"
-    assert study_main(["train", "--quick", "--jobs", "2", "--out", str(out)]) == 0
+    assert study_main(["train", "--quick", "--jobs", "2", "--out", str(out), "--part", "main"]) == 0
     results, runs, study = load(out)
     cfg = quick_config()
     assert study["runs_total"] == len(cfg.runs()) == len(runs)
@@ -199,12 +199,12 @@ def test_quick_study_end_to_end(tmp_path):
     # resume: nothing is redone; a lost run is redone alone
     before = (out / "runs" / f"{cfg.runs()[0].run_id}.json").stat().st_mtime_ns
     (out / "runs" / f"{cfg.runs()[-1].run_id}.json").unlink()
-    assert study_main(["train", "--quick", "--collect-only", "--out", str(out)]) == 0
+    assert study_main(["train", "--quick", "--collect-only", "--out", str(out), "--part", "main"]) == 0
     partial = json.loads((out / "study.json").read_text())
     assert partial["status"] == "partial" and partial["runs_done"] == len(cfg.runs()) - 1
     assert partial["study_wall_s"] == study["study_wall_s"]  # no session was running: nothing added
     assert len(pd.read_csv(out / "runs.csv")) == len(cfg.runs()) - 1
-    assert study_main(["train", "--quick", "--jobs", "1", "--out", str(out)]) == 0
+    assert study_main(["train", "--quick", "--jobs", "1", "--out", str(out), "--part", "main"]) == 0
     study2 = json.loads((out / "study.json").read_text())
     assert [s["runs"] for s in study2["sessions"]] == [len(cfg.runs()), 1] and study2["status"] == "complete"
     assert (out / "runs" / f"{cfg.runs()[0].run_id}.json").stat().st_mtime_ns == before
@@ -216,6 +216,30 @@ def test_quick_study_end_to_end(tmp_path):
     for heading in ("## Verdict", "## Settings", "## Final metrics", "## Gradient quality", "## Compute"):
         assert heading in text
     assert len(list((tmp_path / "figs").glob("*.png"))) == 5
+    # issue 22: the equal-compute tier, the replays and the second configuration on top of the main study
+    for tier in ("equal-compute", "replay-t2", "second"):
+        assert study_main(["train", "--quick", "--jobs", "2", "--out", str(out), "--part", tier]) == 0
+    ec = pd.read_csv(out / "equal_compute" / "runs.csv")
+    k, B = cfg.settings.task.num_chunks, cfg.settings.batch_size
+    # SeCO on round(B (k + 3t) / (4k - 1)) sequences at t = 2, 1 (4 * 10 / 15 -> 3, 4 * 7 / 15 -> 2)
+    assert {"seco B=3", "seco B=2", "truncated"} <= set(ec.arm)
+    model_passes = [4 * k - 1 if m == "seco" else 3 * k if m == "truncated" else k + 3 * t
+                    for m, t in zip(ec["mode"], ec.budget)]
+    assert np.allclose(ec.passes_per_step, ec.batch_size * np.asarray(model_passes))
+    spaco = ec[ec.arm.str.contains(" t=2 B=")]
+    assert len(spaco) and (spaco.batch_size == round(B * (4 * k - 1) / (k + 6))).all()
+    assert (ec.cpu_s > 0).all() and (ec.passes_per_step > 0).all()
+    assert (out / "equal_compute" / "costs.csv").exists() and (out / "second_L4" / "costs.csv").exists()
+    ec_study = json.loads((out / "equal_compute" / "study.json").read_text())
+    assert ec_study["status"] == "incomplete" and len(ec_study["sessions"]) == 2  # two tiers ran, others did not
+    assert ec_study["runs_done"] == len(ec) < ec_study["runs_total"]
+    replays = ec[ec.arm.isin(set(runs.arm))]
+    assert set(replays.seed) == {0} and len(replays) == 2 * (len(cfg.arms) - 1 - 5)  # seco + the t=2 schemes
+    md = render(tabs, study2, tmp_path / "report2.md", tmp_path / "figs2", extensions=out).read_text()
+    for heading in ("## At equal compute", "## A second configuration", "## The prediction, tested"):
+        assert heading in md
+    assert "largest |Δ test far-token loss| = 0.000000" in md  # a replay reproduces its main-study run
+    assert len(list((tmp_path / "figs2").glob("*.png"))) == 5 + 3
 
 
 def test_resume_refuses_a_different_study(tmp_path, capsys):

@@ -51,26 +51,32 @@ def fig_bias_vs_ratio(cells: pd.DataFrame, out: Path) -> str:
 def fig_variance_mse(cells: pd.DataFrame, out: Path) -> str:
     k = cells.k.max()
     Ls = sorted(cells.L.unique())
-    fig, axes = new_figure(2, len(Ls), figsize=(4.2 * len(Ls), 6.4), sharey="row")
-    d = cells[(cells.k == k) & (cells.t < k)].groupby(["L", "ratio", "scheme"], as_index=False)[
-        ["rel_var", "rel_mse"]].mean()
+    rows = {"rel_var": "relative variance tr Σ / ||g||²", "rel_mse": "relative MSE E||ĝ - g||² / ||g||²",
+            "noise_to_signal": "noise-to-signal tr Σ / ||E ĝ||²",
+            "best_scale_mse": "best-scale MSE min_a E||aĝ - g||² / ||g||²"}
+    # a study stored before the matched-scale metrics (format < 4) has none: those rows are left out
+    rows = {m: name for m, name in rows.items() if m in cells and cells[m].notna().any()}
+    fig, axes = new_figure(len(rows), len(Ls), figsize=(4.2 * len(Ls), 3.2 * len(rows)), sharey="row")
+    d = cells[(cells.k == k) & (cells.t < k)].groupby(["L", "ratio", "scheme"], as_index=False)[list(rows)].mean()
     for c, L in enumerate(Ls):
         for s in scheme_order(cells.scheme):
             e = d[(d.L == L) & (d.scheme == s)].sort_values("ratio")
             col, ls = scheme_style(s)
             x, mk = e.ratio * scheme_offset(s), scheme_marker(s)
-            axes[0][c].plot(x, e.rel_var, ls, color=col, marker=mk, ms=4, mfc="none", label=s)
-            axes[1][c].plot(x, e.rel_mse, ls, color=col, marker=mk, ms=4, mfc="none", label=s)
-        for r, name in enumerate(["relative variance tr Σ / ||g||²", "relative MSE E||ĝ - g||² / ||g||²"]):
+            for r, metric in enumerate(rows):
+                y = e[metric].where(e[metric] > 0)  # exact zeros (t = k) leave the log axis
+                axes[r][c].plot(x, y, ls, color=col, marker=mk, ms=4, mfc="none", label=s)
+        for r, (metric, name) in enumerate(rows.items()):
             ax = axes[r][c]
             ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
+            if (d[metric] > 0).any():  # (a study stored before a metric existed has none of it)
+                ax.set_yscale("log")
             ax.set_xlabel("budget ratio t/k")
             ax.set_title(f"L={L}, k={k}", fontsize=9)
             if c == 0:
                 ax.set_ylabel(name)
     _legend(fig, axes[0][0])
-    fig.suptitle("Exact variance and mean squared error (mean over seeds)")
+    fig.suptitle("Exact variance and mean squared error, raw and at matched scale (mean over seeds)")
     return save_figure(fig, out / "variance_mse_vs_ratio.png")
 
 
@@ -184,7 +190,8 @@ def fig_cap_tradeoff(cells: pd.DataFrame, out: Path) -> str:
 
 
 PAPER_PANELS = {"rel_bias": "relative bias", "best_scale_residual": "best-scale residual",
-                "per_tensor_residual": "per-tensor residual", "mc_rel_var": "variance tr Σ/||g||² (MC)"}
+                "per_tensor_residual": "per-tensor residual", "mc_rel_var": "variance tr Σ/||g||² (MC)",
+                "noise_to_signal": "noise-to-signal tr Σ/||E ĝ||²", "best_scale_mse": "best-scale MSE"}
 
 
 def fig_paper_settings(mean: pd.DataFrame, num_chunks: int, out: Path) -> str:
@@ -202,7 +209,8 @@ def fig_paper_settings(mean: pd.DataFrame, num_chunks: int, out: Path) -> str:
                 y = e[metric].where(e[metric] > 0)  # exact zeros (unbiased) leave the log axis
                 ax.plot(e.t * scheme_offset(s), y, ls, color=col, marker=scheme_marker(s), ms=5, mfc="none", label=s)
             ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
+            if (d[d.L == L][metric] > 0).any():
+                ax.set_yscale("log")
             ax.set_xticks(sorted(d.t.unique()), [str(int(t)) for t in sorted(d.t.unique())])
             ax.set_xlabel("budget t (chunks backpropagated)")
             ax.set_title(f"{name}, L={L}, k={num_chunks}", fontsize=9)

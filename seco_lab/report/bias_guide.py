@@ -39,7 +39,13 @@ def paper_settings_section(p: dict, cfg: dict, timing: dict, figure: str | None)
           "Columns: relative bias ‖E ĝ − g‖/‖g‖; direction bias 1 − cos(E ĝ, g); best-scale residual "
           "min_a ‖a E ĝ − g‖/‖g‖ (what no learning rate can absorb); per-tensor residual, the same with one scale "
           "per parameter tensor (closer to what Adam's per-coordinate normalisation absorbs); variance tr Σ/‖g‖²; "
-          "MSE E‖ĝ − g‖²/‖g‖².\n"]
+          "MSE E‖ĝ − g‖²/‖g‖²; and at matched scale (a tuned learning rate or Adam removes any global scale, "
+          "docs/estimators.md §4c): noise-to-signal tr Σ/‖E ĝ‖² and best-scale MSE min_a E‖a ĝ − g‖²/‖g‖² "
+          "= 1 − ⟨E ĝ, g⟩²/(‖g‖² (‖E ĝ‖² + tr Σ))."
+          + (" The stored paper.csv predates these two columns (study format 3): they are derived exactly from its "
+             "stored scale ⟨E ĝ, g⟩/‖E ĝ‖², direction bias and variance (‖E ĝ‖/‖g‖ = cos/scale; "
+             "`seco_lab.report.bias_paper.derive_matched_scale`); `make bias-study` stores them."
+             if p.get("matched_scale_derived") else "") + "\n"]
     for L, tab in p["tables"].items():
         md += [f"**L = {L} layers, k = {k}** (mean over seeds):\n", table(tab, integer_columns=("t",)) + "\n"]
     same = [f"t = {t}: " + "; ".join(" = ".join(f"`{x}`" for x in grp) for grp in groups)
@@ -121,12 +127,24 @@ def guidance_section(p: dict) -> list[str]:
           f"relative bias {row('rel_bias', ru)}, because drawing t *distinct* chunks keeps a p-hop chain with "
           "probability (t)_{p+1}/(k)_{p+1}, not (t/k)^{p+1}. Every other scheme is biased "
           f"(below {UNBIASED_TOL:g} counts as unbiased).",
-          f"- **The variance price of unbiasedness** (variance relative to `{pa}`): `{ff}` "
-          + ", ".join(f"t = {t}: {g['var_price'][ff][t]:.3g}×" for t in ts) + f"; `{be}` "
-          + ", ".join(f"t = {t}: {g['var_price'][be][t]:.3g}×" for t in ts) + f"; `{ru}` "
-          + ", ".join(f"t = {t}: {g['var_price'][ru][t]:.3g}×" for t in ts) + ". "
-          + same_direction_text(at, ts, pa, ru) + "Lowest MSE (which also counts the scale error): "
-          + "; ".join(f"t = {t}: `{best_mse(at, t)}`" for t in ts) + ".",
+          f"- **The noise price of unbiasedness, at matched scale.** `{pa}`'s mean is about g/"
+          f"{fmt(at['scale'][pa][t0])} at t = {t0}, and a tuned learning rate (or Adam) multiplies its noise by "
+          "the same factor it undoes, so compare noise-to-signal tr Σ/‖E ĝ‖², not variance/‖g‖². "
+          f"Noise-to-signal of `{pa}`: {row('noise_to_signal', pa)}; `{ff}`: {row('noise_to_signal', ff)}; "
+          f"`{be}`: {row('noise_to_signal', be)}; `{ru}`: {row('noise_to_signal', ru)}. "
+          f"Relative to `{pa}`'s: `{ff}` " + price_text(g["nts_price"][ff], ts) + f", `{be}` "
+          + price_text(g["nts_price"][be], ts) + f", `{ru}` " + price_text(g["nts_price"][ru], ts)
+          + f" (the raw variances relative to ‖g‖², which charge `{pa}` nothing for its shrunken mean: `{ff}` "
+          + price_text(g["var_price"][ff], ts) + f", `{be}` " + price_text(g["var_price"][be], ts) + f", `{ru}` "
+          + price_text(g["var_price"][ru], ts) + "). " + same_direction_text(at, ts, pa, ru),
+          f"- **Error after the best learning rate.** Best-scale MSE min_a E‖a ĝ − g‖²/‖g‖² of `{pa}`: "
+          f"{row('best_scale_mse', pa)}; `{cap}`: {row('best_scale_mse', cap)}; `{rel}`: "
+          f"{row('best_scale_mse', rel)}; `{ff}`: {row('best_scale_mse', ff)}; `{be}`: {row('best_scale_mse', be)}. "
+          "Lowest best-scale MSE: " + "; ".join(f"t = {t}: `{best_of(at, 'best_scale_mse', t)}`" for t in ts)
+          + " (raw MSE E‖ĝ − g‖²/‖g‖², which also counts the scale error a learning rate absorbs: lowest "
+          + "; ".join(f"t = {t}: `{best_of(at, 'rel_mse', t)}`" for t in ts) + "). One sequence, one draw: "
+          "data noise and the batch size are not in these numbers; the training study's \"At equal compute\" "
+          "(`reports/training_study.md`) weighs them against SeCO.",
           "- **Backprop cost.** Every uniform scheme backpropagates exactly t chunks; `" + be + "` a random number "
           f"with mean t (mean drawn at t = {t0}: {fmt(at['mc_cost'][be][t0])}). What differs is the relay "
           "(`Scheme.constant_relay`): when c_q is the same for every hop count one relay buffer carries all chains; "
@@ -149,9 +167,14 @@ def same_direction_text(at: dict, budgets, paper: str, other: str) -> str:
             "the scale error but none of the direction error, for the variance factor above. ")
 
 
-def best_mse(at: dict, budget: int) -> str:
-    mse = {s: v[budget] for s, v in at["rel_mse"].items() if v[budget] == v[budget]}
-    return min(mse, key=mse.get)
+def best_of(at: dict, metric: str, budget: int) -> str:
+    """The scheme with the lowest ``metric`` at ``budget`` (NaN cells skipped)."""
+    vals = {s: v[budget] for s, v in at[metric].items() if v[budget] == v[budget]}
+    return min(vals, key=vals.get) if vals else "–"
+
+
+def price_text(price: dict, budgets) -> str:
+    return ", ".join(f"t = {t}: {price[t]:.3g}×" for t in budgets)
 
 
 def scheme_definitions_section() -> list[str]:

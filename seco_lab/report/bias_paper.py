@@ -35,6 +35,8 @@ PAPER_METRICS = {
     "per_tensor_residual": "per-tensor residual",
     "mc_rel_var": "variance (MC)",
     "rel_mse": "MSE",
+    "noise_to_signal": "noise-to-signal",
+    "best_scale_mse": "best-scale MSE",
 }
 
 
@@ -45,7 +47,29 @@ def paper_cells(paper: pd.DataFrame) -> pd.DataFrame:
     cells = paper.pivot_table(index=["L", "k", "t", "seed", "scheme"], columns="metric", values="value",
                               dropna=False).reset_index()
     cells.columns.name = None
-    return cells.dropna(subset=["rel_bias"])
+    for m in PAPER_METRICS:  # a study written before the matched-scale metrics: they show as missing
+        if m not in cells:
+            cells[m] = np.nan
+    return derive_matched_scale(cells.dropna(subset=["rel_bias"]))
+
+
+def derive_matched_scale(cells: pd.DataFrame) -> pd.DataFrame:
+    """Fill missing matched-scale metrics of paper-settings cells from what every study stored: with
+    cos = 1 - direction_bias and the best scale a = <E ĝ, g> / ||E ĝ||², ||E ĝ|| / ||g|| = x = cos / a, so
+
+        noise_to_signal = var / x²,    best_scale_mse = 1 - cos² x² / (x² + var)     (var = mc_rel_var)
+
+    -- the same numbers the study computes from the strata (tested equal on the quick study).  A study stored
+    before the metrics existed (study format < 4) gets them this way; stored values are kept."""
+    cells = cells.copy()
+    cos = 1.0 - cells.direction_bias
+    x2 = (cos / cells.scale.where(cells.scale != 0)) ** 2
+    var = cells.mc_rel_var
+    derived = {"noise_to_signal": var / x2, "best_scale_mse": (1.0 - cos**2 * x2 / (x2 + var)).clip(0.0, 1.0)}
+    cells.attrs["matched_scale_derived"] = bool(cells[list(derived)].isna().any().any())
+    for m, v in derived.items():
+        cells[m] = cells[m].fillna(v)
+    return cells
 
 
 def settings_table(mean: pd.DataFrame, n_layers: int, num_chunks: int, labels) -> pd.DataFrame:
@@ -78,14 +102,16 @@ def guidance(mean: pd.DataFrame, n_layers: int, num_chunks: int, budgets) -> dic
     """The numbers behind "Which scheme should I use?" at (L, k) for every budget."""
     at = {m: {s.label: {t: _at(mean, s.label, n_layers, num_chunks, t, m) for t in budgets} for s in SCHEMES}
           for m in ("rel_bias", "direction_bias", "best_scale_residual", "per_tensor_residual", "mc_rel_var",
-                    "rel_mse", "scale", "mc_cost")}
-    var = at["mc_rel_var"]
+                    "rel_mse", "scale", "mc_cost", "noise_to_signal", "best_scale_mse")}
+    var, nts = at["mc_rel_var"], at["noise_to_signal"]
     price = {s.label: {t: var[s.label][t] / var[PAPER.label][t] for t in budgets}
              for s in (FALLING_FACTORIAL, BERNOULLI, RELEASED_UNBIASED)}
+    # the same price at matched scale: noise-to-signal relative to paper's (a tuned rate removes any scale)
+    nts_price = {s: {t: nts[s][t] / nts[PAPER.label][t] for t in budgets} for s in price}
     d = mean[(mean.scheme == PAPER.label) & (mean.L == n_layers) & (mean.k == num_chunks)].set_index("t")
     paper_w = {int(t): [float(d.loc[t, f"w_p{p}"]) for p in range(n_layers + 1)] for t in budgets}
     return {"L": n_layers, "k": num_chunks, "budgets": list(budgets), "at": at, "var_price": price,
-            "paper_weights": paper_w}
+            "nts_price": nts_price, "paper_weights": paper_w}
 
 
 def unbiased_where(cells: pd.DataFrame) -> dict:
@@ -133,6 +159,7 @@ def summarize_paper(paper: pd.DataFrame, groups: pd.DataFrame, level: float) -> 
     cells = paper_cells(paper)
     if cells.empty:
         return None
+    derived = cells.attrs.get("matched_scale_derived", False)
     mean = cells.groupby(["L", "k", "t", "scheme"], as_index=False).mean(numeric_only=True)
     ks = sorted(int(k) for k in cells.k.unique())
     k0 = PAPER_K if PAPER_K in ks else ks[0]
@@ -141,6 +168,7 @@ def summarize_paper(paper: pd.DataFrame, groups: pd.DataFrame, level: float) -> 
     covered = cells.mc_covered.dropna()
     headline = [s.label for s in HEADLINE_SCHEMES]
     return {
+        "matched_scale_derived": derived,
         "k": k0, "depths": depths, "budgets": budgets, "seeds": sorted(int(s) for s in cells.seed.unique()),
         "tables": {L: settings_table(mean, L, k0, headline) for L in depths},
         "all_schemes": {L: settings_table(mean, L, k0, scheme_order(cells.scheme)) for L in depths},

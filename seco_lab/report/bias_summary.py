@@ -36,6 +36,8 @@ PRODUCE_BIAS = STUDIES["bias"].produce
 STUDY_FILES = ("results.csv", "paper.csv", "checks.csv", "groups.csv", "convergence.csv", "study.json")
 
 
+MATCHED_SCALE = ("noise_to_signal", "best_scale_mse")  # added in study format 4
+
 @dataclass
 class BiasStudy:
     """The stored study: one row per (L, k, t, seed, scheme) with a column per metric, and the other tables."""
@@ -75,6 +77,9 @@ def load_bias(folder: Path) -> BiasStudy:
     cells = cells.dropna(subset=["rel_bias"])
     cells.columns.name = None
     cells["ratio"] = cells.t / cells.k
+    for m in MATCHED_SCALE:  # a study written before the matched-scale metrics: they show as missing
+        if m not in cells:
+            cells[m] = float("nan")
     labels = [s.label for s in cfg.schemes]
     expect_cells(folder / "results.csv", cells, [(L, k, t, seed, s) for L, k, seed in cfg.groups()
                                                   for t in cfg.budgets[k] for s in labels])

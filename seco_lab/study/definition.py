@@ -61,7 +61,7 @@ IGNORE_INDEX = -100
 # Bumped whenever the seeding rule or the stored tables change, so a folder written by an older
 # study is never resumed as if it were this one (2: one SeedSequence rule, checks.csv, groups.csv;
 # 3: paper-settings groups and paper.csv, per_tensor_residual in results.csv).
-STUDY_FORMAT = 3
+STUDY_FORMAT = 4  # 4: matched-scale metrics (noise_to_signal, best_scale_mse)
 
 
 @dataclass(frozen=True)

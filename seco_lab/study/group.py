@@ -13,6 +13,8 @@ Metrics written to ``results.csv`` (all relative to the exact gradient g; ĝ is 
   ``rel_bias`` = ||E ĝ − g|| / ||g||, ``rel_var`` = tr Cov ĝ / ||g||², ``rel_mse`` = E||ĝ − g||² / ||g||²,
   ``direction_bias`` = 1 − cos(E ĝ, g), ``best_scale_residual`` = min_s ||s E ĝ − g|| / ||g|| = sin(E ĝ, g),
   ``w_p{p}`` = the expected weight w(p) = W(p) π(p) of hop stratum p (1 = unbiased);
+  at matched scale (SPEC §4c): ``noise_to_signal`` = tr Cov ĝ / ||E ĝ||² and ``best_scale_mse`` =
+  min_a E||a ĝ − g||² / ||g||² = 1 − ⟨E ĝ, g⟩² / (||g||² (||E ĝ||² + tr Cov ĝ));
 * exact, from the hop strata's per-tensor Gram matrices (``seco_lab.strata_stats.bias_metrics``):
   ``per_tensor_residual`` = min over one scale per parameter tensor of ||(a_i E ĝ_i − g_i)_i|| / ||g||
   (what Adam's per-coordinate rescaling cannot absorb);

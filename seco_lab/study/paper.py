@@ -11,7 +11,10 @@
   jackknife interval ``mc_rel_sq_bias_ci_low``/``_high``, ``mc_covered`` (1 if the interval
   holds the exact squared bias ``rel_bias``²; empty where the estimate is not random),
   ``rel_mse`` = ``rel_bias``² + ``mc_rel_var`` (exact bias, Monte Carlo variance) and
-  ``mc_cost`` (mean number of chunks drawn).
+  ``mc_cost`` (mean number of chunks drawn);
+* matched scale (SPEC §4c; exact mean, Monte Carlo variance): ``noise_to_signal`` = ``mc_rel_var`` ·
+  ||g||² / ||E ĝ||² and ``best_scale_mse`` = min_a E||a ĝ − g||² / ||g||² = 1 − ⟨E ĝ, g⟩² / (||g||²
+  (||E ĝ||² + tr Σ̂)).
 
 Checks: Σ_{p ≤ L} g(p) equals the dense gradient (so nothing travels more than L hops, and the
 strata are exact).
@@ -25,6 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..analysis import matched_scale
 from ..engine import dense_grad
 from ..estimators import flatten, hop_strata
 from ..strata_stats import StrataGram, bias_metrics, strata_monte_carlo
@@ -46,20 +50,27 @@ __all__ = ["run_paper_group"]
 
 def exact_metrics(gram: StrataGram, scheme, num_chunks: int, budget: int) -> dict[str, float]:
     """First-order metrics of one scheme at (k, t) from the strata's Gram matrices, and its weights w(p)."""
-    w = scheme.expected_weights(num_chunks, budget, gram.max_hops)
+    w = np.asarray(scheme.expected_weights(num_chunks, budget, gram.max_hops), dtype=np.float64)
     m = bias_metrics(gram, w)
+    G = gram.total
+    gg = float(G.sum())
+    # <E g_hat, g> and ||E g_hat||^2 relative to ||g||^2 (not stored: monte_carlo_metrics turns them into the
+    # matched-scale metrics)
+    m["_rel_inner"], m["_rel_mean_sq"] = float(w @ G.sum(1)) / gg, float(w @ G @ w) / gg
     m.update({f"w_p{p}": float(x) for p, x in enumerate(w)})
     return m
 
 
-def monte_carlo_metrics(mc, exact_rel_bias: float) -> dict[str, float]:
-    """A scheme's ``StrataMonteCarlo`` as stored metrics, with the interval's coverage of the exact value."""
-    sq_bias = exact_rel_bias**2
+def monte_carlo_metrics(mc, exact: dict[str, float]) -> dict[str, float]:
+    """A scheme's ``StrataMonteCarlo`` as stored metrics, with the interval's coverage of the exact value,
+    and the matched-scale metrics (exact mean from ``exact_metrics``, Monte Carlo variance)."""
+    sq_bias = exact["rel_bias"] ** 2
     random_estimate = mc.rel_var > DETERMINISTIC_VAR
     return {"mc_rel_sq_bias": mc.rel_sq_bias, "mc_rel_sq_bias_ci_low": mc.ci_low, "mc_rel_sq_bias_ci_high": mc.ci_high,
             "mc_rel_var": mc.rel_var, "mc_rel_sq_err": mc.rel_sq_err, "rel_mse": sq_bias + mc.rel_var,
             "mc_cost": mc.mean_chunks,
-            "mc_covered": float(mc.ci_low <= sq_bias <= mc.ci_high) if random_estimate else np.nan}
+            "mc_covered": float(mc.ci_low <= sq_bias <= mc.ci_high) if random_estimate else np.nan,
+            **matched_scale(exact["_rel_inner"], exact["_rel_mean_sq"], mc.rel_var)}
 
 
 def run_paper_group(cfg: StudyConfig, n_layers: int, num_chunks: int, seed: int) -> tuple[GroupResult, dict]:
@@ -95,7 +106,8 @@ def run_paper_group(cfg: StudyConfig, n_layers: int, num_chunks: int, seed: int)
             mc = strata_monte_carlo(model, tokens, targets, cfg.chunk_size, sampler, t, mine, cfg.paper_draws, rng,
                                     max_hops=P, batches=cfg.paper_batches, reference=g, level=cfg.ci_level)
             for label, stats in mc.items():
-                metrics = {**exact[(t, label)], **monte_carlo_metrics(stats, exact[(t, label)]["rel_bias"])}
+                ex = exact[(t, label)]
+                metrics = {**{n: v for n, v in ex.items() if not n.startswith("_")}, **monte_carlo_metrics(stats, ex)}
                 rows += [(t, label, name, value) for name, value in metrics.items()]
         seconds[f"monte_carlo_{kind}"] = time.perf_counter() - start
     key = (L, k, seed)

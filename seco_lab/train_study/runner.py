@@ -6,11 +6,25 @@ Matched compute: every arm takes the same optimizer steps on the same token stre
 ``seed``).  SpaCO draws one chunk set per micro-batch from a generator seeded by
 (seed, step, micro-batch), so arms that share a sampler and budget also share their draws.
 
+Equal compute (issue 22): an arm may override the sequences per step (``Arm.batch_size``; SpaCO
+then draws one chunk set per micro-batch of ``micro_batch`` sequences, the last one possibly
+smaller, and averages the micro-batch estimates weighted by size) or the number of steps
+(``Arm.steps``; the schedule keeps its shape: warm-up and decay scale with the steps).  Mode
+``truncated`` is the gradient cut at every cache (``seco_lab.truncated_grad``: g(0) only).  Every
+run records its compute: the cost model's chunk passes per step (``seco_lab.equal_compute.
+chunk_passes`` times the sequences) and the CPU time of its steps (``time.process_time``, one thread).
+
 The run returns tidy rows (one per step x metric): training loss, held-out loss and far-token
 loss (by distance), backpropagated chunks and wall time so far, and -- every ``probe_every``
 steps, at the run's current parameters -- the exact first-order quality of the arm's expected
 gradient on a fixed probe batch (docs/estimators.md §4):  E g_hat = sum_p w(p) g(p) from the hop
-strata, compared with g by ``seco_lab.strata_stats.bias_metrics``.
+strata, compared with g by ``seco_lab.strata_stats.bias_metrics``.  With ``variance_groups`` > 0
+the probe also estimates what the equal-compute best-scale MSE needs (``seco_lab.equal_compute``):
+the probe batch split into G groups gives unbiased cross-group estimates of ||g||^2, <m, g>, ||m||^2
+and the data noise tr Cov_i(m_i); ``variance_draws`` draws of the arm's sampler, each swept over
+every group, give the sampling noise A of one sequence and the covariance C of two sequences that
+share a draw (E||D_h||^2 = A/n + (1 - 1/n) C, E<D_h, D_h'> = C for group deviations D_h = g_hat_h(I)
+- m_h of n sequences each).
 """
 
 from __future__ import annotations
@@ -28,12 +42,15 @@ from seco_lab import (
     TinyTransformer,
     accumulate_grads,
     dense_grad,
+    flatten,
     forward_loss,
     get_scheme,
     hop_strata,
     seco_grad,
     spaco_grad,
+    truncated_grad,
 )
+from seco_lab.equal_compute import best_scale_mse, chunk_passes, step_variance
 from seco_lab.strata_stats import StrataGram, bias_metrics
 
 from .task import RecallBatch, RecallTask
@@ -41,27 +58,52 @@ from .task import RecallBatch, RecallTask
 __all__ = ["Arm", "RunSpec", "TrainSettings", "evaluate", "gradient", "probe", "train_run"]
 
 OPTIMIZERS = ("adamw", "sgd")
+MODES = ("dense", "seco", "truncated", "spaco")
+# fields added after the first study: left out of the definition at their default (fingerprints stay)
+NEW_SETTINGS = {"variance_groups": 0, "variance_draws": 0}
 
 
 @dataclass(frozen=True)
 class Arm:
-    """A gradient method: ``mode`` 'dense', 'seco' or 'spaco' (then ``scheme`` and ``budget``)."""
+    """A gradient method: ``mode`` 'dense', 'seco', 'truncated' or 'spaco' (then ``scheme`` and ``budget``);
+    ``batch_size`` / ``steps`` override the study's sequences per step / optimizer steps (equal compute)."""
 
     mode: str
     scheme: str | None = None
     budget: int | None = None
+    batch_size: int | None = None
+    steps: int | None = None
 
     def __post_init__(self):
-        if self.mode not in ("dense", "seco", "spaco"):
-            raise ValueError(f"unknown mode {self.mode!r}; use 'dense', 'seco' or 'spaco'")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; use one of {MODES}")
+        for name in ("batch_size", "steps"):
+            v = getattr(self, name)
+            if v is not None and (int(v) != v or v < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {v!r}")
         if (self.mode == "spaco") != (self.scheme is not None and self.budget is not None):
             raise ValueError("a spaco arm needs scheme and budget; dense and seco take neither")
         if self.scheme is not None:
             get_scheme(self.scheme)  # a clear error for an unknown name
 
     @property
-    def name(self) -> str:
+    def base(self) -> str:
+        """The method without its batch / steps override: 'seco', 'paper t=4', ..."""
         return self.mode if self.mode != "spaco" else f"{self.scheme} t={self.budget}"
+
+    @property
+    def name(self) -> str:
+        return self.base + (f" B={self.batch_size}" if self.batch_size else "") + \
+            (f" steps={self.steps}" if self.steps else "")
+
+    def definition(self) -> dict:
+        """The fields that define the arm (overrides only when set: older studies keep their fingerprint)."""
+        d = asdict(self)
+        return {k: v for k, v in d.items() if k in ("mode", "scheme", "budget") or v is not None}
+
+    def passes(self, num_chunks: int) -> float:
+        """Cost model: chunk passes per sequence (seco_lab.equal_compute.chunk_passes)."""
+        return chunk_passes(self.mode, num_chunks, self.budget)
 
 
 @dataclass(frozen=True)
@@ -95,6 +137,8 @@ class TrainSettings:
     val_sequences: int = 128
     test_sequences: int = 256
     probe_sequences: int = 16
+    variance_groups: int = 0  # > 0: the probe estimates the equal-compute MSE's noise terms (groups of sequences)
+    variance_draws: int = 0  # draws of the arm's sampler per probe for the sampling noise
 
     def __post_init__(self):
         if self.batch_size % self.micro_batch:
@@ -102,15 +146,28 @@ class TrainSettings:
         for name in ("steps", "eval_every", "probe_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.variance_groups:
+            g = self.variance_groups
+            if g < 2 or self.probe_sequences % g:
+                raise ValueError(f"variance_groups={g} must be >= 2 and divide probe_sequences={self.probe_sequences}")
+            if self.variance_draws < 2:
+                raise ValueError(f"variance_draws must be >= 2 with variance_groups, got {self.variance_draws}")
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "task": self.task.to_dict()}
+        d = {**asdict(self), "task": self.task.to_dict()}
+        for k, default in NEW_SETTINGS.items():
+            if d[k] == default:
+                del d[k]
+        return d
 
-    def lr_at(self, step: int, lr: float) -> float:
-        """Linear warm-up over ``warmup`` steps, then cosine decay to ``lr * min_lr_ratio``."""
-        if step < self.warmup:
-            return lr * (step + 1) / self.warmup
-        frac = (step - self.warmup) / max(self.steps - self.warmup, 1)
+    def lr_at(self, step: int, lr: float, steps: int | None = None) -> float:
+        """Linear warm-up over ``warmup`` steps, then cosine decay to ``lr * min_lr_ratio``; a run of
+        ``steps`` != self.steps keeps the shape (warm-up scaled by steps / self.steps)."""
+        steps = self.steps if steps is None else steps
+        warmup = self.warmup if steps == self.steps else max(1, round(self.warmup * steps / self.steps))
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        frac = (step - warmup) / max(steps - warmup, 1)
         return lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
@@ -127,26 +184,35 @@ def gradient(model, arm: Arm, batch: RecallBatch, chunk_size: int, micro_batch: 
     if arm.mode == "dense":
         loss, grads = dense_grad(model, batch.tokens, batch.targets)
         return float(loss), grads, batch.tokens.shape[1] / chunk_size
-    if arm.mode == "seco":
-        loss, grads = seco_grad(model, batch.tokens, batch.targets, chunk_size)
+    if arm.mode in ("seco", "truncated"):
+        engine = seco_grad if arm.mode == "seco" else truncated_grad
+        loss, grads = engine(model, batch.tokens, batch.targets, chunk_size)
         return float(loss), grads, batch.tokens.shape[1] / chunk_size
-    total, losses, chunks, parts = None, [], 0, batch.tokens.shape[0] // micro_batch
+    total, losses, chunks = None, [], 0.0
     scheme = get_scheme(arm.scheme)
-    k = batch.tokens.shape[1] // chunk_size
-    for m in range(parts):
-        mb = batch.rows(slice(m * micro_batch, (m + 1) * micro_batch))
+    n, k = batch.tokens.shape[0], batch.tokens.shape[1] // chunk_size
+    for m, size in enumerate(micro_batches(n, micro_batch)):
+        mb = batch.rows(slice(m * micro_batch, m * micro_batch + size))
         subset = scheme.sampler.draw(k, arm.budget, np.random.default_rng([seed, step, m, 7]))
-        chunks += len(subset)
+        share = size / n
+        chunks += share * len(subset)
         if not subset:  # an empty Bernoulli draw: the estimate is zero, the loss still counts
-            losses.append(float(forward_loss(model, mb.tokens, mb.targets, chunk_size)))
+            losses.append(share * float(forward_loss(model, mb.tokens, mb.targets, chunk_size)))
             continue
         loss, g = spaco_grad(model, mb.tokens, mb.targets, chunk_size, scheme, arm.budget, subset=subset)
-        losses.append(float(loss))
-        total = g if total is None else {n: total[n] + g[n] for n in total}
+        losses.append(share * float(loss))
+        # the micro-batch estimates are means over their own tokens; average them weighted by size
+        total = {n_: share * g_ for n_, g_ in g.items()} if total is None else \
+            {n_: total[n_] + share * g[n_] for n_ in total}
     if total is None:
-        total = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
-    # the micro-batch estimates are means over their own tokens; average them (equal sizes)
-    return float(np.mean(losses)), {n: g / parts for n, g in total.items()}, chunks / parts
+        total = {n_: torch.zeros_like(p) for n_, p in model.named_parameters()}
+    return float(sum(losses)), total, chunks
+
+
+def micro_batches(batch: int, micro_batch: int) -> list[int]:
+    """Sizes of a step's micro-batches (one SpaCO draw each): full ones of ``micro_batch``, then the rest."""
+    full, rest = divmod(batch, micro_batch)
+    return [micro_batch] * full + ([rest] if rest else [])
 
 
 @torch.no_grad()
@@ -178,9 +244,78 @@ def probe(model, arm: Arm, batch: RecallBatch, chunk_size: int) -> dict[str, flo
         out.update(cos=1.0 - m["direction_bias"], rel_bias=m["rel_bias"],
                    best_scale_residual=m["best_scale_residual"], per_tensor_residual=m["per_tensor_residual"],
                    scale=m["scale"])
+    elif arm.mode == "truncated":  # E g_hat = g_hat = g(0)
+        m = bias_metrics(gram, np.eye(gram.max_hops + 1)[0])
+        out.update(cos=1.0 - m["direction_bias"], rel_bias=m["rel_bias"],
+                   best_scale_residual=m["best_scale_residual"], per_tensor_residual=m["per_tensor_residual"],
+                   scale=m["scale"])
     else:  # exact methods: E g_hat = g
         out.update(cos=1.0, rel_bias=0.0, best_scale_residual=0.0, per_tensor_residual=0.0, scale=1.0)
     return out
+
+
+def expected_weights(arm: Arm, k: int, max_hops: int) -> np.ndarray:
+    """w(p), p = 0..max_hops: the arm's E g_hat = sum_p w(p) g(p) (1 for exact methods, e_0 for truncated)."""
+    if arm.mode == "spaco":
+        return np.asarray(get_scheme(arm.scheme).expected_weights(k, arm.budget, max_hops), dtype=np.float64)
+    return np.eye(max_hops + 1)[0] if arm.mode == "truncated" else np.ones(max_hops + 1)
+
+
+def _cross_mean(X: torch.Tensor, Y: torch.Tensor) -> float:
+    """mean over h != h' of <X_h, Y_h'> (rows of X and Y: G groups): unbiased for <E X, E Y>."""
+    G = X.shape[0]
+    full = float(X.sum(0) @ Y.sum(0))
+    return (full - float((X * Y).sum())) / (G * (G - 1))
+
+
+def noise_probe(model, arm: Arm, batch: RecallBatch, chunk_size: int, groups: int, draws: int,
+                rng: np.random.Generator) -> dict[str, float]:
+    """The terms of the equal-compute best-scale MSE at the current parameters (module docstring):
+    cross-group estimates of ||g||^2, <m, g>, ||m||^2, the data noise of m_i and of g_i per sequence, and
+    the sampling noise A and shared-draw covariance C of the arm's sampler (0 for exact / truncated)."""
+    L = len(model.blocks)
+    B = batch.tokens.shape[0]
+    n = B // groups
+    k = batch.tokens.shape[1] // chunk_size
+    parts = [batch.rows(slice(h * n, (h + 1) * n)) for h in range(groups)]
+    exact = [hop_strata(model, p.tokens, p.targets, chunk_size, max_hops=L) for p in parts]
+    P = exact[0].max_hops
+    w = torch.as_tensor(expected_weights(arm, k, P), dtype=torch.float64)
+    S = torch.stack([torch.stack([flatten(s).double() for s in e.strata]) for e in exact])  # (G, P+1, d)
+    g_h, m_h = S.sum(1), torch.einsum("p,gpd->gd", w, S)
+
+    def data_var(X):  # n * sample variance of the group means: tr Cov_i per sequence
+        return float(n * ((X - X.mean(0)) ** 2).sum() / (groups - 1))
+
+    out = {"g_sq": _cross_mean(g_h, g_h), "inner": _cross_mean(m_h, g_h), "mean_sq": _cross_mean(m_h, m_h),
+           "data_var": data_var(m_h), "seco_data_var": data_var(g_h), "sampling_var": 0.0, "shared_cov": 0.0}
+    if arm.mode != "spaco":
+        return out
+    scheme = get_scheme(arm.scheme)
+    own, cross = [], []
+    for _ in range(draws):
+        subset = scheme.sampler.draw(k, arm.budget, rng)
+        if subset:
+            est = torch.stack([flatten(hop_strata(model, p.tokens, p.targets, chunk_size, max_hops=L,
+                                                  subset=subset).estimate(scheme, arm.budget)).double()
+                               for p in parts])
+        else:  # an empty Bernoulli draw: every estimate is 0
+            est = torch.zeros_like(m_h)
+        D = est - m_h
+        own.append(float((D * D).sum()) / groups)
+        cross.append(_cross_mean(D, D))
+    C = float(np.mean(cross))
+    out.update(sampling_var=n * (float(np.mean(own)) - (1 - 1 / n) * C), shared_cov=C)
+    return out
+
+
+def equal_compute_mse(noise: dict[str, float], arm: Arm, batch_size: int, micro_batch: int) -> dict[str, float]:
+    """The best-scale MSE (and noise-to-signal) of the arm's step at its own batch and micro-batches."""
+    sizes = micro_batches(batch_size, micro_batch) if arm.mode == "spaco" else None
+    var = step_variance(noise["data_var"], noise["sampling_var"], batch_size, sizes, noise["shared_cov"])
+    mse = best_scale_mse(noise["inner"], noise["mean_sq"], noise["g_sq"], var) if noise["g_sq"] > 0 else math.nan
+    return {"ec_mse": mse, "step_var": var,
+            "noise_to_signal": var / noise["mean_sq"] if noise["mean_sq"] > 0 else math.nan}
 
 
 def fixed_batch(task: RecallTask, seed: int, split: str, size: int) -> RecallBatch:
@@ -192,6 +327,10 @@ def train_run(spec: RunSpec, settings: TrainSettings, data_seed: int = 1234) -> 
     """Train one run; returns (tidy rows, summary).  Held-out sets do not depend on the run's seed."""
     torch.manual_seed(spec.seed)
     task, c = settings.task, settings.task.chunk_size
+    steps = spec.arm.steps or settings.steps
+    batch_size = spec.arm.batch_size or settings.batch_size
+    micro = min(settings.micro_batch, batch_size)
+    noise_rng = np.random.default_rng([spec.seed, 11])
     cfg = TinyConfig(vocab_size=task.vocab_size, **settings.model)
     model = TinyTransformer(cfg, seed=spec.seed)
     init = [p.detach().clone() for p in model.parameters()]
@@ -200,7 +339,7 @@ def train_run(spec: RunSpec, settings: TrainSettings, data_seed: int = 1234) -> 
     test = fixed_batch(task, data_seed, "test", settings.test_sequences)
     probe_batch = task.batch(data_seed, "val", 1, settings.probe_sequences)
     rows: list[dict] = []
-    chunks, wall, diverged = 0.0, 0.0, False
+    chunks, wall, cpu, diverged = 0.0, 0.0, 0.0, False
 
     def record(step, metric, value, distance=0):
         rows.append({"step": step, "metric": metric, "distance": distance, "value": float(value)})
@@ -212,37 +351,45 @@ def train_run(spec: RunSpec, settings: TrainSettings, data_seed: int = 1234) -> 
     def probes(step):
         for metric, v in probe(model, spec.arm, probe_batch, c).items():
             record(step, f"probe_{metric}", v)
+        if settings.variance_groups:
+            noise = noise_probe(model, spec.arm, probe_batch, c, settings.variance_groups, settings.variance_draws,
+                                noise_rng)
+            for metric, v in {**noise, **equal_compute_mse(noise, spec.arm, batch_size, micro)}.items():
+                record(step, f"probe_{metric}", v)
 
     held_out(0, "val", val)
     probes(0)
-    for step in range(settings.steps):
-        batch = task.batch(spec.seed, "train", step, settings.batch_size)
-        t0 = time.perf_counter()
-        loss, grads, n_chunks = gradient(model, spec.arm, batch, c, settings.micro_batch, spec.seed, step)
+    for step in range(steps):
+        batch = task.batch(spec.seed, "train", step, batch_size)
+        t0, c0 = time.perf_counter(), time.process_time()
+        loss, grads, n_chunks = gradient(model, spec.arm, batch, c, micro, spec.seed, step)
         opt.zero_grad(set_to_none=True)
         accumulate_grads(model, grads)
         if settings.clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip)
         for group in opt.param_groups:
-            group["lr"] = settings.lr_at(step, spec.lr)
+            group["lr"] = settings.lr_at(step, spec.lr, steps)
         opt.step()
         wall += time.perf_counter() - t0
+        cpu += time.process_time() - c0
         chunks += n_chunks
         done = step + 1
         record(done, "train_loss", loss)
         if not all(torch.isfinite(p).all() for p in model.parameters()):
             diverged = True
             break
-        if done % settings.eval_every == 0 or done == settings.steps:
+        if done % settings.eval_every == 0 or done == steps:
             held_out(done, "val", val)
             record(done, "backprop_chunks", chunks)
             record(done, "wall_s", wall)
-        if done % settings.probe_every == 0 or done == settings.steps:
+            record(done, "cpu_s", cpu)
+        if done % settings.probe_every == 0 or done == steps:
             probes(done)
     if not diverged:
-        held_out(settings.steps, "test", test)
+        held_out(steps, "test", test)
     moved = float(sum((p.detach() - q).norm() ** 2 for p, q in zip(model.parameters(), init)) ** 0.5)
     summary = {"run_id": spec.run_id, "arm": spec.arm.name, "optimizer": spec.optimizer, "lr": spec.lr,
                "seed": spec.seed, "diverged": diverged, "steps_done": done, "param_distance": moved,
-               "backprop_chunks_per_step": chunks / done, "wall_s": wall}
+               "backprop_chunks_per_step": chunks / done, "wall_s": wall, "cpu_s": cpu, "steps": steps,
+               "batch_size": batch_size, "passes_per_step": batch_size * spec.arm.passes(task.num_chunks)}
     return rows, summary

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -51,8 +51,17 @@ class StudyConfig:
     lrs: dict = field(default_factory=lambda: {"adamw": (1e-3, 3e-3, 1e-2), "sgd": (0.1, 0.3, 1.0)})
     seeds: tuple[int, ...] = (0, 1, 2)
     arms: tuple[Arm, ...] | None = None  # None: default_arms(k, budgets)
+    # explicit cells (arm, optimizer, learning rates, seeds or None = all) instead of arms x lrs x seeds
+    cells: tuple[tuple[Arm, str, tuple[float, ...], tuple[int, ...] | None], ...] | None = None
 
     def __post_init__(self):
+        if self.cells is not None:
+            self.cells = tuple((a, o, tuple(float(x) for x in lrs), None if sd is None else tuple(sd))
+                               for a, o, lrs, sd in self.cells)
+            arms = list(dict.fromkeys(c[0] for c in self.cells))
+            if self.arms is not None and list(self.arms) != arms:
+                raise ValueError("pass either cells or arms, not both")
+            self.arms = tuple(arms)
         if self.arms is None:
             self.arms = default_arms(self.settings.task.num_chunks, self.budgets)
         k = self.settings.task.num_chunks
@@ -64,16 +73,26 @@ class StudyConfig:
 
     def runs(self) -> list[RunSpec]:
         """Seeds outermost, so an interrupted study has whole seeds first."""
+        if self.cells is not None:
+            return [RunSpec(arm, opt, lr, seed) for seed in self.seeds for arm, opt, lrs, seeds in self.cells
+                    if seeds is None or seed in seeds for lr in lrs]
         return [RunSpec(arm, opt, float(lr), seed) for seed in self.seeds for opt, grid in self.lrs.items()
                 for lr in grid for arm in self.arms]
 
     def to_dict(self) -> dict:
-        return {"settings": self.settings.to_dict(), "budgets": list(self.budgets),
-                "lrs": {k: list(v) for k, v in self.lrs.items()}, "seeds": list(self.seeds),
-                "arms": [{"name": a.name, **asdict(a)} for a in self.arms]}
+        d = {"settings": self.settings.to_dict(), "budgets": list(self.budgets),
+             "lrs": {k: list(v) for k, v in self.lrs.items()}, "seeds": list(self.seeds),
+             "arms": [{"name": a.name, **a.definition()} for a in self.arms]}
+        if self.cells is not None:
+            d["cells"] = [{"arm": a.name, "optimizer": o, "lrs": list(lrs), "seeds": None if sd is None else list(sd)}
+                          for a, o, lrs, sd in self.cells]
+        return d
 
     def fingerprint(self) -> str:
-        return fingerprint(self.to_dict())
+        """Hash of the definition.  A study of explicit cells hashes only its settings (what a run's result
+        depends on besides its run id), so cells can be added to a folder, or run in tiers, and resumed."""
+        return fingerprint(self.to_dict() if self.cells is None else {"settings": self.settings.to_dict(),
+                                                                      "design": "cells"})
 
 
 def quick_config() -> StudyConfig:
@@ -92,6 +111,9 @@ def study_folder(out: Path) -> StudyFolder:
 def _work(args) -> dict:
     """One run in a worker: one thread (the pool already fills the cores), results written atomically."""
     spec, settings, out = args
+    js = study_folder(out).marker(spec.run_id)
+    if js.exists():  # finished meanwhile by another process (an earlier, interrupted driver's worker)
+        return json.loads(js.read_text())
     torch.set_num_threads(1)
     rows, summary = train_run(spec, settings)
     df = pd.DataFrame(rows)
@@ -125,9 +147,11 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 2, fresh: bool = False, p
     return meta
 
 
-def collect_partial(cfg: StudyConfig, out: Path) -> dict:
-    """Assemble the runs finished so far (while a study still runs, or after it was stopped) and mark
-    ``study.json`` 'partial'; its wall time counts the running session up to its latest finished run."""
+def collect_partial(cfg: StudyConfig, out: Path, ended: bool = False) -> dict:
+    """Assemble the runs of ``cfg`` finished so far (while a study still runs, or after it was stopped) and mark
+    ``study.json`` 'partial'; its wall time counts the running session up to its latest finished run.
+    ``ended=True`` (the driver, after its sessions of a tiered folder): no session is running; the status
+    is 'complete' or 'incomplete'."""
     out = Path(out)
     meta_path = out / "study.json"
     if not meta_path.exists():
@@ -144,8 +168,12 @@ def collect_partial(cfg: StudyConfig, out: Path) -> dict:
     latest = max(p.stat().st_mtime for p in done)
     status = "complete" if len(done) == len(specs) else "partial"
     completed = sum(x["wall_s"] for x in meta.get("sessions", []))  # sessions that ran to the end
-    running = meta.get("status") in ("running", "partial")  # a session that has not (yet) completed
-    meta.update(status=status, runs_done=len(runs), session_started_at=started,
+    # a session that has not (yet) completed; after the driver's last session nothing is running
+    running = meta.get("status") in ("running", "partial") and not ended
+    if ended and status != "complete":
+        status = "incomplete"  # every session ended, some runs were never done
+    meta.update(status=status, runs_done=len(runs), session_started_at=started, design=cfg.to_dict(),
+                runs_total=len(specs),
                 study_wall_s=completed + (max(latest - started, 0.0) if running else 0.0),
                 run_wall_s_total=float(runs["wall_s"].sum()))
     study_folder(out).write_manifest(meta)
@@ -172,21 +200,3 @@ def collect(out: Path, specs: list[RunSpec]) -> pd.DataFrame:
     atomic_write_csv(out / "results.csv.gz", pd.concat(frames, ignore_index=True))
     atomic_write_csv(out / "runs.csv", runs)
     return runs
-
-
-def add_arguments(ap) -> None:
-    """The training study's own option of ``seco-lab study train``."""
-    ap.add_argument("--collect-only", action="store_true",
-                    help="assemble the runs finished so far (status 'partial') without running anything")
-
-
-def run_from_args(args) -> int:
-    """``seco-lab study train``: run (or resume) the study into ``args.out``, or only collect it."""
-    cfg = quick_config() if args.quick else StudyConfig()
-    if args.collect_only:
-        meta = collect_partial(cfg, args.out)
-    else:
-        meta = run_study(cfg, args.out, jobs=2 if args.jobs is None else args.jobs, fresh=args.fresh,
-                         progress=args.progress)
-    print(json.dumps({k: meta[k] for k in ("status", "runs_done", "study_wall_s", "fingerprint")}))
-    return 0
