@@ -23,7 +23,7 @@ from .runner import Arm, RunSpec, TrainSettings, train_run
 from .task import RecallTask
 
 __all__ = [
-    "StudyConfig", "add_arguments", "collect", "default_arms", "quick_config", "run_from_args", "run_study",
+    "StudyConfig", "collect", "default_arms", "quick_config", "run_study",
     "study_folder",
 ]
 
