@@ -150,6 +150,7 @@ def backward_sweep(
     params = list(params)
     if batch_labels is None:
         batch_labels = getattr(model, "batched_backward", True)
+    fused = bool(getattr(model, "fused_products", False))  # sharded models (seco_lab.sharding.GatheredView)
     for j in order:
         tok, tgt, start = batch.chunk(j)
         sources = [i for i in range(j) if i in visited]
@@ -168,7 +169,8 @@ def backward_sweep(
             jobs = [(lab, seeds[lab], False, True) for lab in relayed] + [(None, _summed(seeds.values()), True, False)]
         else:
             jobs = [(lab, seed, True, lab in relayed) for lab, seed in seeds.items()]
-        for lab, _, want_params, want_leaves, grads in _products(outputs, jobs, params, src_leaves, batch_labels):
+        for lab, _, want_params, want_leaves, grads in _products(outputs, jobs, params, src_leaves, batch_labels,
+                                                                 fused):
             if want_params:
                 collect(lab, j, [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)])
             if not want_leaves:
@@ -185,10 +187,25 @@ def backward_sweep(
         del out, outputs
 
 
-def _products(outputs, jobs, params, src_leaves, batched: bool):
+def _products(outputs, jobs, params, src_leaves, batched: bool, fused: bool = False):
     """Yield (*job, gradients w.r.t. the job's inputs) for every job: one product per job, or (``batched``)
-    the jobs that want the same inputs in one batched product."""
+    the jobs that want the same inputs in one batched product, or (``fused``) at most two batched
+    products, the earlier-leaf-only jobs first and the parameter jobs last, over every output.  A sharded
+    model needs ``fused``: FSDP reshards a block once gradients have reached its inputs, so the products
+    of one chunk graph must not outnumber the ones its backward hooks expect."""
     inputs = lambda job: (params if job[2] else []) + (src_leaves if job[3] else [])  # noqa: E731
+    if fused:
+        parts = [[job for job in jobs if not job[2]], [job for job in jobs if job[2]]]
+        parts = [part for part in parts if part]
+        for g, part in enumerate(parts):
+            wants_leaves = any(job[3] for job in part)
+            union = (params if part[0][2] else []) + (src_leaves if wants_leaves else [])
+            res = _vjp(outputs, [job[1] for job in part], union, retain_graph=g + 1 < len(parts))
+            n_par = len(params) if part[0][2] else 0
+            for s, job in enumerate(part):
+                grads = [r[s] for r in res]
+                yield (*job, grads[:n_par] + (grads[n_par:] if job[3] else []))
+        return
     if not batched:
         for n, job in enumerate(jobs):
             yield (*job, _seed_vjp(outputs, job[1], inputs(job), retain_graph=n + 1 < len(jobs)))

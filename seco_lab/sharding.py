@@ -85,6 +85,9 @@ class GatheredView:
     (gathering as the policy says) and ``named_parameters()`` yields FSDP's unsharded
     parameters -- the leaves of every chunk's graph -- under the model's own names."""
 
+    #: the engine runs each chunk graph's products fused (FSDP's backward hooks reshard after one)
+    fused_products = True
+
     def __init__(self, root: nn.Module, full: dict[str, nn.Parameter]):
         self._root, self._full = root, full
 

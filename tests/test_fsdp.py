@@ -168,7 +168,10 @@ def check_against_single_process(jobs, root, hf=False):
             Trainer(TrainConfig.from_dict(spec["cfg"]), RunControl(run_dir=str(root / "x"), device="cpu")).model
         ).items()})
         assert moved > 1e-6, f"{spec['name']}: the parameters did not move; the comparison proves nothing"
-        assert got["work"] == ref["work"], spec["name"]  # every rank does the one process's chunk work
+        # every rank does the one process's chunk forwards; a sharded model runs each chunk graph's
+        # products fused (seco_lab.engine._products), so a hop-dependent relay may take fewer backward calls
+        assert [w["forward"] for w in got["work"]] == [w["forward"] for w in ref["work"]], spec["name"]
+        assert all(g["backward"] <= r["backward"] for g, r in zip(got["work"], ref["work"])), spec["name"]
         if spec["subset"] is None:  # SeCO and constant relay: the work itself is fixed
             assert got["work"] == [engine_work(spec)] * spec["cfg"]["steps"], spec["name"]
         assert got["counts"] == [expected_counts(spec, w, hf) for w in got["work"]], spec["name"]

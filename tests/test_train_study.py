@@ -217,7 +217,7 @@ def test_quick_study_end_to_end(tmp_path):
         assert heading in text
     assert len(list((tmp_path / "figs").glob("*.png"))) == 5
     # issue 22: the equal-compute tier, the replays and the second configuration on top of the main study
-    for tier in ("equal-compute", "replay-t2", "second"):
+    for tier in ("equal-compute", "equal-compute-spaco", "replay-t2", "second"):
         assert study_main(["train", "--quick", "--jobs", "2", "--out", str(out), "--part", tier]) == 0
     ec = pd.read_csv(out / "equal_compute" / "runs.csv")
     k, B = cfg.settings.task.num_chunks, cfg.settings.batch_size
@@ -231,10 +231,11 @@ def test_quick_study_end_to_end(tmp_path):
     assert (ec.cpu_s > 0).all() and (ec.passes_per_step > 0).all()
     assert (out / "equal_compute" / "costs.csv").exists() and (out / "second_L4" / "costs.csv").exists()
     ec_study = json.loads((out / "equal_compute" / "study.json").read_text())
-    assert ec_study["status"] == "incomplete" and len(ec_study["sessions"]) == 2  # two tiers ran, others did not
+    assert ec_study["status"] == "incomplete" and len(ec_study["sessions"]) == 3  # three tiers ran, others did not
     assert ec_study["runs_done"] == len(ec) < ec_study["runs_total"]
     replays = ec[ec.arm.isin(set(runs.arm))]
-    assert set(replays.seed) == {0} and len(replays) == 2 * (len(cfg.arms) - 1 - 5)  # seco + the t=2 schemes
+    replayed = {a.name for a in cfg.arms if a.mode == "seco" or (a.mode == "spaco" and a.budget == max(cfg.budgets))}
+    assert set(replays.seed) == {0} and set(replays.arm) == replayed and len(replays) == 2 * len(replayed)  # 2 optimizers
     md = render(tabs, study2, tmp_path / "report2.md", tmp_path / "figs2", extensions=out).read_text()
     for heading in ("## At equal compute", "## A second configuration", "## The prediction, tested"):
         assert heading in md

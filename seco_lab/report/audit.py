@@ -185,7 +185,7 @@ def render(results: Path, out_md: Path, root: Path = Path(".")) -> list[str]:
 def write_report(results: str | Path, out_md: str | Path, root: str | Path = Path(".")) -> Path:
     results, out_md = Path(results), Path(out_md)
     if not (results / "audit.json").is_file():
-        raise MissingResultsError(f"{results} holds no audit.json: run {PRODUCE} first, or pass the folder "
+        raise MissingResultsError(f"{results} lacks audit.json: run {PRODUCE} first, or pass the folder "
                                   "an audit wrote")
     return write_markdown(render(results, out_md, Path(root)), out_md)
 

@@ -26,7 +26,8 @@ from scipy import stats
 
 from seco_lab.equal_compute import chunk_passes, equal_batches
 
-from .figures import SCHEME_COLORS, save
+from ..report.figures import SCHEME_COLOURS
+from .figures import save
 from .stats import detectable_difference, paired_difference, t_interval
 from .summary import select_lr
 
@@ -247,7 +248,7 @@ def compute_plot(best: pd.DataFrame, title: str) -> Figure:
             elif base == "dense":
                 continue
             else:
-                color, marker = SCHEME_COLORS.get(scheme, "tab:gray"), "^" if "t=4" in base else "v"
+                color, marker = SCHEME_COLOURS.get(scheme, "tab:gray"), "^" if "t=4" in base else "v"
             yerr = [[m - lo], [hi - m]] if np.isfinite(lo) else None
             ax.errorbar([x], [m], yerr=yerr, fmt=marker, color=color, mfc="none" if "B=" in arm else color,
                         capsize=3, ms=7)
