@@ -235,7 +235,7 @@ def test_quick_study_end_to_end(tmp_path):
     assert ec_study["runs_done"] == len(ec) < ec_study["runs_total"]
     replays = ec[ec.arm.isin(set(runs.arm))]
     replayed = {a.name for a in cfg.arms if a.mode == "seco" or (a.mode == "spaco" and a.budget == max(cfg.budgets))}
-    assert set(replays.seed) == {0} and set(replays.arm) == replayed and len(replays) == 2 * len(replayed)  # 2 optimizers
+    assert set(replays.seed) == {0} and set(replays.arm) == replayed and len(replays) == 2 * len(replayed)
     md = render(tabs, study2, tmp_path / "report2.md", tmp_path / "figs2", extensions=out).read_text()
     for heading in ("## At equal compute", "## A second configuration", "## The prediction, tested"):
         assert heading in md
