@@ -175,3 +175,6 @@ def test_equal_compute_formula_matches_a_direct_simulation():
     m0, ms = equal_compute_mse(G, a, M, X, v, b_star)
     assert m0 == pytest.approx(ms, rel=1e-9)
     assert crossover_batch(G, a, G, G, v) == np.inf or crossover_batch(G, a, G, G, v) == 0.0  # no bias
+    # a direction bias at the level of rounding (an unbiased scheme's float estimate) is no bias: never a finite B*
+    assert crossover_batch(G, a, G * (1 + 1e-15), G, 0.5 * a) == np.inf
+    assert 0 < crossover_batch(G, a, G * (1 + 1e-6), G, 0.5 * a) < np.inf

@@ -197,6 +197,6 @@ def crossover_batch(G: float, a: float, M: float, X: float, v: float) -> float:
     edge = X**2 * a - G**2 * v  # > 0: the scheme's noise advantage
     if edge <= 0:
         return 0.0
-    if bias <= 0:
+    if bias <= 1e-12 * G * G * M:  # no direction bias beyond rounding (an unbiased scheme): SeCO never overtakes
         return float("inf")
     return float(edge / bias)
