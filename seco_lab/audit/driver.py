@@ -316,7 +316,7 @@ def summary(cfg: AuditConfig, units: dict, out: Path) -> dict:
         s["units"] += 1
         s["wall_s"] += u["unit_wall_s"]
         s["cpu_s"] += u["unit_cpu_s"]
-    planned = [stem for stem, _ in plan_units(cfg)]
+    planned = [stem for stem, _ in plan_units(replace(cfg, stages=STAGES))]  # a --stages run is part of the whole
     return {"config": cfg.to_json(), "digest": cfg.digest(), "versions": versions(), "stages": stages,
             "units_done": sorted(units), "units_missing": [s for s in planned if s not in units],
             "exactness": units.get("exact"), "command": " ".join(sys.argv)}
