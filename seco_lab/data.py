@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import stat
 import sysconfig
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,6 +102,10 @@ def as_path_list(paths, what: str = "paths") -> list[Path] | None:
     if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__"):
         paths = [paths]
     try:
+        paths = list(paths)
+        if any(isinstance(p, (str, bytes)) and not p.strip() for p in paths):  # Path("") would be the cwd
+            raise ValueError(f"{what}: an empty path ('') names no file; name text files or folders (the current "
+                             "directory is '.')")
         out = [Path(p) for p in paths]
     except TypeError:
         raise TypeError(f"{what} must be a path or a list of paths, got {paths!r}") from None
@@ -139,7 +144,16 @@ def corpus_files(paths, pattern: str) -> list[Path]:
         else:
             raise ValueError(f"text path {p} is not a regular file or folder (a FIFO, device or socket "
                              "cannot be read as a corpus); name text files or folders")
-    return files
+    # a file named twice (or named and inside a named folder) is read once: a copy would put training text
+    # into the held-out split
+    seen: set[Path] = set()
+    unique = []
+    for f in files:
+        key = f.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return unique
 
 
 def read_text_bytes(files, max_bytes: int) -> bytes:
@@ -210,6 +224,9 @@ class TextCorpus:
                 f"the text under {', '.join(map(str, paths))} has {len(stream):,} bytes of text{skipped}: too few "
                 f"for sequences of {seq_len} tokens with a held-out split (need at least {2 * n:,})"
             )
+        if binary:
+            warnings.warn(f"{len(binary)} text file(s) skipped as binary (a NUL byte): "
+                          f"{', '.join(map(str, binary[:3]))}{' ...' if len(binary) > 3 else ''}", stacklevel=2)
         seqs = torch.as_tensor(stream[: n_seq * n].reshape(n_seq, n).astype(np.int64))
         self.train, self.val = seqs[: n_seq - n_val], seqs[n_seq - n_val :]
         self.seq_len, self.seed, self.files, self.num_bytes = seq_len, seed, len(files), len(stream)
