@@ -808,3 +808,40 @@ def test_report_real_renders_the_committed_study(real_copy, tmp_path):
 
     text = real_report(real_copy, tmp_path / "r.md").read_text()
     assert "falling-factorial" in text and "nan" not in text
+
+
+# ------------------------------------------------------------------ hostile campaign: the cost of a study
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--quick", "--draws", "10000000000"], "--draws 10,000,000,000 is above the 10,000,000 the study takes"),
+    (["--quick", "--paper-draws", "10000000"], "--paper-draws 10,000,000 is above the 30,000"),
+    (["--paper-draws", "30000"], "hours of worker time"),
+    (["--draws", "9000000"], "above the 48 h guard"),
+])
+def test_a_study_beyond_the_cost_guard_is_refused_up_front(tmp_path, capsys, monkeypatch, args, message):
+    """Campaign Y08: --draws 10000000000 was accepted and ran until killed."""
+    import seco_lab.study.driver as driver
+    from seco_lab.studies import study_main
+
+    def started(*a, **k):
+        raise AssertionError("the study started")
+
+    monkeypatch.setattr(driver, "run_study", started)
+    rc = study_main(["bias", "--out", str(tmp_path / "y8"), "--no-progress", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "y8").exists()
+
+
+def test_the_cost_guard_passes_the_default_study_and_yields_to_force():
+    from dataclasses import replace
+
+    from seco_lab.study.definition import DEFAULT, QUICK
+    from seco_lab.study.driver import check_cost
+
+    assert check_cost(QUICK) < check_cost(DEFAULT) < 3600  # the studies the Makefile runs are far below the guard
+    big = replace(DEFAULT, draws=10**7)
+    with pytest.raises(ValueError, match="pass --force if you mean it"):
+        check_cost(big)
+    assert check_cost(big, force=True) > 48 * 3600
