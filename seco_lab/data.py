@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checks import as_float, as_int, check_seed
+from .checks import as_float, as_int, check_seed, guard_memory
 from .config import TEXT_VOCAB
 
 __all__ = ["Batch", "KeyValueTask", "TEXT_VOCAB", "TextCorpus", "default_text_paths", "read_text_bytes"]
@@ -69,7 +69,7 @@ class KeyValueTask:
         self.seq_len, self.vocab_size, self.n_pairs, self.seed = seq_len, vocab_size, n_pairs, seed
 
     def batch(self, split: str, index: int, size: int) -> Batch:
-        index, size = check_batch_request(split, index, size)
+        index, size = check_batch_request(split, index, size, self.seq_len)
         rng = np.random.default_rng([self.seed, 0 if split == "train" else 1, index])
         n, m, K = self.seq_len + 1, self.n_pairs, self.n_keys
         seqs = rng.integers(1 + 2 * K, self.vocab_size, size=(size, n))
@@ -87,12 +87,18 @@ class KeyValueTask:
         return Batch(t[:, :-1], t[:, 1:], torch.as_tensor(far[:, 1:]))
 
 
-def check_batch_request(split, index, size) -> tuple[int, int]:
+def check_batch_request(split, index, size, seq_len: int | None = None) -> tuple[int, int]:
     """A batch request of any corpus: ``split`` is 'train' or 'val' (no silent fallback to
-    'val' for 'test'), ``index`` an integer >= 0, ``size`` an integer >= 1."""
+    'val' for 'test'), ``index`` an integer >= 0, ``size`` an integer >= 1 whose batch (``seq_len`` + 1
+    tokens a sequence: int64 inputs, targets and the far-token mask) fits under the memory guard."""
     if split not in SPLITS:
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-    return as_int(index, "batch index", 0), as_int(size, "batch size", 1)
+    index, size = as_int(index, "batch index", 0), as_int(size, "batch size", 1)
+    if seq_len is not None:
+        guard_memory(f"a batch of {size:,} sequences", 3 * 8 * size * (seq_len + 1),
+                     f"{seq_len + 1} int64 tokens each, as inputs, targets and mask", "lower the batch size",
+                     force=None)
+    return index, size
 
 
 def as_path_list(paths, what: str = "paths") -> list[Path] | None:
@@ -233,7 +239,7 @@ class TextCorpus:
         self.binary_files = binary  # skipped: a NUL byte in the part read
 
     def batch(self, split: str, index: int, size: int) -> Batch:
-        index, size = check_batch_request(split, index, size)
+        index, size = check_batch_request(split, index, size, self.seq_len)
         pool = self.train if split == "train" else self.val
         rng = np.random.default_rng([self.seed, 0 if split == "train" else 1, index])
         rows = torch.as_tensor(rng.integers(0, len(pool), size))

@@ -154,10 +154,19 @@ def study_main(argv=None, prog: str | None = None) -> int:
         args.out = check_study_out(default if args.out is None else args.out)
     except StudyFolderError as e:
         ap.error(str(e))
+    from .study_runner import WorkerDied
+
     try:
         return resolve(study.run)(args)
     except (StudyFolderError, FolderBusy) as e:
         ap.error(str(e))
+    except KeyboardInterrupt:
+        print(f"{ap.prog}: interrupted; the cells finished so far are stored in {args.out}: rerun the same command "
+              "to resume", file=sys.stderr)
+        return 130
+    except WorkerDied as e:
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        return 1
     except OSError as e:
         print(f"{ap.prog}: error: cannot write the results to {args.out}: {e.strerror or e} "
               "(pass a writable folder with --out)", file=sys.stderr)

@@ -845,3 +845,112 @@ def test_the_cost_guard_passes_the_default_study_and_yields_to_force():
     with pytest.raises(ValueError, match="pass --force if you mean it"):
         check_cost(big)
     assert check_cost(big, force=True) > 48 * 3600
+
+
+# ------------------------------------------------------------------ hostile campaign: one-line errors, not tracebacks
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--num-chunks", "0"], "--num-chunks must be an integer >= 1, got 0"),
+    (["--chunk-size", "0"], "--chunk-size must be an integer >= 1, got 0"),
+    (["--num-chunks", "100000", "--chunk-size", "100000"], "beyond the 8,192-token context"),
+    (["--text-file", "../../../etc/nothere"], "does not exist"),
+    (["--text-file", ""], "--text-file is empty"),
+    (["--threads", "0"], "--threads must be an integer >= 1, got 0"),
+])
+def test_study_real_checks_its_options_before_loading_the_model(tmp_path, capsys, monkeypatch, args, message):
+    """Campaign Y26-Y30: study real checked its options only inside the cells' processes (after loading the
+    model and writing study.json), so each mistake was a worker's traceback."""
+    import seco_lab.real_study as real_study
+    from seco_lab.studies import study_main
+
+    def started(*a, **k):
+        raise AssertionError("the study started")
+
+    monkeypatch.setattr(real_study, "run_study", started)
+    rc = study_main(["real", "--out", str(tmp_path / "rr"), "--no-progress", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "rr").exists()
+
+
+def test_ctrl_c_during_a_study_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
+    """Campaign G09: Ctrl-C during study bias --jobs 2 was a KeyboardInterrupt traceback."""
+    import seco_lab.study.driver as driver
+    from seco_lab.studies import study_main
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver, "run_study", interrupted)
+    try:
+        rc = study_main(["bias", "--quick", "--out", str(tmp_path / "s"), "--no-progress", "--jobs", "2"])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped study_main (a traceback)")
+    err = capsys.readouterr().err
+    assert rc == 130 and "interrupted; the cells finished so far are stored in" in err and "Traceback" not in err
+
+
+def test_ctrl_c_stops_the_workers_at_once_without_a_traceback(capfd):
+    """The pool's workers ignore SIGINT (the parent reports it once) and are stopped, not waited for."""
+    import time
+
+    from seco_lab.study_runner import run_cells
+
+    def stop(_):
+        raise KeyboardInterrupt
+
+    start = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        run_cells(time.sleep, [0.0, 60, 60, 60], jobs=2, progress=False, on_result=stop)
+    assert time.perf_counter() - start < 30
+    err = capfd.readouterr().err
+    assert "Exception in thread" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seed", "99999999999999999999"], "seed must be <= 9223372036854775807"),
+    (["--seed", str(2**63)], "seed must be <= 9223372036854775807"),
+    (["--config", "DIR"], "is a directory, not a JSON or TOML file"),
+    (["--hf-model", ""], "--hf-model is empty"),
+])
+def test_more_train_mistakes_are_one_line_errors(tmp_path, capsys, args, message):
+    """Campaign T038 (an overflow message naming no flag), C10 ('config file not found' for a directory),
+    H16 (a Hub repo-id message for --hf-model '')."""
+    args = [str(tmp_path) if a == "DIR" else a for a in args]
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(tmp_path / "r"), *FAST, *args)
+    assert rc == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_seed_api_refuses_what_torch_cannot_take():
+    from seco_lab.checks import check_seed
+
+    assert check_seed(2**63 - 1) == 2**63 - 1
+    with pytest.raises(ValueError, match=r"seed must be < 2\*\*63"):
+        check_seed(2**63)
+
+
+def test_a_huge_batch_is_refused_before_allocating(tmp_path):
+    """Campaign A59: TextCorpus.batch('train', 0, 10**9) tried to allocate 7.5 GiB."""
+    from seco_lab.data import KeyValueTask, TextCorpus
+
+    good = tmp_path / "good.txt"
+    good.write_text("hello world\n" * 500)
+    for corpus in (TextCorpus(64, paths=good), KeyValueTask(64)):
+        with pytest.raises(MemoryError, match="a batch of 1,000,000,000 sequences would hold") as e:
+            corpus.batch("train", 0, 10**9)
+        assert "lower the batch size" in str(e.value) and "force=True" not in str(e.value)
+        assert corpus.batch("train", 0, 4).tokens.shape == (4, 64)
+
+
+def test_load_cell_names_a_damaged_study_json(tmp_path):
+    """Campaign A65: an empty study.json was a raw JSONDecodeError naming no file."""
+    from seco_lab.study.cell import load_cell
+
+    (tmp_path / "study.json").write_text("")
+    with pytest.raises(ValueError, match="study.json cannot be read as JSON"):
+        load_cell(tmp_path, 1, 4, 0)
+    (tmp_path / "study.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds no readable study definition"):
+        load_cell(tmp_path, 1, 4, 0)

@@ -139,8 +139,8 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, fresh: bool = False, p
     print(f"bias study -> {out}: {len(groups)} groups ({len(cfg.paper_groups())} at the paper's settings), "
           f"{len(groups) - len(todo)} already done, {len(todo)} to compute with {worker_count(jobs, len(todo))} "
           f"worker(s); {cfg.draws} Monte Carlo draws per chain-basis cell and sampler, {cfg.paper_draws} per "
-          f"paper-settings cell and sampler (the whole study: roughly {estimated_worker_seconds(cfg) / 60:,.0f} "
-          "worker-minutes)", flush=True)
+          f"paper-settings cell and sampler (the whole study: roughly {_duration(estimated_worker_seconds(cfg))} "
+          "of worker time)", flush=True)
     t0 = time.perf_counter()
     done_now = run_cells(_work, [(cfg, out, kind, g) for kind, g in todo], jobs=jobs, progress=progress,
                          desc="groups", done=len(groups) - len(todo))
@@ -202,6 +202,11 @@ def estimated_worker_seconds(cfg: StudyConfig) -> float:
     paper = sum(cfg.paper_draws * len(cfg.paper_budgets) * samplers * PAPER_SECONDS_PER_DRAW_K128 * (k / 128) ** 2
                 for _, k, _ in cfg.paper_groups())
     return chain + paper
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:,.0f} min" if seconds < 7200 else \
+        f"{seconds / 3600:,.0f} h"
 
 
 def check_cost(cfg: StudyConfig, force: bool = False) -> float:
