@@ -161,14 +161,16 @@ class StudyFolder:
     ``NAME.json`` is written last and so marks the cell done.
 
     ``stored_fingerprint(manifest)`` reads the fingerprint of a stored manifest (default:
-    ``manifest[key]``); a study whose older folders stored it differently passes its own.
+    ``manifest[key]``); a study whose older folders stored it differently passes its own.  ``keeps``: files
+    the study may write before its manifest and never overwrites (kept when they exist), so a folder holding
+    only these is still one to start the study in.
     """
 
     def __init__(self, root: str | Path, cells: str = "cells", key: str = "fingerprint",
-                 stored_fingerprint: Callable[[dict], str | None] | None = None):
+                 stored_fingerprint: Callable[[dict], str | None] | None = None, keeps: tuple[str, ...] = ()):
         if not str(os.fspath(root)).strip():
             raise StudyFolderError("--out is empty; name a folder for the study's results, e.g. --out results/study")
-        self.root, self.key = Path(root), key
+        self.root, self.key, self.keeps = Path(root), key, tuple(keeps)
         self.cells = self.root / cells
         self.manifest_path = self.root / "study.json"
         self._stored = stored_fingerprint or (lambda m: m.get(key))
@@ -197,7 +199,7 @@ class StudyFolder:
         from .folder_lock import LOCK_NAME
 
         foreign = [p for p in sorted(self.root.iterdir())
-                   if not (p.name == LOCK_NAME or re.fullmatch(TEMP_FILE, p.name)
+                   if not (p.name == LOCK_NAME or re.fullmatch(TEMP_FILE, p.name) or p.name in self.keeps
                            or p == self.cells and p.is_dir() and not p.is_symlink() and not any(p.iterdir()))]
         if foreign:
             names = ", ".join(p.name for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")

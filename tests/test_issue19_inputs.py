@@ -954,3 +954,21 @@ def test_load_cell_names_a_damaged_study_json(tmp_path):
     (tmp_path / "study.json").write_text("{}")
     with pytest.raises(ValueError, match="holds no readable study definition"):
         load_cell(tmp_path, 1, 4, 0)
+
+
+def test_a_file_the_study_writes_before_its_record_does_not_make_the_folder_foreign(tmp_path):
+    """The training study's extension tiers measure costs.csv before they open their folder (and keep it)."""
+    from seco_lab.store import StudyFolderError
+    from seco_lab.train_study.study import study_folder
+
+    (tmp_path / "costs.csv").write_text("arm,cpu_s\n")
+    folder = study_folder(tmp_path)
+    folder.open("abc")
+    folder.close()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "runs.csv").write_text("mine\n")
+    with pytest.raises(StudyFolderError, match=r"not a seco-lab study folder \(no study.json\) and holds files "
+                                               r"\(runs.csv\)"):
+        study_folder(other).open("abc")
+    assert (other / "runs.csv").read_text() == "mine\n"
