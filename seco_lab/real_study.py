@@ -289,6 +289,7 @@ def add_arguments(ap) -> None:
 
 def run_from_args(args) -> int:
     """``seco-lab study real``: compute the missing cells into ``args.out`` and print the Markdown section."""
+    from .report.markdown import MissingResultsError
     from .report.real import render
 
     cfg = RealStudyConfig(text_file=args.text_file, num_chunks=args.num_chunks, chunk_size=args.chunk_size,
@@ -299,7 +300,12 @@ def run_from_args(args) -> int:
     except (TypeError, ValueError) as e:
         print(f"seco-lab study real: error: {e}", file=sys.stderr)
         return 2
-    print(render(run_study(cfg, args.out, progress=args.progress, fresh=args.fresh, jobs=args.jobs or 1)))
+    out = run_study(cfg, args.out, progress=args.progress, fresh=args.fresh, jobs=args.jobs or 1)
+    try:
+        print(render(out))
+    except MissingResultsError as e:  # e.g. only exactness cells were asked for: nothing to tabulate yet
+        print(f"seco-lab study real: the cells asked for are stored in {out}, but there is no report section yet: "
+              f"{e}", file=sys.stderr)
     return 0
 
 
