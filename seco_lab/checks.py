@@ -116,13 +116,15 @@ MEMORY_GUARD_BYTES = 8 << 30
 MAX_WEIGHT_ENTRIES = 1 << 24
 
 
-def guard_memory(what: str, nbytes: float, detail: str, fix: str, force: bool = False) -> None:
+def guard_memory(what: str, nbytes: float, detail: str, fix: str, force: bool | None = False) -> None:
     """Refuse, before allocating, work that would hold more than :data:`MEMORY_GUARD_BYTES`: the message
-    states the cost and how to lower it; ``force=True`` is the override for those who mean it."""
+    states the cost and how to lower it; ``force=True`` is the override for those who mean it (``None``:
+    the caller has no override, and the message offers none)."""
     if force or nbytes <= MEMORY_GUARD_BYTES:
         return
+    override = "" if force is None else ", or pass force=True if you mean it"
     raise MemoryError(f"{what} would hold {nbytes / 2**30:,.1f} GiB ({detail}), above the "
-                      f"{MEMORY_GUARD_BYTES / 2**30:.0f} GiB guard; {fix}, or pass force=True if you mean it")
+                      f"{MEMORY_GUARD_BYTES / 2**30:.0f} GiB guard; {fix}{override}")
 
 
 # --------------------------------------------------------------------------- engine inputs and outputs
@@ -312,5 +314,9 @@ def as_bool(value, what: str) -> bool:
 
 
 def check_seed(seed, what: str = "seed") -> int:
-    """An integer seed >= 0: ``1.7`` and ``True`` are refused rather than truncated to 1."""
-    return as_int(seed, what, 0)
+    """An integer seed in [0, 2**63): ``1.7`` and ``True`` are refused rather than truncated to 1, and a seed
+    beyond what torch's generators take (a signed 64-bit integer) is refused naming its range."""
+    seed = as_int(seed, what, 0)
+    if seed >= 2**63:
+        raise ValueError(f"{what} must be < 2**63 (a signed 64-bit integer), got {seed}")
+    return seed

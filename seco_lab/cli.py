@@ -171,6 +171,9 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
     if merged.get("data") == "text" and "vocab_size" not in model:
         model["vocab_size"] = TEXT_VOCAB
     merged["model"] = tiny_config_from_dict(model, "model flags")
+    if isinstance(merged.get("hf_model"), str) and not merged["hf_model"].strip():
+        raise UserError("--hf-model is empty; name an architecture (llama, qwen2), smollm2-135m or a local checkpoint "
+                        "directory, or drop --hf-model for the tiny transformer")
     if merged.get("hf_model") is not None and any(k.startswith("model.") for k in ns):
         raise UserError("model flags (--d-model, ...) shape the tiny transformer; with --hf-model use --hf-override")
     spaco_only = sorted(k for k in ("scheme", "budget", "cap") if k in flags)

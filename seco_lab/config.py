@@ -74,7 +74,8 @@ class TrainConfig:
     eval_batches: int = opt(2, "validation batches per evaluation", "optimisation", min=1)
     ckpt_every: int = opt(50, "checkpoint every this many steps", "optimisation", min=1)
     dtype: str = opt("float32", "parameter dtype", "optimisation", choices=DTYPE_NAMES)
-    seed: int = opt(0, "seed of the weights, the data and the SpaCO draws", "optimisation", min=0)
+    seed: int = opt(0, "seed of the weights, the data and the SpaCO draws", "optimisation", min=0,
+                    max=2**63 - 1)
     lr_cycles: list[list[int]] = opt(list, "the schedule's warm-up + cosine cycles [start, end] (empty: one over "
                                            "[0, steps]); written by --resume when a run is extended", "optimisation",
                                      cli=False)
@@ -136,6 +137,9 @@ class TrainConfig:
         if self.data == "text" and self.hf_model is None and self.model.vocab_size != TEXT_VOCAB:
             raise ValueError(f"text data is byte-level: the model's vocab_size must be {TEXT_VOCAB}, got "
                              f"{self.model.vocab_size}")
+        if self.hf_model is not None and not str(self.hf_model).strip():
+            raise ValueError("--hf-model is empty; name an architecture (llama, qwen2), smollm2-135m or a local "
+                             "checkpoint directory, or drop --hf-model for the tiny transformer")
         if self.hf_model is None:
             for name in ("hf_overrides", "lora", "attn_implementation"):
                 if getattr(self, name) != TRAIN_DEFAULTS[name]:
@@ -312,6 +316,9 @@ def flag_of(name: str) -> str:
 def load_config_file(path: Path) -> dict:
     """The key/value table of a JSON or TOML file; errors name the file."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"config file {path} is a directory, not a JSON or TOML file; name the file, e.g. "
+                         "--config configs/demo.toml")
     if not path.is_file():
         raise ValueError(f"config file not found: {path}")
     try:

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import stat
 import sysconfig
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .checks import as_float, as_int, check_seed
+from .checks import as_float, as_int, check_seed, guard_memory
 from .config import TEXT_VOCAB
 
 __all__ = ["Batch", "KeyValueTask", "TEXT_VOCAB", "TextCorpus", "default_text_paths", "read_text_bytes"]
@@ -68,7 +69,7 @@ class KeyValueTask:
         self.seq_len, self.vocab_size, self.n_pairs, self.seed = seq_len, vocab_size, n_pairs, seed
 
     def batch(self, split: str, index: int, size: int) -> Batch:
-        index, size = check_batch_request(split, index, size)
+        index, size = check_batch_request(split, index, size, self.seq_len)
         rng = np.random.default_rng([self.seed, 0 if split == "train" else 1, index])
         n, m, K = self.seq_len + 1, self.n_pairs, self.n_keys
         seqs = rng.integers(1 + 2 * K, self.vocab_size, size=(size, n))
@@ -86,12 +87,18 @@ class KeyValueTask:
         return Batch(t[:, :-1], t[:, 1:], torch.as_tensor(far[:, 1:]))
 
 
-def check_batch_request(split, index, size) -> tuple[int, int]:
+def check_batch_request(split, index, size, seq_len: int | None = None) -> tuple[int, int]:
     """A batch request of any corpus: ``split`` is 'train' or 'val' (no silent fallback to
-    'val' for 'test'), ``index`` an integer >= 0, ``size`` an integer >= 1."""
+    'val' for 'test'), ``index`` an integer >= 0, ``size`` an integer >= 1 whose batch (``seq_len`` + 1
+    tokens a sequence: int64 inputs, targets and the far-token mask) fits under the memory guard."""
     if split not in SPLITS:
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-    return as_int(index, "batch index", 0), as_int(size, "batch size", 1)
+    index, size = as_int(index, "batch index", 0), as_int(size, "batch size", 1)
+    if seq_len is not None:
+        guard_memory(f"a batch of {size:,} sequences", 3 * 8 * size * (seq_len + 1),
+                     f"{seq_len + 1} int64 tokens each, as inputs, targets and mask", "lower the batch size",
+                     force=None)
+    return index, size
 
 
 def as_path_list(paths, what: str = "paths") -> list[Path] | None:
@@ -101,6 +108,10 @@ def as_path_list(paths, what: str = "paths") -> list[Path] | None:
     if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__"):
         paths = [paths]
     try:
+        paths = list(paths)
+        if any(isinstance(p, (str, bytes)) and not p.strip() for p in paths):  # Path("") would be the cwd
+            raise ValueError(f"{what}: an empty path ('') names no file; name text files or folders (the current "
+                             "directory is '.')")
         out = [Path(p) for p in paths]
     except TypeError:
         raise TypeError(f"{what} must be a path or a list of paths, got {paths!r}") from None
@@ -139,7 +150,16 @@ def corpus_files(paths, pattern: str) -> list[Path]:
         else:
             raise ValueError(f"text path {p} is not a regular file or folder (a FIFO, device or socket "
                              "cannot be read as a corpus); name text files or folders")
-    return files
+    # a file named twice (or named and inside a named folder) is read once: a copy would put training text
+    # into the held-out split
+    seen: set[Path] = set()
+    unique = []
+    for f in files:
+        key = f.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return unique
 
 
 def read_text_bytes(files, max_bytes: int) -> bytes:
@@ -210,13 +230,16 @@ class TextCorpus:
                 f"the text under {', '.join(map(str, paths))} has {len(stream):,} bytes of text{skipped}: too few "
                 f"for sequences of {seq_len} tokens with a held-out split (need at least {2 * n:,})"
             )
+        if binary:
+            warnings.warn(f"{len(binary)} text file(s) skipped as binary (a NUL byte): "
+                          f"{', '.join(map(str, binary[:3]))}{' ...' if len(binary) > 3 else ''}", stacklevel=2)
         seqs = torch.as_tensor(stream[: n_seq * n].reshape(n_seq, n).astype(np.int64))
         self.train, self.val = seqs[: n_seq - n_val], seqs[n_seq - n_val :]
         self.seq_len, self.seed, self.files, self.num_bytes = seq_len, seed, len(files), len(stream)
         self.binary_files = binary  # skipped: a NUL byte in the part read
 
     def batch(self, split: str, index: int, size: int) -> Batch:
-        index, size = check_batch_request(split, index, size)
+        index, size = check_batch_request(split, index, size, self.seq_len)
         pool = self.train if split == "train" else self.val
         rng = np.random.default_rng([self.seed, 0 if split == "train" else 1, index])
         rows = torch.as_tensor(rng.integers(0, len(pool), size))

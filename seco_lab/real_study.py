@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .checks import as_int
 from .schemes import SCHEME_NAMES, get_scheme
 from .store import StudyFolder, atomic_write_csv, fingerprint, software_versions
 from .strata_stats import StrataGram, bias_metrics
@@ -49,6 +50,7 @@ __all__ = [
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 CELLS = ("exact-lora", "exact-full", "lora", "full")
+MAX_WINDOW_TOKENS = 8192  # SmolLM2-135M's context (max_position_embeddings)
 RUN_ONLY = ("cells", "threads")  # fields that choose what to run now, not what a cell holds
 
 
@@ -70,6 +72,28 @@ class RealStudyConfig:
     check_chunk: int = 32
     threads: int = 2
     cells: tuple[str, ...] = field(default=("exact-lora", "exact-full", "lora"))  # "full": every parameter group
+
+    def validate(self) -> RealStudyConfig:
+        """Refuse (ValueError naming the option) what would fail only inside a cell's process, after the model
+        loaded and study.json was written: counts below 1, a window beyond the model's context (the cost
+        guard: memory and time grow with it), a text file that is not there."""
+        for name in ("num_chunks", "chunk_size", "threads", "layers_per_group"):
+            as_int(getattr(self, name), f"--{name.replace('_', '-')}", 1)
+        as_int(self.offset, "offset", 0)
+        if self.num_tokens > MAX_WINDOW_TOKENS:
+            raise ValueError(f"--num-chunks {self.num_chunks} x --chunk-size {self.chunk_size} = {self.num_tokens:,} "
+                             f"tokens, beyond the {MAX_WINDOW_TOKENS:,}-token context of {self.model} (and memory and "
+                             "time grow with the window); lower --num-chunks or --chunk-size")
+        if not str(self.text_file).strip():
+            raise ValueError("--text-file is empty; name a text file (relative names are read from the standard "
+                             "library, e.g. argparse.py)")
+        path = text_path(self)
+        if not path.exists():
+            raise ValueError(f"--text-file {self.text_file}: {path} does not exist (relative names are read from the "
+                             "standard library); name an existing text file")
+        if not path.is_file():
+            raise ValueError(f"--text-file {self.text_file}: {path} is not a regular file; name a text file")
+        return self
 
     def definition(self) -> dict:
         """What the stored cells depend on: every field but the cells chosen and the thread count."""
@@ -235,6 +259,7 @@ def run_study(cfg: RealStudyConfig, out_dir: str | Path, progress: bool = True, 
               jobs: int = 1) -> Path:
     """Run every missing cell (each in a fresh process, so its peak memory is its own), then write
     results.csv, strata.csv and study.json."""
+    cfg.validate()  # before the folder (and its study.json) is touched and any model is loaded
     out_dir = Path(out_dir)
     folder = study_folder(out_dir)
     folder.open(fingerprint(cfg.definition()), fresh)
@@ -264,12 +289,23 @@ def add_arguments(ap) -> None:
 
 def run_from_args(args) -> int:
     """``seco-lab study real``: compute the missing cells into ``args.out`` and print the Markdown section."""
+    from .report.markdown import MissingResultsError
     from .report.real import render
 
     cfg = RealStudyConfig(text_file=args.text_file, num_chunks=args.num_chunks, chunk_size=args.chunk_size,
                           strata_dtype=args.strata_dtype, layers_per_group=args.layers_per_group,
                           threads=args.threads, cells=tuple(args.cells))
-    print(render(run_study(cfg, args.out, progress=args.progress, fresh=args.fresh, jobs=args.jobs or 1)))
+    try:
+        cfg.validate()
+    except (TypeError, ValueError) as e:
+        print(f"seco-lab study real: error: {e}", file=sys.stderr)
+        return 2
+    out = run_study(cfg, args.out, progress=args.progress, fresh=args.fresh, jobs=args.jobs or 1)
+    try:
+        print(render(out))
+    except MissingResultsError as e:  # e.g. only exactness cells were asked for: nothing to tabulate yet
+        print(f"seco-lab study real: the cells asked for are stored in {out}, but there is no report section yet: "
+              f"{e}", file=sys.stderr)
     return 0
 
 

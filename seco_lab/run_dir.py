@@ -28,12 +28,13 @@ import pickle
 import re
 import tempfile
 import warnings
+import zipfile
 from pathlib import Path
 
 import torch
 
 from .folder_lock import LOCK_NAME, FolderBusy, hold_lock, release_lock
-from .store import atomic_write, atomic_write_json
+from .store import atomic_write, atomic_write_json, protected_paths
 
 __all__ = ["CHECKPOINT_KEYS", "DCP_TREE", "MARKER_NAME", "RUN_TREE", "RunDir", "RunDirError", "check_usable",
            "checkpoint_steps", "read_config", "read_metrics", "remove_own", "safe_load"]
@@ -102,24 +103,13 @@ def remove_own(root: Path, spec: dict) -> list[Path]:
     return left
 
 
-def protected_paths() -> dict[Path, str]:
-    """Directories no run may replace: the filesystem root, the home directory, the current directory
-    and every ancestor of the last two."""
-    out = {}
-    for what, base in (("the current directory", Path.cwd()), ("your home directory", Path.home())):
-        base = base.resolve()
-        out.setdefault(base, what)
-        for anc in base.parents:
-            out.setdefault(anc, f"an ancestor of {what}")
-    out[Path("/").resolve()] = "the filesystem root"
-    return out
-
-
 def check_path_given(path) -> Path:
     """Refuse a run directory that is no choice at all: ``""`` (which means the current directory)."""
     text = os.fspath(path)
     if not str(text).strip():
         raise RunDirError("--run-dir is empty; name a directory for the run, e.g. --run-dir runs/first")
+    if str(text) == "~" or str(text).startswith("~/"):
+        raise RunDirError(f"--run-dir {text}: a literal '~' (the shell did not expand it); write the path out")
     return Path(text)
 
 
@@ -135,9 +125,12 @@ def is_run(path: Path) -> bool:
 
 
 def check_replaceable(path: Path) -> None:
-    """``--overwrite``: refuse anything but a run of this tool holding only its own files."""
-    if str(path) == "~" or str(path).startswith("~/"):
-        raise RunDirError(f"--run-dir {path}: a literal '~' (the shell did not expand it); write the path out")
+    """``--overwrite``: refuse anything but a run of this tool holding only its own files (and a symlink:
+    the replacement renames the directory, which would replace the link, not the run it points to)."""
+    check_path_given(path)
+    if path.is_symlink():
+        raise RunDirError(f"--overwrite: {path} is a symlink to {path.resolve()}; pass --run-dir {path.resolve()} to "
+                          "replace that run (the link is left alone)")
     resolved = path.resolve()
     what = protected_paths().get(resolved)
     if what is not None:
@@ -356,6 +349,8 @@ def safe_load(path: Path, map_location=None):
     import numpy as np
     from numpy._core.multiarray import _reconstruct
 
+    if Path(path).is_file() and not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else is
+        raise ValueError("not a torch checkpoint archive (no zip structure): truncated, overwritten or foreign")
     with torch.serialization.safe_globals([_reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]):
         try:
             return torch.load(path, map_location=map_location, weights_only=True)
@@ -383,7 +378,10 @@ def read_metrics(run_dir) -> list[dict]:
     path = Path(getattr(run_dir, "path", run_dir)) / "metrics.jsonl"  # a path or a RunDir
     if not path.exists():
         return []
-    lines = path.read_text().split("\n")
+    try:
+        lines = path.read_text().split("\n")
+    except UnicodeDecodeError:
+        raise RunDirError(f"{path} is not text (not UTF-8): the metrics file is damaged or was overwritten") from None
     rows = []
     for i, line in enumerate(lines):
         if not line.strip():

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .run_dir import DCP_TREE, remove_own, safe_load
+from .run_dir import DCP_TREE, RunDirError, remove_own, safe_load
 
 __all__ = ["intact", "load", "load_replicated", "newest", "save"]
 
@@ -105,7 +105,13 @@ def load(path: Path, model, optimizer, check=None) -> dict:
     from torch.distributed.checkpoint import load as dcp_load
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    extra = safe_load(Path(path) / EXTRA, map_location="cpu")
+    try:
+        extra = safe_load(Path(path) / EXTRA, map_location="cpu")
+    except (ValueError, RuntimeError, OSError, EOFError) as e:
+        if isinstance(e, RunDirError):
+            raise
+        raise RunDirError(f"--resume: {Path(path) / EXTRA} is damaged ({type(e).__name__}: {str(e)[:120]}); remove "
+                          f"{path} to resume from an earlier checkpoint") from None
     if check is not None:
         check(extra, Path(path).name)
 

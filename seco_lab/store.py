@@ -31,8 +31,8 @@ from .folder_lock import hold_lock, release_lock
 
 _HELD_LOCKS: dict[Path, IO] = {}  # study folders this process has locked (a rerun in the process reuses its lock)
 
-__all__ = ["DefinitionMismatch", "StudyFolder", "atomic_write", "atomic_write_csv", "atomic_write_json",
-           "clear_stale", "fingerprint", "software_versions"]
+__all__ = ["DefinitionMismatch", "StudyFolder", "StudyFolderError", "atomic_write", "atomic_write_csv",
+           "atomic_write_json", "check_study_out", "clear_stale", "fingerprint", "protected_paths", "software_versions"]
 
 
 def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[bytes]], object]) -> Path:
@@ -115,8 +115,44 @@ def fingerprint(definition: dict) -> str:
     return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:16]
 
 
-class DefinitionMismatch(ValueError):
+class StudyFolderError(ValueError):
+    """A results folder that cannot be used as asked (the message says why and what to do)."""
+
+
+class DefinitionMismatch(StudyFolderError):
     """The results folder holds results of a different study definition."""
+
+
+def protected_paths() -> dict[Path, str]:
+    """Directories no run or study may take over: the filesystem root, the home directory, the current
+    directory and every ancestor of the last two."""
+    out = {}
+    for what, base in (("the current directory", Path.cwd()), ("your home directory", Path.home())):
+        base = base.resolve()
+        out.setdefault(base, what)
+        for anc in base.parents:
+            out.setdefault(anc, f"an ancestor of {what}")
+    out[Path("/").resolve()] = "the filesystem root"
+    return out
+
+
+def check_study_out(out: str | os.PathLike) -> Path:
+    """A study's ``--out`` that is no folder of its own is refused before anything is written: ``""`` (the
+    current directory), a literal ``~``, a file, and the filesystem root, the home directory, the current
+    directory and their ancestors (a study writes results.csv, study.json, ... straight into its folder)."""
+    text = os.fspath(out)
+    if not str(text).strip():
+        raise StudyFolderError("--out is empty; name a folder for the study's results, e.g. --out results/study")
+    if str(text) == "~" or str(text).startswith("~/"):
+        raise StudyFolderError(f"--out {text}: a literal '~' (the shell did not expand it); write the path out")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise StudyFolderError(f"--out {path} is a file, not a folder: pass a folder path")
+    what = protected_paths().get(path.resolve())
+    if what is not None:
+        raise StudyFolderError(f"--out {path} is {path.resolve()}, {what}: a study writes its tables straight into "
+                               "its folder; pass a folder of its own, e.g. --out results/study")
+    return path
 
 
 class StudyFolder:
@@ -125,18 +161,51 @@ class StudyFolder:
     ``NAME.json`` is written last and so marks the cell done.
 
     ``stored_fingerprint(manifest)`` reads the fingerprint of a stored manifest (default:
-    ``manifest[key]``); a study whose older folders stored it differently passes its own.
+    ``manifest[key]``); a study whose older folders stored it differently passes its own.  ``keeps``: files
+    the study may write before its manifest and never overwrites (kept when they exist), so a folder holding
+    only these is still one to start the study in.
     """
 
     def __init__(self, root: str | Path, cells: str = "cells", key: str = "fingerprint",
-                 stored_fingerprint: Callable[[dict], str | None] | None = None):
-        self.root, self.key = Path(root), key
+                 stored_fingerprint: Callable[[dict], str | None] | None = None, keeps: tuple[str, ...] = ()):
+        if not str(os.fspath(root)).strip():
+            raise StudyFolderError("--out is empty; name a folder for the study's results, e.g. --out results/study")
+        self.root, self.key, self.keeps = Path(root), key, tuple(keeps)
         self.cells = self.root / cells
         self.manifest_path = self.root / "study.json"
         self._stored = stored_fingerprint or (lambda m: m.get(key))
 
     def read_manifest(self) -> dict:
-        return json.loads(self.manifest_path.read_text()) if self.manifest_path.exists() else {}
+        """The stored manifest ({} when there is none); a damaged one is refused, naming the file."""
+        if not self.manifest_path.exists():
+            return {}
+        try:
+            manifest = json.loads(self.manifest_path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise StudyFolderError(f"{self.manifest_path} cannot be read as JSON ({type(e).__name__}: "
+                                   f"{str(e)[:80]}): the study's record is damaged; remove the folder's results "
+                                   "(or pass another --out) and rerun the study") from None
+        if not isinstance(manifest, dict):
+            raise StudyFolderError(f"{self.manifest_path} holds a {type(manifest).__name__}, not a study's record: "
+                                   "it was not written by seco-lab; pass another --out")
+        return manifest
+
+    def check_usable(self) -> None:
+        """Refuse a folder that is not this tool's to write into: see :func:`check_study_out`, and a folder
+        holding files but no ``study.json`` (a user's folder: a study would overwrite its results.csv, ...)."""
+        check_study_out(self.root)
+        if not self.root.is_dir() or self.manifest_path.exists():
+            return
+        from .folder_lock import LOCK_NAME
+
+        foreign = [p for p in sorted(self.root.iterdir())
+                   if not (p.name == LOCK_NAME or re.fullmatch(TEMP_FILE, p.name) or p.name in self.keeps
+                           or p == self.cells and p.is_dir() and not p.is_symlink() and not any(p.iterdir()))]
+        if foreign:
+            names = ", ".join(p.name for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+            raise StudyFolderError(f"--out {self.root} is not a seco-lab study folder (no study.json) and holds files "
+                                   f"({names}): a study would overwrite them, so nothing is written; pass a new or "
+                                   "empty folder with --out")
 
     def stored_fingerprint(self) -> str | None:
         """The fingerprint of the definition whose cells the folder holds (None: no manifest)."""
@@ -148,8 +217,8 @@ class StudyFolder:
         run into the same folder is refused, a lock left by a dead process is taken over), remove stale
         temporary files, refuse a folder of another definition (unless ``fresh``: then its cells are
         discarded); return the stored manifest ({} if none)."""
-        if self.root.exists() and not self.root.is_dir():
-            raise NotADirectoryError(f"{self.root} is a file, not a folder: pass a folder path")
+        self.check_usable()
+        self.read_manifest()  # a damaged record is refused before anything is written
         self.cells.mkdir(parents=True, exist_ok=True)
         key = self.root.resolve()
         if key not in _HELD_LOCKS:

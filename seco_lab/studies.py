@@ -111,7 +111,7 @@ def build_study_parser(study: Study, prog: str | None = None) -> argparse.Argume
     if study.quick_results is not None:
         ap.add_argument("--quick", action="store_true", help=f"a small grid, for a smoke run (results in "
                                                              f"{study.quick_results})")
-    ap.add_argument("--out", type=Path, default=None, help=f"results folder, relative to the current directory "
+    ap.add_argument("--out", default=None, help=f"results folder, relative to the current directory "
                     f"(default: {study.results}" + (f", {study.quick_results} with --quick)"
                                                     if study.quick_results else ")"))
     ap.add_argument("--jobs", type=int, default=None, help="worker processes (default: the study's own; never "
@@ -146,17 +146,27 @@ def study_main(argv=None, prog: str | None = None) -> int:
         ap.error("--jobs must be >= 1")
     quick = getattr(args, "quick", False)
     args.quick, args.default_out = quick, args.out is None
-    if args.out is None:
-        args.out = study.quick_results if quick else study.results
-    if args.out.exists() and not args.out.is_dir():
-        ap.error(f"--out {args.out} is a file, not a folder: pass a folder path")
     from .folder_lock import FolderBusy
-    from .store import DefinitionMismatch
+    from .store import StudyFolderError, check_study_out
+
+    try:
+        default = study.quick_results if quick else study.results
+        args.out = check_study_out(default if args.out is None else args.out)
+    except StudyFolderError as e:
+        ap.error(str(e))
+    from .study_runner import WorkerDied
 
     try:
         return resolve(study.run)(args)
-    except (DefinitionMismatch, FolderBusy) as e:
+    except (StudyFolderError, FolderBusy) as e:
         ap.error(str(e))
+    except KeyboardInterrupt:
+        print(f"{ap.prog}: interrupted; the cells finished so far are stored in {args.out}: rerun the same command "
+              "to resume", file=sys.stderr)
+        return 130
+    except WorkerDied as e:
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        return 1
     except OSError as e:
         print(f"{ap.prog}: error: cannot write the results to {args.out}: {e.strerror or e} "
               "(pass a writable folder with --out)", file=sys.stderr)
@@ -195,6 +205,10 @@ def report_main(argv=None) -> int:
     out = a.out or (study.quick_report_file if a.quick else study.report_file)
     if out.is_dir():
         ap.error(f"--out {out} is a folder: pass the Markdown file to write, e.g. {out / out.name}.md")
+    if out.suffix != ".md" and (out.exists() or out.resolve().is_relative_to(Path(results).resolve())):
+        where = "exists" if out.exists() else f"lies in the results folder {results}"
+        ap.error(f"--out {out} {where} and is not a Markdown report: the report is not written over it (it could be "
+                 f"one of the stored results); pass a .md file, e.g. {out.with_suffix('.md')}")
     try:
         path = resolve(study.report)(results, out)
     except MissingResultsError as e:

@@ -57,6 +57,13 @@ def _kill_hook(done: int) -> None:
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
+def _ignore_sigint() -> None:
+    """A worker's initializer: Ctrl-C is the parent's to handle (one message, not a traceback per worker)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @contextmanager
 def _single_threaded_children():
     saved = {k: os.environ.get(k) for k in SINGLE_THREAD_ENV}
@@ -94,7 +101,8 @@ def run_cells(work: Callable, tasks: Iterable, jobs: int = 1, isolate: bool = Fa
                 finished(work(task))
             return results
         with _single_threaded_children(), ProcessPoolExecutor(
-                workers, mp_context=get_context("spawn"), max_tasks_per_child=1 if isolate else None) as pool:
+                workers, mp_context=get_context("spawn"), max_tasks_per_child=1 if isolate else None,
+                initializer=_ignore_sigint) as pool:
             futures = [pool.submit(work, task) for task in tasks]
             try:
                 for future in as_completed(futures):
@@ -102,7 +110,13 @@ def run_cells(work: Callable, tasks: Iterable, jobs: int = 1, isolate: bool = Fa
             except BrokenProcessPool:
                 raise WorkerDied(f"a worker process of {desc!r} died (killed, or out of memory?); the cells "
                                  "finished so far are stored: rerun the same command to resume") from None
-            except BaseException:  # a failing cell (or Ctrl-C): start nothing more
+            except KeyboardInterrupt:  # Ctrl-C: the workers ignore it; stop them (a cell's files are written
+                # atomically, so a stopped cell is simply not done).  No future is cancelled: the pool fails the
+                # pending ones itself once its workers are gone (cancelling them first makes it raise)
+                for process in list((getattr(pool, "_processes", None) or {}).values()):
+                    process.terminate()
+                raise
+            except BaseException:  # a failing cell: start nothing more
                 for future in futures:
                     future.cancel()
                 raise

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import Batch, corpus_files, default_text_paths, is_regular_file
+from .data import Batch, check_batch_request, corpus_files, default_text_paths, is_regular_file
 
 #: bytes read per token of the budget at most: real text averages 3-5 bytes per BPE token
 BYTES_PER_TOKEN_BOUND = 16
@@ -131,8 +131,7 @@ class TokenCorpus:
         self.vocab_size = len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.vocab_size
 
     def batch(self, split: str, index: int, size: int) -> Batch:
-        if split not in ("train", "val"):
-            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        index, size = check_batch_request(split, index, size, self.seq_len)
         pool = self.train if split == "train" else self.val
         rng = np.random.default_rng([self.seed, 0 if split == "train" else 1, index])
         rows = torch.as_tensor(rng.integers(0, len(pool), size))

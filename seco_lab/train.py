@@ -269,6 +269,10 @@ class Trainer:
             raise RunDirError(f"--resume: checkpoint {name} holds step {state.get('step')}, not {expected}; it was "
                               "renamed or copied from elsewhere")
         config = state.get("config")
+        if not isinstance(state.get("fingerprint"), str):
+            raise RunDirError(f"--resume: checkpoint {name} records no experiment fingerprint (every checkpoint "
+                              "seco-lab writes has one), so it cannot be matched to this run: it was edited or "
+                              "copied from elsewhere; put this run's checkpoints back or start a new --run-dir")
         try:
             found = state.get("fingerprint") or experiment_fingerprint(config)
         except (TypeError, ValueError, AttributeError):

@@ -300,7 +300,10 @@ def _run_dir(tmp_path, metrics: str, config: dict | None = None):
     run.mkdir(exist_ok=True)
     config = config if config is not None else {"mode": "seco", "data": "synthetic", "seq_len": 64, "chunk_size": 32}
     (run / "config.json").write_text(json.dumps(config))
-    (run / "metrics.jsonl").write_text(metrics)
+    if metrics == "BINARY":
+        (run / "metrics.jsonl").write_bytes(bytes(range(128, 256)) * 64)
+    else:
+        (run / "metrics.jsonl").write_text(metrics)
     return run
 
 
@@ -311,6 +314,13 @@ def _run_dir(tmp_path, metrics: str, config: dict | None = None):
     ('{"step": 1, "loss": 1.0}\n', {"data": "synthetic"}, "x.png", "lacks mode"),
     ('{"step": 1, "loss": 1.0}\n', None, "x.txt", "give the file a .png suffix"),
     ('{"step": 1, "loss": 1.0}\n', None, "DIR", "is a folder"),
+    # campaign P19/P21/P22/P24: nothing finite to draw, steps out of order, a binary file
+    ('{"step": 1, "loss": NaN}\n{"step": 2, "loss": NaN}\n', None, "x.png", "holds no finite loss"),
+    ('{"step": 1, "loss": Infinity}\n{"step": 2, "loss": -Infinity}\n', None, "x.png", "holds no finite loss"),
+    ('{"step": 2, "loss": 3}\n{"step": 1, "loss": 4}\n{"step": 2, "loss": 5}\n', None, "x.png",
+     "has step 1 after step 2"),
+    ('{"step": 1, "loss": 3}\n{"step": 1, "loss": 4}\n', None, "x.png", "has step 1 after step 1"),
+    ("BINARY", None, "x.png", "metrics.jsonl is not text"),
 ])
 def test_plot_refuses_what_it_cannot_draw_honestly(tmp_path, capsys, metrics, config, out, message):
     run = _run_dir(tmp_path, metrics, config)
@@ -367,6 +377,20 @@ def _set_value(path, row, value):
     path.write_text("".join(lines))
 
 
+def _repeat_row(path, row, value=None):
+    """Row ``row`` again right after itself (with its last field set to ``value``: a conflicting result)."""
+    lines = path.read_text().splitlines(keepends=True)
+    copy = lines[row] if value is None else ",".join(lines[row].rstrip("\n").split(",")[:-1] + [value]) + "\n"
+    lines.insert(row + 1, copy)
+    path.write_text("".join(lines))
+
+
+def _delete_row(path, row):
+    lines = path.read_text().splitlines(keepends=True)
+    del lines[row]
+    path.write_text("".join(lines))
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda d: _truncate(d / "results.csv", 12), "results.csv lacks"),        # 1 cell of many
     (lambda d: _truncate(d / "checks.csv", 0), "header but no rows"),         # header only
@@ -378,6 +402,11 @@ def _set_value(path, row, value):
     (lambda d: (d / "study.json").write_text("[1, 2]"), "holds a list"),
     (lambda d: (d / "convergence.csv").write_text("garbage\x00,\n\x01\n"), "convergence.csv"),
     (lambda d: _truncate(d / "groups.csv", 3), "groups.csv lacks"),
+    # campaign B12/B16/B18: a repeated row, a conflicting one, one exactness check deleted
+    (lambda d: _repeat_row(d / "results.csv", 5), "results.csv holds 1 row"),
+    (lambda d: _repeat_row(d / "paper.csv", 1, value="99.0"), "paper.csv holds 1 row"),
+    (lambda d: _repeat_row(d / "convergence.csv", 1), "convergence.csv holds 1 row"),
+    (lambda d: _delete_row(d / "checks.csv", 1), "checks.csv lacks 1 of"),
 ])
 def test_incomplete_or_damaged_results_are_refused_naming_what_is_missing(study_copy, damage, message):
     from seco_lab.report import MissingResultsError, load_bias
@@ -532,3 +561,414 @@ def test_a_folder_named_latest_is_an_error_not_a_traceback(tmp_path):
         assert not list(rd.checkpoints.glob("*.tmp*"))
     finally:
         rd.close()
+
+
+# ------------------------------------------------------------------ hostile campaign: a study's --out is its own
+
+
+def _user_folder(root):
+    root.mkdir()
+    (root / "cells").mkdir()
+    files = {root / "results.csv": "mine\n", root / "notes.txt": "notes\n", root / "cells" / "L1_k4_s0.json": "m\n"}
+    for f, text in files.items():
+        f.write_text(text)
+    return files
+
+
+@pytest.mark.parametrize("fresh", [[], ["--fresh"]])
+def test_a_study_never_writes_into_a_users_folder(tmp_path, capsys, fresh):
+    """Campaign Y15/Y18: a folder without study.json but with results.csv was overwritten (--fresh: its cells too)."""
+    from seco_lab.studies import study_main
+
+    files = _user_folder(tmp_path / "mine")
+    with pytest.raises(SystemExit) as e:
+        study_main(["bias", "--quick", "--out", str(tmp_path / "mine"), "--no-progress", "--jobs", "1", *fresh])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "is not a seco-lab study folder (no study.json)" in err and "results.csv" in err, err
+    assert all(f.read_text() == text for f, text in files.items())
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["cells", "notes.txt", "results.csv"]
+
+
+@pytest.mark.parametrize("out, message", [
+    ("", "--out is empty"),
+    (".", "the current directory"),
+    ("..", "an ancestor of the current directory"),
+    ("~", "a literal '~'"),
+])
+def test_a_study_out_that_is_no_folder_of_its_own_is_refused(tmp_path, capsys, monkeypatch, out, message):
+    """Campaign Y10/Y11: --out '' wrote the study into the cwd, --out / into the filesystem root."""
+    from seco_lab.studies import study_main
+
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    (cwd / "main.py").write_text("mine\n")
+    monkeypatch.chdir(cwd)
+    with pytest.raises(SystemExit) as e:
+        study_main(["bias", "--quick", "--out", out, "--no-progress", "--jobs", "1", "--fresh"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["main.py", "work"]
+
+
+def test_the_filesystem_root_and_home_are_never_a_study_folder():
+    from pathlib import Path
+
+    from seco_lab.store import StudyFolder, StudyFolderError, check_study_out
+
+    for path, what in ((Path("/"), "the filesystem root"), (Path.home(), "your home directory")):
+        with pytest.raises(StudyFolderError, match=what):
+            check_study_out(path)
+        with pytest.raises(StudyFolderError, match=what):
+            StudyFolder(path).check_usable()  # what open() checks before creating anything
+    with pytest.raises(StudyFolderError, match="--out is empty"):
+        StudyFolder("")
+
+
+def test_a_damaged_study_json_is_named_not_a_traceback(tmp_path):
+    from seco_lab.store import StudyFolder, StudyFolderError
+
+    (tmp_path / "study.json").write_text("")
+    with pytest.raises(StudyFolderError, match="study.json cannot be read as JSON"):
+        StudyFolder(tmp_path).open("abc")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.json"]
+
+
+@pytest.mark.parametrize("name", ["results.csv", "study.json", "notes.txt"])
+def test_a_report_never_overwrites_the_results_it_reads(study_copy, capsys, name):
+    """Campaign E13: report bias --out RESULTS/results.csv replaced the study's table with Markdown."""
+    from seco_lab.studies import report_main
+
+    before = {p.name: p.read_bytes() for p in study_copy.iterdir()}
+    with pytest.raises(SystemExit) as e:
+        report_main(["bias", "--results", str(study_copy), "--out", str(study_copy / name)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "is not a Markdown report" in err, err
+    assert {p.name: p.read_bytes() for p in study_copy.iterdir()} == before
+
+
+# ------------------------------------------------------------------ hostile campaign: --text paths
+
+
+def test_a_text_file_named_twice_is_read_once(tmp_path):
+    """Campaign D18/D23: a file named twice (or named and inside a named folder) was read twice, so the
+    held-out split was a copy of training text."""
+    from seco_lab.data import TextCorpus
+
+    (tmp_path / "ov").mkdir()
+    good = tmp_path / "ov" / "good.txt"
+    good.write_text("".join(f"line {i} of some text\n" for i in range(300)))
+    once = TextCorpus(32, paths=[good])
+    for paths in ([good, good], [tmp_path / "ov", good], [good, tmp_path / "ov" / ".." / "ov" / "good.txt"]):
+        twice = TextCorpus(32, paths=paths)
+        assert twice.num_bytes == once.num_bytes and twice.files == 1
+        assert (twice.val == once.val).all()
+
+
+def test_an_empty_text_path_is_refused(tmp_path, capsys):
+    """Campaign D24: --text '' read the whole current directory."""
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(tmp_path / "r"), *FAST, "--data", "text", "--text", "")
+    assert rc == 2 and "an empty path ('') names no file" in err and "Traceback" not in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_binary_file_skipped_beside_text_is_named_in_a_warning(tmp_path):
+    """Campaign D22: --text good.txt --text /bin/ls dropped the binary file without a word."""
+    from seco_lab.data import TextCorpus
+
+    good, blob = tmp_path / "good.txt", tmp_path / "blob.bin"
+    good.write_text("hello world\n" * 500)
+    blob.write_bytes(bytes(range(256)) * 64)
+    with pytest.warns(UserWarning, match=r"1 text file\(s\) skipped as binary .*blob.bin"):
+        corpus = TextCorpus(32, paths=[good, blob])
+    assert corpus.binary_files == [blob]
+
+
+# ------------------------------------------------------------------ hostile campaign: report train / report real
+
+TRAIN_STUDY = STUDY.parent / "training_study"
+REAL_STUDY = STUDY.parent / "real_study" / "k16x16"
+
+
+@pytest.fixture(scope="module")
+def small_train_study(tmp_path_factory):
+    """The committed training study cut to its first 12 runs (fast to load; still complete)."""
+    import json
+
+    import pandas as pd
+
+    out = tmp_path_factory.mktemp("train_small")
+    runs = pd.read_csv(TRAIN_STUDY / "runs.csv").head(12)
+    results = pd.read_csv(TRAIN_STUDY / "results.csv.gz")
+    runs.to_csv(out / "runs.csv", index=False)
+    results[results.run_id.isin(runs.run_id)].to_csv(out / "results.csv.gz", index=False)
+    study = json.loads((TRAIN_STUDY / "study.json").read_text())
+    study["runs_done"] = len(runs)
+    (out / "study.json").write_text(json.dumps(study))
+    return out
+
+
+@pytest.fixture
+def train_copy(small_train_study, tmp_path):
+    import shutil
+
+    return shutil.copytree(small_train_study, tmp_path / "train")
+
+
+def _gz_rows(path, edit):
+    import pandas as pd
+
+    df = pd.read_csv(path)
+    edit(df).to_csv(path, index=False)
+
+
+def test_the_small_training_study_loads(train_copy):
+    from seco_lab.train_study.report import load
+
+    results, runs, _ = load(train_copy)
+    assert len(runs) == 12 and set(results.run_id) == set(runs.run_id)
+
+
+def _set_probe_cos_nan(df):
+    df.loc[df.index[df.metric == "probe_cos"][0], "value"] = float("nan")
+    return df
+
+
+@pytest.mark.parametrize("damage, message", [
+    # E16: a truncated results.csv.gz was an EOFError traceback
+    (lambda d: (d / "results.csv.gz").write_bytes((d / "results.csv.gz").read_bytes()[:3000]), "cannot be parsed"),
+    # E17: half the runs removed from runs.csv
+    (lambda d: _truncate(d / "runs.csv", 6), "runs.csv has 6 runs, but study.json records 12"),
+    # E18: a NaN learning rate
+    (lambda d: _set_field(d / "runs.csv", 1, 3, "nan"), "column 'lr' is empty or NaN"),
+    # E19: every other results row dropped was a KeyError traceback
+    (lambda d: _gz_rows(d / "results.csv.gz", lambda df: df.iloc[::2]), "lacks"),
+    # E20: an empty study.json was a JSONDecodeError traceback
+    (lambda d: (d / "study.json").write_text("\n"), "study.json cannot be read as JSON"),
+    # E21: a NaN measurement
+    (lambda d: _gz_rows(d / "results.csv.gz", _set_probe_cos_nan), "column 'value' is empty or NaN"),
+    (lambda d: _gz_rows(d / "results.csv.gz", lambda df: df.iloc[[0, *range(len(df))]]), "repeats an earlier row"),
+    (lambda d: (d / "runs.csv").write_text((d / "runs.csv").read_text().splitlines()[0] + "\n"), "header but no rows"),
+])
+def test_report_train_refuses_damaged_or_incomplete_results(train_copy, capsys, damage, message):
+    from seco_lab.studies import report_main
+
+    damage(train_copy)
+    out = train_copy.parent / "r.md"
+    rc = report_main(["train", "--results", str(train_copy), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def _set_field(path, row, col, value):
+    lines = path.read_text().splitlines(keepends=True)
+    parts = lines[row].rstrip("\n").split(",")
+    parts[col] = value
+    lines[row] = ",".join(parts) + "\n"
+    path.write_text("".join(lines))
+
+
+@pytest.fixture
+def real_copy(tmp_path):
+    import shutil
+
+    out = tmp_path / "real"
+    out.mkdir()
+    for name in ("study.json", "strata.csv", "results.csv"):
+        shutil.copy(REAL_STUDY / name, out / name)
+    return out
+
+
+@pytest.mark.parametrize("damage, message", [
+    # E23: results.csv cut mid-row was an IndexError traceback
+    (lambda d: (d / "results.csv").write_bytes((d / "results.csv").read_bytes()[:1500]), "results.csv"),
+    # E24: a NaN stratum norm
+    (lambda d: _set_value(d / "strata.csv", 3, "nan"), "column 'norm_ratio' is empty or NaN"),
+    # E25: header only
+    (lambda d: _truncate(d / "results.csv", 0), "header but no rows"),
+    # E26: the first 7 rows only
+    (lambda d: _truncate(d / "results.csv", 7), "results.csv lacks 14 of 21 expected"),
+    (lambda d: _repeat_row(d / "results.csv", 2), "repeats an earlier row"),
+    (lambda d: _truncate(d / "strata.csv", 10), "strata.csv lacks 6 of 16"),
+    (lambda d: (d / "study.json").write_text(""), "study.json cannot be read as JSON"),
+])
+def test_report_real_refuses_damaged_or_incomplete_results(real_copy, capsys, damage, message):
+    from seco_lab.studies import report_main
+
+    damage(real_copy)
+    out = real_copy.parent / "r.md"
+    rc = report_main(["real", "--results", str(real_copy), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_report_real_renders_the_committed_study(real_copy, tmp_path):
+    from seco_lab.report.real import real_report
+
+    text = real_report(real_copy, tmp_path / "r.md").read_text()
+    assert "falling-factorial" in text and "nan" not in text
+
+
+# ------------------------------------------------------------------ hostile campaign: the cost of a study
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--quick", "--draws", "10000000000"], "--draws 10,000,000,000 is above the 10,000,000 the study takes"),
+    (["--quick", "--paper-draws", "10000000"], "--paper-draws 10,000,000 is above the 30,000"),
+    (["--paper-draws", "30000"], "hours of worker time"),
+    (["--draws", "9000000"], "above the 48 h guard"),
+])
+def test_a_study_beyond_the_cost_guard_is_refused_up_front(tmp_path, capsys, monkeypatch, args, message):
+    """Campaign Y08: --draws 10000000000 was accepted and ran until killed."""
+    import seco_lab.study.driver as driver
+    from seco_lab.studies import study_main
+
+    def started(*a, **k):
+        raise AssertionError("the study started")
+
+    monkeypatch.setattr(driver, "run_study", started)
+    rc = study_main(["bias", "--out", str(tmp_path / "y8"), "--no-progress", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "y8").exists()
+
+
+def test_the_cost_guard_passes_the_default_study_and_yields_to_force():
+    from dataclasses import replace
+
+    from seco_lab.study.definition import DEFAULT, QUICK
+    from seco_lab.study.driver import check_cost
+
+    assert check_cost(QUICK) < check_cost(DEFAULT) < 3600  # the studies the Makefile runs are far below the guard
+    big = replace(DEFAULT, draws=10**7)
+    with pytest.raises(ValueError, match="pass --force if you mean it"):
+        check_cost(big)
+    assert check_cost(big, force=True) > 48 * 3600
+
+
+# ------------------------------------------------------------------ hostile campaign: one-line errors, not tracebacks
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--num-chunks", "0"], "--num-chunks must be an integer >= 1, got 0"),
+    (["--chunk-size", "0"], "--chunk-size must be an integer >= 1, got 0"),
+    (["--num-chunks", "100000", "--chunk-size", "100000"], "beyond the 8,192-token context"),
+    (["--text-file", "../../../etc/nothere"], "does not exist"),
+    (["--text-file", ""], "--text-file is empty"),
+    (["--threads", "0"], "--threads must be an integer >= 1, got 0"),
+])
+def test_study_real_checks_its_options_before_loading_the_model(tmp_path, capsys, monkeypatch, args, message):
+    """Campaign Y26-Y30: study real checked its options only inside the cells' processes (after loading the
+    model and writing study.json), so each mistake was a worker's traceback."""
+    import seco_lab.real_study as real_study
+    from seco_lab.studies import study_main
+
+    def started(*a, **k):
+        raise AssertionError("the study started")
+
+    monkeypatch.setattr(real_study, "run_study", started)
+    rc = study_main(["real", "--out", str(tmp_path / "rr"), "--no-progress", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "rr").exists()
+
+
+def test_ctrl_c_during_a_study_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
+    """Campaign G09: Ctrl-C during study bias --jobs 2 was a KeyboardInterrupt traceback."""
+    import seco_lab.study.driver as driver
+    from seco_lab.studies import study_main
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver, "run_study", interrupted)
+    try:
+        rc = study_main(["bias", "--quick", "--out", str(tmp_path / "s"), "--no-progress", "--jobs", "2"])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped study_main (a traceback)")
+    err = capsys.readouterr().err
+    assert rc == 130 and "interrupted; the cells finished so far are stored in" in err and "Traceback" not in err
+
+
+def test_ctrl_c_stops_the_workers_at_once_without_a_traceback(capfd):
+    """The pool's workers ignore SIGINT (the parent reports it once) and are stopped, not waited for."""
+    import time
+
+    from seco_lab.study_runner import run_cells
+
+    def stop(_):
+        raise KeyboardInterrupt
+
+    start = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        run_cells(time.sleep, [0.0, 60, 60, 60], jobs=2, progress=False, on_result=stop)
+    assert time.perf_counter() - start < 30
+    err = capfd.readouterr().err
+    assert "Exception in thread" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seed", "99999999999999999999"], "seed must be <= 9223372036854775807"),
+    (["--seed", str(2**63)], "seed must be <= 9223372036854775807"),
+    (["--config", "DIR"], "is a directory, not a JSON or TOML file"),
+    (["--hf-model", ""], "--hf-model is empty"),
+])
+def test_more_train_mistakes_are_one_line_errors(tmp_path, capsys, args, message):
+    """Campaign T038 (an overflow message naming no flag), C10 ('config file not found' for a directory),
+    H16 (a Hub repo-id message for --hf-model '')."""
+    args = [str(tmp_path) if a == "DIR" else a for a in args]
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(tmp_path / "r"), *FAST, *args)
+    assert rc == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_seed_api_refuses_what_torch_cannot_take():
+    from seco_lab.checks import check_seed
+
+    assert check_seed(2**63 - 1) == 2**63 - 1
+    with pytest.raises(ValueError, match=r"seed must be < 2\*\*63"):
+        check_seed(2**63)
+
+
+def test_a_huge_batch_is_refused_before_allocating(tmp_path):
+    """Campaign A59: TextCorpus.batch('train', 0, 10**9) tried to allocate 7.5 GiB."""
+    from seco_lab.data import KeyValueTask, TextCorpus
+
+    good = tmp_path / "good.txt"
+    good.write_text("hello world\n" * 500)
+    for corpus in (TextCorpus(64, paths=good), KeyValueTask(64)):
+        with pytest.raises(MemoryError, match="a batch of 1,000,000,000 sequences would hold") as e:
+            corpus.batch("train", 0, 10**9)
+        assert "lower the batch size" in str(e.value) and "force=True" not in str(e.value)
+        assert corpus.batch("train", 0, 4).tokens.shape == (4, 64)
+
+
+def test_load_cell_names_a_damaged_study_json(tmp_path):
+    """Campaign A65: an empty study.json was a raw JSONDecodeError naming no file."""
+    from seco_lab.study.cell import load_cell
+
+    (tmp_path / "study.json").write_text("")
+    with pytest.raises(ValueError, match="study.json cannot be read as JSON"):
+        load_cell(tmp_path, 1, 4, 0)
+    (tmp_path / "study.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds no readable study definition"):
+        load_cell(tmp_path, 1, 4, 0)
+
+
+def test_a_file_the_study_writes_before_its_record_does_not_make_the_folder_foreign(tmp_path):
+    """The training study's extension tiers measure costs.csv before they open their folder (and keep it)."""
+    from seco_lab.store import StudyFolderError
+    from seco_lab.train_study.study import study_folder
+
+    (tmp_path / "costs.csv").write_text("arm,cpu_s\n")
+    folder = study_folder(tmp_path)
+    folder.open("abc")
+    folder.close()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "runs.csv").write_text("mine\n")
+    with pytest.raises(StudyFolderError, match=r"not a seco-lab study folder \(no study.json\) and holds files "
+                                               r"\(runs.csv\)"):
+        study_folder(other).open("abc")
+    assert (other / "runs.csv").read_text() == "mine\n"

@@ -296,11 +296,13 @@ def test_keep_checkpoints_keeps_the_newest_and_only_deletes_its_own(tmp_path):
 
 
 def test_a_study_folder_removes_only_its_own_temporaries_and_cells(tmp_path):
-    """--out may be a folder the user keeps other files in: opening (or --fresh) removes only the study's
-    own temporaries (NAME.tmp<pid>) and cell files, never e.g. notes.tmp.txt or a user's notes in cells/."""
+    """--out may be a study folder the user keeps other files in: opening (or --fresh) removes only the study's
+    own temporaries (NAME.tmp<pid>) and cell files, never e.g. notes.tmp.txt or a user's notes in cells/.
+    (A folder without study.json that holds files is not a study folder: refused, see test_issue19_inputs.)"""
     from seco_lab.store import StudyFolder
 
     folder = StudyFolder(tmp_path, cells="cells")
+    (tmp_path / "study.json").write_text('{"fingerprint": "other"}\n')
     (tmp_path / "cells").mkdir()
     keep = [tmp_path / "notes.tmp.txt", tmp_path / "draft.tmp", tmp_path / "cells" / "README.md"]
     gone = [tmp_path / "study.json.tmp123", tmp_path / "cells" / "L1_k2_s0.json", tmp_path / "cells" / "a.rows.csv",
@@ -310,3 +312,53 @@ def test_a_study_folder_removes_only_its_own_temporaries_and_cells(tmp_path):
     folder.open("digest", fresh=True)
     assert all(p.exists() for p in keep)
     assert not any(p.exists() for p in gone)
+
+
+# ---------------------------------------------------------------------------------------------- hostile campaign
+def test_overwrite_through_a_symlink_is_refused_and_the_link_kept(tmp_path):
+    """Campaign R14: the link was renamed aside and replaced by a stub directory, then the run failed."""
+    run = tmp_path / "r0"
+    Trainer(CFG, replace(run_for(tmp_path, "r0"), stop_at=2)).fit()
+    link = tmp_path / "r0link"
+    link.symlink_to(run)
+    before = tree(tmp_path)
+    with pytest.raises(RunDirError, match=r"r0link is a symlink to .*r0; pass --run-dir"):
+        RunDir(link).open(resume=False, overwrite=True)
+    assert link.is_symlink() and link.resolve() == run.resolve() and tree(tmp_path) == before
+
+
+def test_a_literal_tilde_run_dir_is_refused_without_overwrite_too(tmp_path, monkeypatch):
+    """Campaign R03: --run-dir '~' created ./~ (and said 'metrics in ~/metrics.jsonl', which reads as $HOME)."""
+    monkeypatch.chdir(tmp_path)
+    for path in ("~", "~/runs/x"):
+        with pytest.raises(RunDirError, match="a literal '~'"):
+            RunDir(path).open(resume=False, overwrite=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_without_a_fingerprint_is_refused(tmp_path):
+    """Campaign S15: another experiment's weights, fingerprint removed and this run's config copied in, resumed."""
+    run = run_for(tmp_path, "mine")
+    Trainer(CFG, replace(run, stop_at=4)).fit()
+    Trainer(replace(CFG, seed=7), replace(run_for(tmp_path, "other"), stop_at=4)).fit()
+    mine = tmp_path / "mine" / "checkpoints" / "step_000004.pt"
+    state = torch.load(tmp_path / "other" / "checkpoints" / "step_000004.pt", weights_only=True)
+    del state["fingerprint"]
+    state["config"] = torch.load(mine, weights_only=True)["config"]
+    torch.save(state, mine)
+    with pytest.raises(RunDirError, match="step_000004.pt records no experiment fingerprint"):
+        Trainer(CFG, replace(run, resume=True)).prepare()
+
+
+def test_a_file_that_is_no_checkpoint_falls_back_to_the_earlier_one(tmp_path):
+    """Campaign S03: a text file in place of the newest checkpoint was refused as 'could run code'."""
+    run = run_for(tmp_path, "r")
+    Trainer(CFG, replace(run, stop_at=4)).fit()
+    (tmp_path / "r" / "checkpoints" / "step_000004.pt").write_text("garbage\n")
+    t = Trainer(CFG, replace(run, resume=True))
+    with pytest.warns(UserWarning, match=r"step_000004.pt is damaged \(ValueError: not a torch checkpoint archive"):
+        t.prepare()
+    try:
+        assert t.step == 2  # ckpt_every=2: the checkpoint before step 4
+    finally:
+        t.close()

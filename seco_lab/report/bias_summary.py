@@ -22,6 +22,7 @@ from ..study.definition import (
     RESULT_COLUMNS,
     StudyConfig,
 )
+from ..study.driver import SORT_KEYS  # the columns that identify a row of each table
 from .bias_paper import summarize_paper
 from .figures import scheme_order
 from .markdown import MissingResultsError, read_json_table, read_results_csv, require
@@ -67,7 +68,8 @@ def load_bias(folder: Path) -> BiasStudy:
                                   f"rerun {PRODUCE_BIAS}") from None
 
     def read(name, columns, nan_allowed=None):
-        return read_results_csv(folder / name, columns, PRODUCE_BIAS, nan_allowed=nan_allowed)
+        return read_results_csv(folder / name, columns, PRODUCE_BIAS, nan_allowed=nan_allowed,
+                                key=tuple(SORT_KEYS[name.removesuffix(".csv")]))
 
     res = read("results.csv", RESULT_COLUMNS, lambda d: d.metric == "mc_covered")
     cells = res.pivot_table(index=["L", "k", "t", "seed", "scheme"], columns="metric", values="value",
@@ -97,7 +99,34 @@ def load_bias(folder: Path) -> BiasStudy:
             raise MissingResultsError(f"{folder}/{name} lacks {len(lacking)} of {len(every_group)} groups (e.g. "
                                       f"L={lacking[0][0]}, k={lacking[0][1]}, seed={lacking[0][2]}): the study is "
                                       f"incomplete; rerun {PRODUCE_BIAS}")
+    have = set(zip(*(checks[c].astype(int) for c in ("L", "k", "seed", "t")), checks.check))
+    want = expected_checks(cfg)
+    for gap, what in ((sorted(want - have), "lacks"), (sorted(have - want), "has checks outside the study's "
+                                                                                   "definition,")):
+        if gap:
+            L, k, seed, t, check = gap[0]
+            raise MissingResultsError(f"{folder}/checks.csv {what} {len(gap)} of {len(want)} expected exactness checks "
+                                      f"(e.g. L={L}, k={k}, seed={seed}, t={t}, {check}): the study is incomplete or "
+                                      f"mixed; rerun {PRODUCE_BIAS}")
     return BiasStudy(cells, checks, groups, read("convergence.csv", CONVERGENCE_COLUMNS), meta, paper)
+
+
+def expected_checks(cfg: StudyConfig) -> set[tuple]:
+    """Every (L, k, seed, t, check) row a complete study of ``cfg`` has in checks.csv (as the groups write
+    them: ``seco_lab.study.group.run_group`` and ``seco_lab.study.paper``)."""
+    samplers = {}
+    for variant in cfg.schemes:
+        sampler = variant.build().sampler
+        samplers[sampler.kind] = sampler
+    out = set()
+    for L, k, seed in cfg.groups():
+        out |= {(L, k, seed, 0, "chain_sum_vs_dense"), (L, k, seed, 0, "strata_beyond_depth")}
+        for t in cfg.budgets[k]:
+            out |= {(L, k, seed, t, f"engine_vs_chain_basis_{kind}") for kind in samplers}
+            if any(s.num_subsets(k, t) <= cfg.max_enumerated_subsets for s in samplers.values()):
+                out.add((L, k, seed, t, "enumerated_vs_analytic"))
+    out |= {(L, k, seed, 0, "paper_strata_sum_vs_dense") for L, k, seed in cfg.paper_groups()}
+    return out
 
 
 def expect_cells(path: Path, cells: pd.DataFrame, expected: list[tuple]) -> None:

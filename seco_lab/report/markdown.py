@@ -11,7 +11,8 @@ import pandas as pd
 
 from ..store import atomic_write
 
-__all__ = ["MissingResultsError", "fmt", "generated_note", "require", "table", "write_markdown"]
+__all__ = ["MissingResultsError", "fmt", "generated_note", "read_json_table", "read_results_csv", "require", "table",
+           "write_markdown"]
 
 
 class MissingResultsError(FileNotFoundError):
@@ -41,19 +42,24 @@ def read_json_table(path: Path, produce: str) -> dict:
 
 
 def read_results_csv(path: Path, columns: tuple[str, ...], produce: str, text_columns=("scheme", "metric", "check"),
-                     nan_allowed=None) -> pd.DataFrame:
+                     nan_allowed=None, key: tuple[str, ...] | None = None, more_columns: bool = False,
+                     inf_allowed=None) -> pd.DataFrame:
     """A stored results table, checked before any number of it is reported: it parses, has exactly
-    ``columns``, at least one row, numbers in every other than ``text_columns``, and no infinity; NaN only
-    where ``nan_allowed(df)`` (a boolean row mask) allows it.  Each refusal names the file and the fix."""
+    ``columns`` (with ``more_columns``: at least these, the others unchecked), at least one row, numbers in
+    every other than ``text_columns``, and no infinity (but where ``inf_allowed(df)`` allows it); NaN only
+    where ``nan_allowed(df)`` (a boolean row mask) allows it; no two rows with the same ``key`` columns (a
+    repeated or conflicting result).  Each refusal names the file and the fix."""
     path = Path(path)
     try:
         df = pd.read_csv(path)
     except pd.errors.EmptyDataError:
         raise MissingResultsError(f"{path} is empty (no header, no rows): rerun {produce}") from None
-    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError, EOFError, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise MissingResultsError(f"{path} cannot be parsed as CSV ({first}): rerun {produce}") from None
-    if tuple(df.columns) != tuple(columns):
+    if (not set(columns) <= set(df.columns)) if more_columns else tuple(df.columns) != tuple(columns):
         raise MissingResultsError(f"{path} has columns {list(df.columns)}, not {list(columns)}: it was written by "
                                   f"another version or is damaged; rerun {produce} (with --fresh)")
     if df.empty:
@@ -67,13 +73,22 @@ def read_results_csv(path: Path, columns: tuple[str, ...], produce: str, text_co
             raise MissingResultsError(f"{path}: column {c!r} holds non-numbers (row {int(garbage.idxmax()) + 2}: "
                                       f"{df[c][garbage].iloc[0]!r}): the file is damaged; rerun {produce}")
         df[c] = values
-        if np.isinf(values).any():
-            raise MissingResultsError(f"{path}: column {c!r} holds infinity (row {int(np.isinf(values).idxmax()) + 2}):"
+        inf = np.isinf(values) & ~(inf_allowed(df) if inf_allowed is not None else False)
+        if inf.any():
+            raise MissingResultsError(f"{path}: column {c!r} holds infinity (row {int(inf.idxmax()) + 2}):"
                                       f" not a result; rerun {produce}")
         missing = values.isna() & ~(nan_allowed(df) if nan_allowed is not None else False)
         if missing.any():
             raise MissingResultsError(f"{path}: column {c!r} is empty or NaN in {int(missing.sum())} row(s) (first: "
                                       f"row {int(missing.idxmax()) + 2}): the results are incomplete; rerun {produce}")
+    if key is not None:
+        repeated = df.duplicated(list(key), keep="first")
+        if repeated.any():
+            row = int(repeated.idxmax())
+            first = ", ".join(f"{c}={df[c].iloc[row]}" for c in key)
+            raise MissingResultsError(f"{path} holds {int(repeated.sum())} row(s) whose ({', '.join(key)}) repeats an "
+                                      f"earlier row (first: row {row + 2}, {first}): repeated or conflicting results "
+                                      f"(two studies joined?); rerun {produce}")
     return df
 
 

@@ -4,13 +4,12 @@ stored by :mod:`seco_lab.real_study` (``seco-lab study real``).  ``summarize`` r
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from ..studies import STUDIES
-from .markdown import generated_note, require, write_markdown
+from .markdown import MissingResultsError, generated_note, read_json_table, read_results_csv, require, write_markdown
 
 __all__ = ["real_report", "render", "summarize"]
 
@@ -18,9 +17,50 @@ DEFAULT_DIR = STUDIES["real"].results
 PRODUCE_REAL = STUDIES["real"].produce
 
 
+RESULT_COLUMNS = ("params", "num_chunks", "budget", "t_over_k", "scheme", "rel_bias", "direction_bias",
+                  "best_scale_residual")
+STRATA_COLUMNS = ("params", "p", "norm_ratio")
+
+
+def load_real(out_dir: str | Path = DEFAULT_DIR) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """(study.json, strata.csv, results.csv), refused unless complete and consistent: each parses with its
+    columns, holds finite numbers and no repeated row, and every gradient ``study.json`` lists has its
+    strata p = 0 .. k-1 and a row per (budget, scheme) of the study's definition -- the message names
+    what is missing."""
+    from ..schemes import SCHEME_NAMES
+
+    out_dir = Path(out_dir)
+    require(out_dir, ("study.json", "strata.csv", "results.csv"), PRODUCE_REAL)
+    study = read_json_table(out_dir / "study.json", PRODUCE_REAL)
+    try:
+        cfg, gradients = study["config"], list(study["gradients"])
+        k, fractions = int(cfg["num_chunks"]), [float(f) for f in cfg["budget_fractions"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise MissingResultsError(f"{out_dir}/study.json has no readable study definition ({type(e).__name__}: {e}): "
+                                  f"rerun {PRODUCE_REAL}") from None
+    if not gradients:
+        raise MissingResultsError(f"{out_dir}/study.json lists no finished gradient: rerun {PRODUCE_REAL}")
+    strata = read_results_csv(out_dir / "strata.csv", STRATA_COLUMNS, PRODUCE_REAL, text_columns=("params",),
+                              key=("params", "p"))
+    table = read_results_csv(out_dir / "results.csv", RESULT_COLUMNS, PRODUCE_REAL, text_columns=("params", "scheme"),
+                             key=("params", "budget", "scheme"))
+    budgets = sorted({max(1, round(f * k)) for f in fractions})
+    for path, have, want, what in (
+            (out_dir / "strata.csv", set(zip(strata.params, strata.p.astype(int))),
+             {(g, p) for g in gradients for p in range(k)}, "(params, p)"),
+            (out_dir / "results.csv", set(zip(table.params, table.budget.astype(int), table.scheme)),
+             {(g, t, s) for g in gradients for t in budgets for s in SCHEME_NAMES}, "(params, budget, scheme)")):
+        for gap, verb in ((sorted(want - have), "lacks"), (sorted(have - want), "has rows outside the study's "
+                                                                                 "definition,")):
+            if gap:
+                raise MissingResultsError(f"{path} {verb} {len(gap)} of {len(want)} expected {what} rows (e.g. "
+                                          f"{gap[0]}): the results are incomplete or mixed; rerun {PRODUCE_REAL}")
+    return study, strata, table
+
+
 def summarize(out_dir: str | Path = DEFAULT_DIR) -> pd.DataFrame:
     """The scheme table: one row per (parameter set, budget, scheme)."""
-    return pd.read_csv(Path(out_dir) / "results.csv")
+    return load_real(out_dir)[2]
 
 
 def _fmt(x: float) -> str:
@@ -29,11 +69,8 @@ def _fmt(x: float) -> str:
 
 def render(out_dir: str | Path = DEFAULT_DIR) -> str:
     """The Markdown section of the real-LM cells."""
-    out_dir = Path(out_dir)
-    study = json.loads((out_dir / "study.json").read_text())
+    study, strata, table = load_real(out_dir)
     cfg = study["config"]
-    strata = pd.read_csv(out_dir / "strata.csv")
-    table = summarize(out_dir)
     md = ["## A pretrained LM: SmolLM2-135M on real Python\n",
           f"SmolLM2-135M-Instruct (Q4_1-dequantized GGUF weights, not the original float weights) on "
           f"`{cfg['text_file']}` of the standard library: {cfg['num_chunks']} chunks of {cfg['chunk_size']} tokens "
@@ -82,7 +119,6 @@ def render(out_dir: str | Path = DEFAULT_DIR) -> str:
 
 
 def real_report(folder: Path, out_md: Path) -> Path:
-    require(folder, ("study.json", "strata.csv", "results.csv"), PRODUCE_REAL)
     md = ["# Hop strata and scheme bias on a pretrained LM\n", generated_note("real", folder, out_md, PRODUCE_REAL),
           render(folder)]
     return write_markdown(md, out_md)

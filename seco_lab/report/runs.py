@@ -57,6 +57,13 @@ def plotted_metrics(run_dir) -> list[dict]:
             else:
                 dropped += 1
         out.append(row)
+        if len(out) > 1 and step <= out[-2]["step"]:
+            raise ValueError(f"{path}: record {i} has step {step} after step {out[-2]['step']} (steps repeat or go "
+                             "backwards): the file was edited or two runs' metrics were joined; a curve would "
+                             "zig-zag, so nothing is drawn")
+    if not any(k in r for r in out for k in LOSSES):
+        raise ValueError(f"{path} holds no finite loss value ({dropped} NaN or inf): nothing to plot (the run "
+                         "diverged from its first logged step?)")
     if dropped:
         warnings.warn(f"{path}: {dropped} non-finite loss value(s) (NaN or inf) are not drawn", stacklevel=2)
     return out

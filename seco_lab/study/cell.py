@@ -29,7 +29,16 @@ def load_study_config(results_dir: Path) -> StudyConfig:
     path = Path(results_dir) / "study.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: pass the folder a bias study wrote (it holds study.json)")
-    return StudyConfig.from_json(json.loads(path.read_text())["config"])
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} cannot be read as JSON ({type(e).__name__}: {e}): the study's record is damaged; "
+                         "rerun the study (seco-lab study bias)") from None
+    try:
+        return StudyConfig.from_json(record["config"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path} holds no readable study definition ({type(e).__name__}: {e}): pass the folder a "
+                         "bias study wrote, or rerun the study") from None
 
 
 def load_cell(results_dir: Path, n_layers: int, num_chunks: int, seed: int) -> Cell:

@@ -139,7 +139,8 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, fresh: bool = False, p
     print(f"bias study -> {out}: {len(groups)} groups ({len(cfg.paper_groups())} at the paper's settings), "
           f"{len(groups) - len(todo)} already done, {len(todo)} to compute with {worker_count(jobs, len(todo))} "
           f"worker(s); {cfg.draws} Monte Carlo draws per chain-basis cell and sampler, {cfg.paper_draws} per "
-          "paper-settings cell and sampler", flush=True)
+          f"paper-settings cell and sampler (the whole study: roughly {_duration(estimated_worker_seconds(cfg))} "
+          "of worker time)", flush=True)
     t0 = time.perf_counter()
     done_now = run_cells(_work, [(cfg, out, kind, g) for kind, g in todo], jobs=jobs, progress=progress,
                          desc="groups", done=len(groups) - len(todo))
@@ -180,11 +181,54 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--arch", default="tiny", choices=("tiny", "hf-llama", "hf-qwen2"),
                     help="model of every cell (HF architectures need the [hf] extra; the default folder gets the "
                          "suffix _ARCH)")
+    ap.add_argument("--force", action="store_true",
+                    help=f"run a study estimated above {COST_GUARD_HOURS} hours of worker time (refused otherwise)")
+
+
+#: the most Monte Carlo draws per cell and sampler the command line takes (1000 times the defaults): beyond it
+#: a draw count is a typo, not a study
+MAX_DRAWS, MAX_PAPER_DRAWS = 1000 * DEFAULT.draws, 1000 * DEFAULT.paper_draws
+#: rough worker rates, measured on the committed study (one core): chain-basis draws per second, and seconds
+#: per paper-settings draw at k = 128 (growing about as k squared)
+CHAIN_DRAWS_PER_SECOND, PAPER_SECONDS_PER_DRAW_K128 = 10_000, 0.4
+#: a study estimated above this much worker time is refused unless --force
+COST_GUARD_HOURS = 48
+
+
+def estimated_worker_seconds(cfg: StudyConfig) -> float:
+    """A rough estimate of the study's Monte Carlo worker time (the rest of a group is small beside it)."""
+    samplers = len({variant.build().sampler.kind for variant in cfg.schemes})
+    chain = sum(cfg.draws * len(cfg.budgets[k]) * samplers for _, k, _ in cfg.groups()) / CHAIN_DRAWS_PER_SECOND
+    paper = sum(cfg.paper_draws * len(cfg.paper_budgets) * samplers * PAPER_SECONDS_PER_DRAW_K128 * (k / 128) ** 2
+                for _, k, _ in cfg.paper_groups())
+    return chain + paper
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:,.0f} min" if seconds < 7200 else \
+        f"{seconds / 3600:,.0f} h"
+
+
+def check_cost(cfg: StudyConfig, force: bool = False) -> float:
+    """Refuse (ValueError) a study estimated above :data:`COST_GUARD_HOURS` of worker time unless ``force``;
+    returns the estimate in seconds."""
+    seconds = estimated_worker_seconds(cfg)
+    if seconds > COST_GUARD_HOURS * 3600 and not force:
+        raise ValueError(f"this study would take about {seconds / 3600:,.0f} hours of worker time ({cfg.draws:,} draws "
+                         f"per chain-basis cell and sampler, {cfg.paper_draws:,} per paper-settings cell), above the "
+                         f"{COST_GUARD_HOURS} h guard; lower --draws / --paper-draws (defaults {DEFAULT.draws:,} and "
+                         f"{DEFAULT.paper_draws:,}), or pass --force if you mean it")
+    return seconds
 
 
 def config_from_args(args) -> StudyConfig:
-    """The study definition the command line asks for (ValueError on impossible draw counts)."""
+    """The study definition the command line asks for (ValueError on impossible draw counts, and on a study
+    whose estimated cost is above the guard without --force)."""
     cfg = replace(QUICK if args.quick else DEFAULT, arch=args.arch)
+    for flag, value, most in (("--draws", args.draws, MAX_DRAWS), ("--paper-draws", args.paper_draws, MAX_PAPER_DRAWS)):
+        if value is not None and value > most:
+            raise ValueError(f"{flag} {value:,} is above the {most:,} the study takes (1000 times the default); "
+                             f"lower {flag}")
     if args.draws is not None:
         if args.draws < 2 * cfg.batches:
             raise ValueError(f"--draws must be at least {2 * cfg.batches} (two draws per batch of the jackknife)")
@@ -197,6 +241,7 @@ def config_from_args(args) -> StudyConfig:
                              "batch)")
         else:
             cfg = replace(cfg, paper_draws=args.paper_draws - args.paper_draws % cfg.paper_batches)
+    check_cost(cfg, getattr(args, "force", False))
     return cfg
 
 
