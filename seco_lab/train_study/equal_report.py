@@ -457,10 +457,13 @@ def what_ran(folder: Path, study: dict) -> list[str]:
         plan = extension_plan(main, folder)
     except (ValueError, KeyError, FileNotFoundError):
         plan = []
-    rows = []
+    rows, finished = [], {}
     for tier, sub, cfg in plan:
+        if sub not in finished:  # the assembled table (the per-run files are not committed)
+            table = Path(folder) / sub / "runs.csv"
+            finished[sub] = set(pd.read_csv(table).run_id) if table.exists() else set()
         specs = cfg.runs()
-        done = sum((Path(folder) / sub / "runs" / f"{s.run_id}.json").exists() for s in specs)
+        done = sum(s.run_id in finished[sub] for s in specs)
         arms = ", ".join(dict.fromkeys(f"{a.name} ({o})" for a, o, _, _ in cfg.cells))
         rows.append([tier, sub, f"{done}/{len(specs)}", arms])
     if rows:
