@@ -757,14 +757,7 @@ def _set_probe_cos_nan(df):
     (lambda d: (d / "runs.csv").write_text((d / "runs.csv").read_text().splitlines()[0] + "\n"), "header but no rows"),
 ])
 def test_report_train_refuses_damaged_or_incomplete_results(train_copy, capsys, damage, message):
-    from seco_lab.studies import report_main
-
-    damage(train_copy)
-    out = train_copy.parent / "r.md"
-    rc = report_main(["train", "--results", str(train_copy), "--out", str(out)])
-    err = capsys.readouterr().err
-    assert rc == 2 and message in err and "Traceback" not in err, err
-    assert not out.exists()
+    _assert_report_refuses("train", train_copy, damage, message, capsys)
 
 
 def _set_field(path, row, col, value):
@@ -800,11 +793,16 @@ def real_copy(tmp_path):
     (lambda d: (d / "study.json").write_text(""), "study.json cannot be read as JSON"),
 ])
 def test_report_real_refuses_damaged_or_incomplete_results(real_copy, capsys, damage, message):
+    _assert_report_refuses("real", real_copy, damage, message, capsys)
+
+
+def _assert_report_refuses(study, results, damage, message, capsys):
+    """Damage a copy of a study's results: its report exits 2 with ``message``, no traceback, and writes nothing."""
     from seco_lab.studies import report_main
 
-    damage(real_copy)
-    out = real_copy.parent / "r.md"
-    rc = report_main(["real", "--results", str(real_copy), "--out", str(out)])
+    damage(results)
+    out = results.parent / "r.md"
+    rc = report_main([study, "--results", str(results), "--out", str(out)])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "Traceback" not in err, err
     assert not out.exists()
