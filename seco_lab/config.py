@@ -19,7 +19,7 @@ from .field_types import check_fields
 from .schemes import SCHEME_NAMES, get_scheme
 from .tiny_config import TinyConfig
 
-__all__ = ["ATTENTION", "DATA", "DTYPE_NAMES", "GATHER_POLICIES", "HF_ARCHITECTURES", "MODES", "SHARD_MODES",
+__all__ = ["ATTENTION", "warn_once", "DATA", "DTYPE_NAMES", "GATHER_POLICIES", "HF_ARCHITECTURES", "MODES", "SHARD_MODES",
            "TEXT_VOCAB", "RunControl", "TrainConfig", "check_fields", "flag_of", "load_config_file", "parse_device",
            "tiny_config_from_dict"]
 
@@ -41,6 +41,17 @@ def opt(default, help: str, group: str, **meta):
     return field(metadata={"help": help, "group": group, **meta}, **kw)
 
 
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """A UserWarning shown once per process: the command line and then the Trainer validate the same
+    configuration (Python's own once-per-location registry is reset whenever a library touches the filters)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, stacklevel=3)
+
+
 @dataclass
 class TrainConfig:
     """One experiment: model, data, estimator and optimisation.  Two runs with equal
@@ -51,7 +62,9 @@ class TrainConfig:
     scheme: str = opt("falling-factorial", "SpaCO compensation scheme (--mode spaco only)", "estimator",
                       choices=SCHEME_NAMES)
     budget: int = opt(2, "SpaCO budget t: chunks backpropagated per sequence (--mode spaco only)", "estimator", min=1)
-    cap: float | None = opt(None, "cap C of a capped SpaCO scheme (--mode spaco only)", "estimator", positive=True)
+    cap: float | None = opt(None, "cap C (> 0) of a capped scheme, replacing its default 2 (the paper's deployed cap): "
+                                     "paper-capped caps each hop factor at C, paper-chain-capped the chain product; "
+                                     "--mode spaco with one of those two only", "estimator", positive=True)
     data: str = opt("synthetic", "synthetic key->value recall across chunks, or byte-level text", "data",
                     choices=DATA)
     text_paths: list[str] = opt(list, "text file or folder, repeatable (--data text only; default: the Python "
@@ -159,8 +172,8 @@ class TrainConfig:
                    "warm-up (no cosine decay)")
             if self.warmup != TRAIN_DEFAULTS["warmup"]:
                 raise ValueError(msg + "; lower --warmup below --steps")
-            warnings.warn(msg + f" (the default --warmup is {self.warmup}); pass --warmup N < --steps", stacklevel=2)
-        elif self.hf_overrides and self.hf_model not in HF_ARCHITECTURES:
+            warn_once(msg + f" (the default --warmup is {self.warmup}); pass --warmup N < --steps")
+        if self.hf_overrides and self.hf_model not in HF_ARCHITECTURES:
             raise ValueError("--hf-override applies to the named architectures (llama, qwen2), not to a checkpoint "
                              f"directory ({self.hf_model})")
         return self

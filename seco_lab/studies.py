@@ -194,10 +194,10 @@ def build_report_parser() -> argparse.ArgumentParser:
 
 def report_main(argv=None) -> int:
     """``seco-lab report NAME [--quick] [--results DIR] [--out FILE]``."""
+    ap = build_report_parser()
+    a = ap.parse_args(argv)  # before any report module is imported: --help and usage errors answer at once
     from .report.markdown import MissingResultsError
 
-    ap = build_report_parser()
-    a = ap.parse_args(argv)
     study = lookup(a.which)
     if a.quick and study.quick_results is None:
         ap.error(f"{study.name} has no --quick mode")

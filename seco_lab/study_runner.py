@@ -57,11 +57,15 @@ def _kill_hook(done: int) -> None:
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
-def _ignore_sigint() -> None:
-    """A worker's initializer: Ctrl-C is the parent's to handle (one message, not a traceback per worker)."""
+def _worker_init() -> None:
+    """A worker's initializer: Ctrl-C is the parent's to handle (one message, not a traceback per worker); and
+    tqdm's write lock is a thread lock, not its default multiprocessing one, whose semaphore a worker stopped on
+    Ctrl-C never releases (the "resource_tracker: ... leaked semaphore objects" warning at exit)."""
     import signal
+    import threading
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tqdm.set_lock(threading.RLock())
 
 
 @contextmanager
@@ -102,7 +106,7 @@ def run_cells(work: Callable, tasks: Iterable, jobs: int = 1, isolate: bool = Fa
             return results
         with _single_threaded_children(), ProcessPoolExecutor(
                 workers, mp_context=get_context("spawn"), max_tasks_per_child=1 if isolate else None,
-                initializer=_ignore_sigint) as pool:
+                initializer=_worker_init) as pool:
             futures = [pool.submit(work, task) for task in tasks]
             try:
                 for future in as_completed(futures):

@@ -178,3 +178,30 @@ def test_equal_compute_formula_matches_a_direct_simulation():
     # a direction bias at the level of rounding (an unbiased scheme's float estimate) is no bias: never a finite B*
     assert crossover_batch(G, a, G * (1 + 1e-15), G, 0.5 * a) == np.inf
     assert 0 < crossover_batch(G, a, G * (1 + 1e-6), G, 0.5 * a) < np.inf
+
+
+def test_out_that_is_no_audit_folder_of_its_own_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """issue 19: the audit's --out is guarded like a study's: a user's folder keeps its files untouched, and
+    "", ~, the current directory and a file are refused; a folder in use by another audit is refused."""
+    from seco_lab.audit.driver import main
+    from seco_lab.folder_lock import FolderBusy, locked
+
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "strata.csv").write_text("my numbers\n")
+    (user / "notes.txt").write_text("keep\n")
+    with pytest.raises(ValueError, match="not a seco-lab audit folder"):
+        run_audit(TINY, user, progress=False)
+    assert sorted(p.name for p in user.iterdir()) == ["notes.txt", "strata.csv"]
+    assert (user / "strata.csv").read_text() == "my numbers\n"
+    monkeypatch.chdir(tmp_path)
+    for bad, words in (("", "empty"), ("~", "literal '~'"), (".", "current directory"),
+                       ("mine/notes.txt", "is a file")):
+        with pytest.raises(ValueError, match=words):
+            run_audit(TINY, bad, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+    assert main(["--model", "tiny", "--out", "mine", "--no-progress"]) == 2
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    with locked(busy, "test", "wait"), pytest.raises(FolderBusy, match="in use by another seco-lab audit"):
+        run_audit(TINY, busy, progress=False)

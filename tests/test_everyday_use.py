@@ -25,6 +25,8 @@ def _imports_torch(*args) -> tuple[bool, str]:
     ["train", "--chunk-sise", "3"],   # misspelt flag
     ["train", "--lora-r", "4"],       # contradictory settings
     ["trian"],                        # misspelt command
+    ["report", "--help"],             # 3.7 s before (the report modules imported first)
+    ["report", "nope"],               # unknown report
 ])
 def test_help_and_refusals_do_not_import_torch(args):
     """torch costs seconds to import: --help and every refusal of bad input must come before it."""

@@ -31,11 +31,21 @@ def test_ignored_or_contradictory_settings_are_refused(tmp_path, capsys, args, m
     assert not run.exists()
 
 
-def test_the_default_warmup_beyond_steps_is_a_warning():
+def test_the_default_warmup_beyond_steps_is_a_warning_shown_once(monkeypatch):
+    """Shown once per process: the command line and then the Trainer validate the same configuration, which
+    printed it twice."""
+    import warnings
+
+    from seco_lab import config
     from seco_lab.config import TrainConfig
 
-    with pytest.warns(UserWarning, match="warmup=20 >= steps=2"):
+    monkeypatch.setattr(config, "_WARNED", set())
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         TrainConfig(steps=2).validate()
+        TrainConfig(steps=2).validate()
+    assert [str(w.message)[:21] for w in seen] == ["warmup=20 >= steps=2:"]
+    assert seen[0].category is UserWarning
 
 
 # ------------------------------------------------------------------ item 6: a checkpoint directory's tokenizer
@@ -913,6 +923,50 @@ def test_ctrl_c_stops_the_workers_at_once_without_a_traceback(capfd):
     assert "Exception in thread" not in err and "Traceback" not in err, err
 
 
+_CTRL_C_SCRIPT = """
+import os, pathlib, signal, sys, threading, time
+from tqdm.auto import tqdm
+from seco_lab.study_runner import run_cells
+
+HERE = pathlib.Path(sys.argv[1])
+
+def work(i):
+    (HERE / f"started{i}").touch()
+    for _ in tqdm(range(600), desc=f"cell {i}"):  # a bar, as every study's cell has
+        time.sleep(0.1)
+    return i
+
+def interrupt_when_running():
+    while len(list(HERE.glob("started*"))) < 2:
+        time.sleep(0.05)
+    os.killpg(os.getpgid(0), signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
+
+if __name__ == "__main__":
+    threading.Thread(target=interrupt_when_running, daemon=True).start()
+    try:
+        run_cells(work, range(4), jobs=2, progress=False)
+    except KeyboardInterrupt:
+        sys.exit(130)
+"""
+
+
+def test_ctrl_c_on_a_pool_leaks_no_semaphore(tmp_path):
+    """Ctrl-C on --jobs 2 printed 'resource_tracker: There appear to be N leaked semaphore objects' at exit: the
+    workers, stopped mid-cell, never released tqdm's multiprocessing write lock.  Workers now use a thread lock."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(_CTRL_C_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, env=env, start_new_session=True)
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    assert "leaked semaphore" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--seed", "99999999999999999999"], "seed must be <= 9223372036854775807"),
     (["--seed", str(2**63)], "seed must be <= 9223372036854775807"),
@@ -977,3 +1031,16 @@ def test_a_file_the_study_writes_before_its_record_does_not_make_the_folder_fore
                                                r"\(runs.csv\)"):
         study_folder(other).open("abc")
     assert (other / "runs.csv").read_text() == "mine\n"
+
+
+def test_hf_override_on_a_checkpoint_folder_is_refused_whatever_the_warmup(tmp_path):
+    """The check sat in an ``elif`` after the warm-up warning: with the default warm-up at or beyond --steps an
+    --hf-override on a checkpoint folder (which it cannot change) was silently accepted."""
+    import warnings
+
+    from seco_lab.config import TrainConfig
+
+    for steps in (2, 100):  # warm-up 20 >= 2 (the warning's branch) and < 100
+        with warnings.catch_warnings(), pytest.raises(ValueError, match="--hf-override applies to the named"):
+            warnings.simplefilter("ignore")
+            TrainConfig(steps=steps, hf_model=str(tmp_path), hf_overrides={"num_hidden_layers": 1}).validate()

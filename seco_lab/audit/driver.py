@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from dataclasses import replace
@@ -31,6 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import store
+from ..folder_lock import LOCK_NAME, FolderBusy, locked
 from ..schemes import get_scheme
 from . import measure
 from .config import COMMITTED, DEFAULT, QUICK, STAGES, AuditConfig
@@ -59,7 +61,7 @@ def atomic_write_text(text: str, path: Path) -> None:
 
 
 __all__ = ["run_audit", "write_results", "plan_units", "main", "build_parser", "add_arguments", "run_from_args",
-           "config_from_args", "DEFAULT_OUT"]
+           "config_from_args", "check_audit_out", "AUDIT_FILES", "DEFAULT_OUT"]
 
 DEFAULT_OUT = Path("audit-results")
 
@@ -129,8 +131,40 @@ def _check_folder(cfg: AuditConfig, out: Path) -> None:
 
 def run_audit(cfg: AuditConfig, out: str | Path = DEFAULT_OUT, progress: bool = True) -> Path:
     """Run every missing unit of the audit into ``out`` and write its tables; returns ``out``."""
-    out = Path(out)
+    out = check_audit_out(out)
     (out / "units").mkdir(parents=True, exist_ok=True)
+    with locked(out, "seco-lab audit", "wait for it to finish, or pass another --out"):
+        return _run_units(cfg, out, progress)
+
+
+# what an audit writes into its folder: a folder holding anything else is a user's, and is refused
+AUDIT_FILES = frozenset({"config.json", "sequences.json", "audit.json", "recommendation.json", "strata.csv",
+                         "bias.csv", "mc.csv", "cost.csv", "data.csv", "equal_compute.csv", "report.md",
+                         ".gitignore", "units", "vectors", LOCK_NAME})
+
+
+def check_audit_out(out: str | Path) -> Path:
+    """The audit's ``--out``, refused before anything is written when it is no folder of its own: ``""``, ``~``,
+    a file, the root, the home or the current directory or an ancestor (:func:`store.check_study_out`), and an
+    existing folder holding files but no audit's ``config.json`` (an audit would overwrite its tables)."""
+    try:
+        path = store.check_study_out(out)
+    except store.StudyFolderError as e:
+        raise ValueError(str(e)) from None
+    if path.is_dir() and not (path / "config.json").is_file():
+        foreign = sorted(p.name for p in path.iterdir() if p.name not in AUDIT_FILES
+                         and not re.fullmatch(store.TEMP_FILE, p.name))
+        theirs = sorted(p.name for p in path.iterdir() if p.name in AUDIT_FILES - {"units", "vectors", LOCK_NAME}
+                        and p.is_file())
+        if foreign or theirs:
+            names = ", ".join((foreign + theirs)[:5]) + (" ..." if len(foreign + theirs) > 5 else "")
+            raise ValueError(f"--out {path} is not a seco-lab audit folder (no config.json) and holds files "
+                             f"({names}): an audit would overwrite them, so nothing is written; pass a new or "
+                             "empty folder with --out")
+    return path
+
+
+def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
     (out / "vectors").mkdir(exist_ok=True)
     if not (out / ".gitignore").exists():  # the flat gradients are large and recomputable: never committed
         atomic_write_text("vectors/\n", out / ".gitignore")
@@ -392,15 +426,19 @@ def config_from_args(ns: argparse.Namespace) -> AuditConfig:
 def main(argv=None) -> int:
     ap = build_parser()
     ns = ap.parse_args(argv)
+    out = ns.out or (Path("audit-quick") if ns.quick else DEFAULT_OUT)
     try:
         cfg = config_from_args(ns)
-        out = ns.out or (Path("audit-quick") if ns.quick else DEFAULT_OUT)
         run_audit(cfg, out, progress=not ns.no_progress)
         from ..report.audit import write_report
 
         report = write_report(out, ns.report or out / "report.md")
-    except (ValueError, FileNotFoundError, ImportError) as e:
+    except (ValueError, FileNotFoundError, ImportError, FolderBusy) as e:
         print(f"seco-lab audit: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"seco-lab audit: interrupted; the units finished so far are stored in {out}/units: rerun the same "
+              "command to resume", file=sys.stderr)
+        return 130
     print(f"seco-lab audit: results in {out}, report {report}")
     return 0
