@@ -19,9 +19,9 @@ from .field_types import check_fields
 from .schemes import SCHEME_NAMES, get_scheme
 from .tiny_config import TinyConfig
 
-__all__ = ["ATTENTION", "warn_once", "DATA", "DTYPE_NAMES", "GATHER_POLICIES", "HF_ARCHITECTURES", "MODES", "SHARD_MODES",
+__all__ = ["ATTENTION", "DATA", "DTYPE_NAMES", "GATHER_POLICIES", "HF_ARCHITECTURES", "MODES", "SHARD_MODES",
            "TEXT_VOCAB", "RunControl", "TrainConfig", "check_fields", "flag_of", "load_config_file", "parse_device",
-           "tiny_config_from_dict"]
+           "tiny_config_from_dict", "warn_once"]
 
 MODES = ("dense", "seco", "spaco")
 DATA = ("synthetic", "text")

@@ -960,7 +960,8 @@ def test_ctrl_c_on_a_pool_leaks_no_semaphore(tmp_path):
 
     script = tmp_path / "ctrl_c.py"
     script.write_text(_CTRL_C_SCRIPT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
                           timeout=120, env=env, start_new_session=True)
     assert proc.returncode == 130, proc.stderr[-2000:]
