@@ -12,6 +12,9 @@ heads grouped per key/value head for the chunk pattern (no K/V repeat).  Only
 public API is used: ``Cache``/``CacheLayerMixin``, ``AttentionInterface``,
 ``set_attn_implementation``, the model's forward, and its config.
 
+What the trainer records and saves of such a model lives here too: :func:`config_record` (the HF
+config in ``config.json``) and :func:`save_lora_adapter` (the LoRA adapter in peft's own format).
+
 Install with ``pip install seco_lab[hf]`` (``make install`` does).
 """
 
@@ -27,7 +30,8 @@ import torch.nn.functional as F
 
 from .protocol import ChunkCache, ChunkOutput
 
-__all__ = ["ARCHITECTURES", "HFChunkModel", "add_lora", "build_hf_model", "exact_float64"]
+__all__ = ["ARCHITECTURES", "HFChunkModel", "add_lora", "build_hf_model", "config_record", "exact_float64",
+           "save_lora_adapter", "wrapped_lm"]
 
 SUPPORTED_ATTENTION = ("eager", "sdpa", "eager_exact", "seco_sdpa")
 
@@ -282,3 +286,36 @@ def add_lora(model: nn.Module, r: int = 8, alpha: int = 16, targets=("q_proj", "
     cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=dropout, bias="none",
                      task_type="CAUSAL_LM", init_lora_weights=init_lora_weights)
     return get_peft_model(model, cfg)
+
+
+def wrapped_lm(model) -> nn.Module | None:
+    """The causal LM an :class:`HFChunkModel` wraps (a peft model under LoRA), or None for another chunk model."""
+    inner = getattr(model, "model", None)
+    return inner if inner is not None and hasattr(inner, "save_pretrained") else None
+
+
+def config_record(model) -> dict | None:
+    """What a run's ``config.json`` records of an :class:`HFChunkModel`: its HF config's ``to_diff_dict()``
+    (the fields that differ from the architecture's defaults), or None when it has no HF config."""
+    hf_config = getattr(getattr(model, "model", None), "config", None)
+    return hf_config.to_diff_dict() if hasattr(hf_config, "to_diff_dict") else None
+
+
+def save_lora_adapter(model, out, base_model: str, targets, state: dict | None = None):
+    """Write the LoRA adapter of ``model`` (an :class:`HFChunkModel` around a peft model) in peft's own
+    format to the folder ``out`` and return it; the adapter names ``base_model`` as its base where peft
+    recorded none.  ``state``: the chunk model's full state dict (gathered from FSDP shards); None reads
+    the model's own parameters."""
+    inner = wrapped_lm(model)
+    for peft_cfg in getattr(inner, "peft_config", {}).values():
+        peft_cfg.base_model_name_or_path = peft_cfg.base_model_name_or_path or base_model
+    if state is not None:
+        state = {k.removeprefix("model."): v for k, v in state.items()}
+    # peft's "auto" asks the Hub whether the base model's vocabulary changed; it never does here, so say
+    # whether embeddings are adapted and stay offline
+    from peft.utils.other import EMBEDDING_LAYER_NAMES
+
+    embeddings = any(t in EMBEDDING_LAYER_NAMES for t in targets)
+    inner.save_pretrained(str(out), save_embedding_layers=embeddings,
+                          **({} if state is None else {"state_dict": state}))
+    return out

@@ -25,7 +25,7 @@ t_m = chunks backpropagated in micro-batch m:
   constant-relay SpaCO: F = k + t_m, B = t_m; a hop-dependent scheme adds one backward per
   visited chunk that relays to an earlier visited chunk (its hop labels are batched into one
   product).  Every rank must run the same F and B: a Bernoulli sampler is refused
-  (``seco_lab.train.check_gather_policy``).  Peak: one block's parameters unsharded at a
+  (``seco_lab.builders.check_gather_policy``).  Peak: one block's parameters unsharded at a
   time -- but every rank still builds the whole model before sharding and sums full-size
   gradients during the step, so the model must fit one device.
 * gradients: FSDP's own per-backward reduction stays off (``set_requires_gradient_sync
@@ -37,7 +37,11 @@ t_m = chunks backpropagated in micro-batch m:
 * statistics (loss, chunks, stop flag): **1 all-reduce per step** (float64); gradient
   clipping's global norm: **1 more all-reduce** (the sharded norms' squares summed).
 
-Forward-only passes (evaluation, the far-token loss) gather every group once per chunk.
+Forward-only passes (evaluation, the far-token loss) gather every group once per chunk, so every
+rank runs them, as every rank joins the gather of the whole weights (``collective``).  Checkpoints are
+sharded (:mod:`seco_lab.sharded_checkpoint`): every rank writes its shards; a replicated run's ``.pt``
+state loads into the shards.  :class:`ShardedModel` has the interface of
+:class:`seco_lab.replicated.ReplicatedModel`, the trainer's other strategy.
 Only torch's public API is used: ``fully_shard``, ``register_fsdp_forward_method``,
 ``FSDPModule.unshard/reshard/set_*``, ``DTensor.from_local`` and c10d collectives.
 """
@@ -55,6 +59,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import sharded_checkpoint
 from .config import GATHER_POLICIES
 
 __all__ = ["ShardedModel", "ShardingError", "clip_grad_norm", "count_collectives"]
@@ -112,8 +117,12 @@ class ShardedModel:
     ``view`` goes to the engine; ``step()`` is the context of one optimizer step (it gathers
     under ``gather="step"``); ``accumulate(grads)`` sums a micro-batch's gradients;
     ``reduce_mean(stats, count, world)`` reduce-scatters them into the sharded parameters'
-    ``.grad`` and returns the mean statistics with the number of collectives issued.
+    ``.grad`` and returns the mean statistics with the number of collectives issued;
+    ``clip_grads(max_norm)`` clips them by their global norm.  Forward passes are collective.
     """
+
+    #: running the model or reading its whole weights gathers shards: every rank must join (evaluation, adapter)
+    collective = True
 
     def __init__(self, model: nn.Module, gather: str = "step", mesh=None):
         if gather not in GATHER_POLICIES:
@@ -261,6 +270,30 @@ class ShardedModel:
         buf = torch.tensor([float(stats[n]) for n in names], dtype=torch.float64, device=self.device) / denom
         dist.all_reduce(buf)
         return dict(zip(names, buf.cpu().tolist())), calls + 1
+
+
+    def clip_grads(self, max_norm: float | None) -> float:
+        """Clip the trainable parameters' sharded gradients by their global norm (:func:`clip_grad_norm`)."""
+        return clip_grad_norm([p for p in self.params.values() if p.requires_grad], max_norm)
+
+    # ------------------------------------------------------------------ checkpoints and whole weights
+    def save_checkpoint(self, run_dir, optimizer, extra: dict) -> None:
+        """Collective: every rank writes its shards of the model and ``optimizer`` (with ``extra``) as a
+        sharded checkpoint of step ``extra["step"]`` in ``run_dir``; rank 0 points ``latest`` at it."""
+        path = sharded_checkpoint.save(run_dir.checkpoints, extra["step"], self.root, optimizer,
+                                       {**extra, "world_size": self.world})
+        if self.rank == 0:
+            run_dir.point_latest(path.name)
+
+    def load_whole_state(self, state: dict, optimizer, where) -> None:
+        """Load a replicated run's ``.pt`` state (whole model and optimizer) into this rank's shards."""
+        sharded_checkpoint.load_replicated(state, self.root, optimizer)
+
+    def full_state_dict(self) -> dict:
+        """Collective: the model's whole state dict on every rank (on the CPU), gathered from the shards."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def clip_grad_norm(params, max_norm: float | None) -> float:

@@ -86,9 +86,9 @@ def checkpoint_dirs(tmp_path_factory):
 
 def test_a_checkpoint_directory_reads_text_through_its_own_tokenizer(checkpoint_dirs):
     """Before: --hf-model DIR --data text packed raw bytes as token ids (SmolLM2: eval loss 6.95 for 4.54)."""
+    from seco_lab.builders import build_data
     from seco_lab.config import TrainConfig
     from seco_lab.token_corpus import TokenCorpus, encode_text
-    from seco_lab.train import build_data
 
     corpus, _, with_tok, tokenizer = checkpoint_dirs
     cfg = TrainConfig(data="text", hf_model=str(with_tok), text_paths=[str(corpus)], seq_len=32, chunk_size=16,

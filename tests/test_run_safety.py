@@ -13,10 +13,11 @@ import pytest
 import torch
 from test_run_dir import CFG, cli, final_state, run_for, same
 
+from seco_lab.builders import build_data, load_into
 from seco_lab.model import TinyConfig, TinyTransformer
 from seco_lab.run_dir import MARKER_NAME, RUN_TREE, RunDir, RunDirError, foreign_entries, read_metrics, remove_own
 from seco_lab.step import lr_factor, schedule_factor
-from seco_lab.train import Trainer, TrainingInterrupted, load_into
+from seco_lab.train import Trainer, TrainingInterrupted
 
 TINY_ARGS = ["--seq-len", "24", "--chunk-size", "8", "--batch-size", "2", "--eval-batches", "1", "--no-progress",
              "--device", "cpu", "--d-model", "16", "--d-ff", "16", "--n-layers", "1", "--n-heads", "2",
@@ -267,8 +268,6 @@ class SignalAt:
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_finishes_the_step_checkpoints_and_resumes_bit_for_bit(tmp_path, uninterrupted, signum):
-    from seco_lab.train import build_data
-
     run = run_for(tmp_path, "r")
     t = Trainer(CFG, run, data=SignalAt(build_data(CFG), 2, signum))
     with pytest.raises(TrainingInterrupted) as e:

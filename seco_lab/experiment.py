@@ -1,0 +1,144 @@
+"""What identifies a run's experiment, on disk and in its checkpoints.
+
+* :func:`experiment_record` -- what ``config.json`` stores (for HF runs the HF model's config);
+  :func:`experiment_from_record` reads it back as a :class:`~seco_lab.config.TrainConfig`.
+* :func:`experiment_fingerprint` -- the hash every checkpoint carries (its schedule length left out, so an
+  extended run keeps it); :func:`config_differences` -- the fields two experiments differ in.
+* :func:`check_checkpoint` -- refuses a checkpoint of another experiment, or one renamed to another step;
+  :func:`load_newest_checkpoint` -- the checkpoint a resumed run continues from (sharded or ``.pt``), checked;
+  :func:`check_nothing_to_resume` -- refuses a resume with no checkpoint of a run that logged steps.
+* :func:`continued_cycles` -- the schedule cycles a resumed (extended, perhaps re-warmed) run keeps.
+* :func:`numpy_rng_state`, :func:`set_numpy_rng_state` -- numpy's global RNG state as a checkpoint holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+
+import numpy as np
+import torch
+
+from . import sharded_checkpoint
+from .config import RunControl, TrainConfig
+from .run_dir import RunDir, RunDirError, read_metrics
+
+__all__ = ["SCHEDULE_FIELDS", "check_checkpoint", "check_nothing_to_resume", "config_differences", "continued_cycles",
+           "experiment_fingerprint", "experiment_from_record", "experiment_record", "load_newest_checkpoint",
+           "numpy_rng_state", "set_numpy_rng_state"]
+
+#: fields that may change when a run is resumed: its length, and the schedule cycles an extension adds
+SCHEDULE_FIELDS = ("steps", "lr_cycles")
+
+
+def experiment_fingerprint(config: dict) -> str:
+    """16 hex digits of SHA-256 over the experiment (a ``TrainConfig.to_dict()``), its schedule length left out:
+    equal for every checkpoint of one run, extended or not, and different for another seed, model or data."""
+    d = {k: v for k, v in TrainConfig.from_dict(config).to_dict().items() if k not in SCHEDULE_FIELDS}
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def numpy_rng_state() -> dict:
+    """``np.random.get_state()`` as plain values and a tensor (a safe ``torch.load`` reads them)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def set_numpy_rng_state(state) -> None:
+    """Restore numpy's global RNG from a checkpoint's :func:`numpy_rng_state`."""
+    if isinstance(state, dict):
+        state = (state["name"], state["keys"].numpy().astype(np.uint32), state["pos"], state["has_gauss"],
+                 state["cached_gaussian"])
+    np.random.set_state(state)  # checkpoints written before this format hold the tuple itself
+
+
+def experiment_record(cfg: TrainConfig, model) -> dict:
+    """What ``config.json`` stores: the experiment; for HF runs the HF model's config, not the tiny one."""
+    d = cfg.to_dict()
+    if cfg.hf_model is not None:
+        from .hf import config_record
+
+        d["model"] = {"hf_model": cfg.hf_model, "config": config_record(model)}
+    return d
+
+
+def experiment_from_record(d: dict, source: str) -> TrainConfig:
+    """The :class:`TrainConfig` of a ``config.json`` record (``source`` names it in errors)."""
+    # run directories written before RunControl existed stored its fields in config.json too
+    d = {k: v for k, v in d.items() if k not in RunControl.__dataclass_fields__}
+    if d.get("hf_model") is not None:
+        d.pop("model", None)
+    return TrainConfig.from_dict(d, source=source)
+
+
+def config_differences(saved: TrainConfig, new: TrainConfig) -> list[str]:
+    """Fields that define the experiment and differ (``steps`` may grow: that extends the run)."""
+    a, b = saved.to_dict(), new.to_dict()
+    out = [f"{k} ({a[k]!r} -> {b[k]!r})" for k in a if k not in SCHEDULE_FIELDS and a[k] != b[k]]
+    return out
+
+
+def check_checkpoint(state: dict, name: str, cfg: TrainConfig) -> None:
+    """Refuse the checkpoint ``name`` (its ``state``) when it is of another experiment than ``cfg``, or its
+    step is not the step its name says."""
+    expected = int(name.split("_")[1].split(".")[0])
+    if int(state.get("step", -1)) != expected:
+        raise RunDirError(f"--resume: checkpoint {name} holds step {state.get('step')}, not {expected}; it was "
+                          "renamed or copied from elsewhere")
+    config = state.get("config")
+    if not isinstance(state.get("fingerprint"), str):
+        raise RunDirError(f"--resume: checkpoint {name} records no experiment fingerprint (every checkpoint "
+                          "seco-lab writes has one), so it cannot be matched to this run: it was edited or "
+                          "copied from elsewhere; put this run's checkpoints back or start a new --run-dir")
+    try:
+        found = state.get("fingerprint") or experiment_fingerprint(config)
+    except (TypeError, ValueError, AttributeError):
+        found = None
+    expected_fingerprint = experiment_fingerprint(cfg.to_dict())
+    if found != expected_fingerprint:
+        diff = []
+        with contextlib.suppress(TypeError, ValueError, AttributeError):
+            diff = config_differences(experiment_from_record(dict(config), name), cfg)
+        raise RunDirError(f"--resume: checkpoint {name} belongs to another experiment (fingerprint {found}, this "
+                          f"run's {expected_fingerprint}" + (f"; differs in {', '.join(diff)}" if diff else "")
+                          + "); put this run's checkpoints back or start a new --run-dir")
+
+
+def load_newest_checkpoint(run_dir: RunDir, model, optimizer, cfg: TrainConfig) -> dict | None:
+    """The newest checkpoint's state, checked against ``cfg`` (:func:`check_checkpoint`): a sharded directory
+    is read into ``model`` and ``optimizer`` here (resharded to this run's ranks) and its extras returned; a
+    ``.pt`` file is returned whole.  None when ``run_dir`` holds no checkpoint."""
+    run_dir.check_latest()
+    check = functools.partial(check_checkpoint, cfg=cfg)
+    sharded = sharded_checkpoint.newest(run_dir.checkpoints)
+    files = sorted(run_dir.checkpoints.glob("step_*.pt"))
+    if sharded and (not files or sharded[0].name.split(".")[0] >= files[-1].name.split(".")[0]):
+        return sharded_checkpoint.load(sharded[0], model, optimizer, check=check)
+    # load_state_dict moves the tensors to the model's device
+    return run_dir.load_checkpoint(map_location="cpu", check=check)
+
+
+def check_nothing_to_resume(run_dir: RunDir) -> None:
+    """No checkpoint at all: resuming from step 0 is right only if the run never logged a training step."""
+    steps = [r.get("step", 0) for r in read_metrics(run_dir.path)]
+    done = max([s for s in steps if isinstance(s, int)], default=0)
+    if done > 0:
+        raise RunDirError(f"--resume: {run_dir.metrics_path} records step {done} but {run_dir.checkpoints} holds no "
+                          "checkpoint to continue from (deleted, or the run stopped before its first checkpoint); "
+                          "restore them, or start again with --overwrite")
+
+
+def continued_cycles(saved: TrainConfig, steps: int, step: int, rewarm: bool) -> list:
+    """The ``lr_cycles`` of a run resumed at ``step`` with ``steps`` in all: the cycles it had (by default one
+    over the saved ``steps``), plus, with ``rewarm``, a new cycle from ``step`` to ``steps`` ([] for the
+    default single cycle)."""
+    cycles = [list(x) for x in (saved.lr_cycles or [[0, saved.steps]])]
+    if rewarm:
+        if steps <= saved.steps or step >= steps:
+            raise RunDirError(f"--rewarm starts a new schedule cycle over added steps; pass --steps above the "
+                              f"run's {saved.steps}")
+        cycles = [x for x in cycles if x[0] < step] + [[step, steps]]
+    return cycles if cycles != [[0, steps]] else []

@@ -1,0 +1,54 @@
+"""The training process around the loop: its process group and its stop signals.
+
+* :func:`init_distributed_from_env` -- ``torch.distributed`` initialised from torchrun's environment
+  (NCCL on GPU, gloo on CPU); nothing to do in a single process.
+* :func:`catch_stop_signals` -- the first SIGINT or SIGTERM (what schedulers send before killing a job)
+  becomes a callback (the trainer's "stop after this step"); a second one of the same kind acts at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["STOP_SIGNALS", "catch_stop_signals", "init_distributed_from_env"]
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def init_distributed_from_env() -> bool:
+    """Initialise torch.distributed when launched by torchrun (WORLD_SIZE > 1)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return False
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend)
+    return True
+
+
+def catch_stop_signals(on_stop: Callable[[int], None]) -> Callable[[], None]:
+    """Turn the first SIGINT or SIGTERM into ``on_stop(signum)``; a second one of the same kind acts at once,
+    as it would without this handler.  Returns the function that puts the previous handlers back.  Off the
+    main thread, where Python cannot install signal handlers, nothing is caught."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+
+    def handler(signum, frame):
+        on_stop(signum)
+        signal.signal(signum, previous[signum])
+
+    for s in STOP_SIGNALS:
+        signal.signal(s, handler)
+
+    def restore():
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+    return restore
