@@ -47,19 +47,6 @@ from .stats import (
     weights_with_remainder,
 )
 
-
-def atomic_write_csv(df: pd.DataFrame, path: Path) -> None:
-    store.atomic_write_csv(path, df)
-
-
-def atomic_write_json(obj, path: Path) -> None:
-    store.atomic_write_json(path, obj)
-
-
-def atomic_write_text(text: str, path: Path) -> None:
-    store.atomic_write(path, text)
-
-
 __all__ = ["run_audit", "write_results", "plan_units", "main", "build_parser", "add_arguments", "run_from_args",
            "config_from_args", "check_audit_out", "AUDIT_FILES", "DEFAULT_OUT"]
 
@@ -126,7 +113,7 @@ def _check_folder(cfg: AuditConfig, out: Path) -> None:
             diff = sorted(k for k, v in cfg.identity().items() if stored.identity().get(k) != v)
             raise ValueError(f"{out} holds an audit of another definition (differs in {', '.join(diff)}); "
                              "use another --out, or the stored settings")
-    atomic_write_json({"config": cfg.to_json(), "digest": cfg.digest()}, path)
+    store.atomic_write_json(path, {"config": cfg.to_json(), "digest": cfg.digest()})
 
 
 def run_audit(cfg: AuditConfig, out: str | Path = DEFAULT_OUT, progress: bool = True) -> Path:
@@ -167,15 +154,14 @@ def check_audit_out(out: str | Path) -> Path:
 def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
     (out / "vectors").mkdir(exist_ok=True)
     if not (out / ".gitignore").exists():  # the flat gradients are large and recomputable: never committed
-        atomic_write_text("vectors/\n", out / ".gitignore")
+        store.atomic_write(out / ".gitignore", "vectors/\n")
     _check_folder(cfg, out)
     torch.set_num_threads(cfg.threads)
     strata, data = _specs(cfg)
     names = {s.name: s for s in strata}
     names.update({data_name(cfg, s): s for s in data})
-    atomic_write_json({n: vars(s) if not hasattr(s, "__dataclass_fields__") else
-                       {f: getattr(s, f) for f in s.__dataclass_fields__} for n, s in names.items()},
-                      out / "sequences.json")
+    store.atomic_write_json(out / "sequences.json", {n: vars(s) if not hasattr(s, "__dataclass_fields__") else
+                       {f: getattr(s, f) for f in s.__dataclass_fields__} for n, s in names.items()})
     units = plan_units(cfg)
     todo = [(stem, job) for stem, job in units if not (out / "units" / f"{stem}.json").is_file()]
     for stem, job in (bar := tqdm(todo, desc="audit units", disable=not progress)):
@@ -185,21 +171,60 @@ def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
         if kind == "exact":
             res = measure.exact_unit(cfg)
         elif kind == "strata":
+            _restore_vectors(cfg, out, "strata", names)  # the cross-sequence Gram needs every sequence's rows
             res = measure.strata_unit(cfg, job[1], out / "vectors" / f"strata-{job[1].name}.pt")
         elif kind == "cost":
             res = measure.cost_unit(cfg, job[1])
         elif kind == "mc":
+            _strata_vectors(cfg, out, job[1])
             res = measure.mc_unit(cfg, job[1], job[2], job[3], out / "vectors" / f"strata-{job[1].name}.pt",
                                   progress)
         else:
             spec = job[1]
             sv = out / "vectors" / f"strata-{spec.name}.pt" if cfg.data_len == cfg.length else None
+            if sv is not None and (out / "units" / f"strata-{spec.name}.json").is_file():
+                _strata_vectors(cfg, out, spec)
+            _restore_vectors(cfg, out, "data", names)
             res = measure.data_unit(cfg, spec, out / "vectors" / f"data-{data_name(cfg, spec)}.pt", sv)
         res.update(unit=stem, stage=kind, unit_cpu_s=time.process_time() - c, unit_wall_s=time.perf_counter() - w,
                    threads=cfg.threads, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        atomic_write_json(res, out / "units" / f"{stem}.json")
+        store.atomic_write_json(out / "units" / f"{stem}.json", res)
         write_results(out)
     return write_results(out)
+
+
+def _strata_vectors(cfg: AuditConfig, out: Path, spec: SequenceSpec) -> None:
+    """Make sure the flat strata rows of a finished strata unit are on disk (recomputed and checked against the
+    stored unit when absent: the vectors are not committed, so a fresh clone resuming an audit lacks them)."""
+    path = out / "vectors" / f"strata-{spec.name}.pt"
+    if path.is_file():
+        return
+    unit = out / "units" / f"strata-{spec.name}.json"
+    tqdm.write(f"audit: recomputing the strata vectors of {spec.name} (not stored here; checked against {unit})")
+    measure.restore_strata_vectors(cfg, spec, path, json.loads(unit.read_text()))
+
+
+def _restore_vectors(cfg: AuditConfig, out: Path, stage: str, specs: dict[str, SequenceSpec]) -> None:
+    """Recompute the absent flat vectors of every finished ``stage`` unit ('strata' or 'data'), each checked
+    against what its unit stored, so that the cross-sequence Gram matrices written after the next unit cover
+    every finished sequence (a resumed audit on a fresh clone has the units' JSON but not the vectors)."""
+    for path in sorted((out / "units").glob(f"{stage}-*.json")):
+        name = path.stem.removeprefix(f"{stage}-")
+        if (out / "vectors" / f"{path.stem}.pt").is_file():
+            continue
+        tqdm.write(f"audit: recomputing the vectors of {path.stem} (not stored here; checked against {path})")
+        if stage == "strata":
+            _strata_vectors(cfg, out, specs[name])
+            continue
+        stored = json.loads(path.read_text())
+        sv = out / "vectors" / f"strata-{name}.pt" if cfg.data_len == cfg.length else None
+        res = measure.data_unit(cfg, specs[name], out / "vectors" / f"{path.stem}.pt", sv)
+        diff = abs(res["g_norm"] - stored["g_norm"]) / max(stored["g_norm"], 1e-300)
+        if not diff <= measure.RECOMPUTE_TOLERANCE:
+            (out / "vectors" / f"{path.stem}.pt").unlink()
+            raise ValueError(f"the gradient of {path.stem} recomputed here differs from the stored unit by {diff:.2e} "
+                             f"(relative norm; tolerance {measure.RECOMPUTE_TOLERANCE:g}): the code or the model "
+                             "changed since it was stored; rerun the audit into a new --out")
 
 
 # --------------------------------------------------------------------------- tables
@@ -217,7 +242,7 @@ def _cross_gram(out: Path, prefix: str, names: list[str], stored: Path) -> tuple
         rows = torch.cat([v.reshape(-1, v.shape[-1]) for v in V])
         gram = measure.gram_of(rows)
         r = len(V[0]) if V[0].dim() == 2 else 1
-        atomic_write_json({"names": names, "rows_per_sequence": r, "gram": gram.tolist()}, stored)
+        store.atomic_write_json(stored, {"names": names, "rows_per_sequence": r, "gram": gram.tolist()})
         return names, gram.reshape(len(names), r, len(names), r) if r > 1 else gram
     if stored.is_file():
         d = json.loads(stored.read_text())
@@ -254,9 +279,9 @@ def write_results(out: str | Path) -> Path:
                                 u["remainder_ratio"])
                 bias += [{"sequence": name, "kind": kind, "t": t, "scheme": sname, "metric": key, "value": v}
                          for key, v in m.items()]
-    atomic_write_csv(pd.DataFrame(prof, columns=["sequence", "kind", "p", "norm_ratio"]), out / "strata.csv")
-    atomic_write_csv(pd.DataFrame(bias, columns=["sequence", "kind", "t", "scheme", "metric", "value"]),
-                     out / "bias.csv")
+    store.atomic_write_csv(out / "strata.csv", pd.DataFrame(prof, columns=["sequence", "kind", "p", "norm_ratio"]))
+    store.atomic_write_csv(out / "bias.csv",
+                           pd.DataFrame(bias, columns=["sequence", "kind", "t", "scheme", "metric", "value"]))
     # Monte Carlo
     mc_rows, samp_var = [], {}
     for u in (u for u in units.values() if u["stage"] == "mc"):
@@ -271,8 +296,8 @@ def write_results(out: str | Path) -> Path:
             samp_var.setdefault((t, sname), []).append(m["rel_var"] * m["g_norm2"])
             mc_rows += [{"sequence": u["sequence"], "t": t, "sampler": kind, "scheme": sname, "metric": key,
                          "value": v} for key, v in m.items()]
-    atomic_write_csv(pd.DataFrame(mc_rows, columns=["sequence", "t", "sampler", "scheme", "metric", "value"]),
-                     out / "mc.csv")
+    store.atomic_write_csv(out / "mc.csv",
+                           pd.DataFrame(mc_rows, columns=["sequence", "t", "sampler", "scheme", "metric", "value"]))
     # cost
     cost = []
     for u in (u for u in units.values() if u["stage"] == "cost"):
@@ -282,13 +307,13 @@ def write_results(out: str | Path) -> Path:
         cost.append({"sequence": name, "method": f"strata P={P}", "scheme": "", "t": 0, "draw": 0, "chunks": k,
                      "cpu_s": c["forward"] + c["strata_sweep"], "wall_s": w["forward"] + w["strata_sweep"]})
     cost_df = pd.DataFrame(cost, columns=["sequence", "method", "scheme", "t", "draw", "chunks", "cpu_s", "wall_s"])
-    atomic_write_csv(cost_df, out / "cost.csv")
+    store.atomic_write_csv(out / "cost.csv", cost_df)
     # data noise
     dnames = [n for n in (u["sequence"] for u in units.values() if u["stage"] == "data")]
     data = _cross_gram(out, "data", sorted(dnames), out / "data_gram.json") if len(dnames) >= 2 else None
     noise = data_noise(data[1]) if data else None
-    atomic_write_csv(pd.DataFrame([{"metric": a, "value": b} for a, b in (noise or {}).items()],
-                                  columns=["metric", "value"]), out / "data.csv")
+    store.atomic_write_csv(out / "data.csv", pd.DataFrame([{"metric": a, "value": b} for a, b in (noise or {}).items()],
+                                  columns=["metric", "value"]))
     # equal compute
     snames = sorted(strata_units)
     cross = _cross_gram(out, "strata", snames, out / "cross_gram.json") if len(snames) >= 2 else None
@@ -311,11 +336,11 @@ def write_results(out: str | Path) -> Path:
                            "mse_seco": m0, "mse_scheme": ms, "crossover_B": bstar, **terms,
                            "samp_var": float(np.mean(sv)), "mc_sequences": len(sv)})
     eq_df = pd.DataFrame(eq)
-    atomic_write_csv(eq_df, out / "equal_compute.csv")
+    store.atomic_write_csv(out / "equal_compute.csv", eq_df)
     for t in sorted(set(eq_df.t)) if len(eq_df) else []:
         rec[str(t)] = recommend(eq_df[eq_df.t == t], cfg.batch_sizes)
-    atomic_write_json(rec, out / "recommendation.json")
-    atomic_write_json(summary(cfg, units, out), out / "audit.json")
+    store.atomic_write_json(out / "recommendation.json", rec)
+    store.atomic_write_json(out / "audit.json", summary(cfg, units, out))
     return out
 
 
