@@ -242,3 +242,26 @@ def test_a_resumed_audit_without_its_vectors_recomputes_and_checks_them(audit, t
     mc.unlink()
     with pytest.raises(ValueError, match="differ from the stored unit strata-s00.json"):
         run_audit(cfg, tampered, progress=False)
+
+
+def test_report_renders_every_section_from_the_stored_tables(audit, tmp_path):
+    """The report is generated from the tables alone: every section of a finished audit, each recommendation,
+    the strata-to-SeCO cost ratio of every strata unit; no missing value printed as nan."""
+    import json
+
+    from seco_lab.report.audit import write_report
+
+    text = write_report(audit, tmp_path / "audit.md").read_text()
+    for heading in ("## What ran", "## Exactness (float64)", "## The strata profile", "## Exact bias per scheme",
+                    "## Sampling noise against data noise", "## Cost of one step", "## Equal compute",
+                    "## Recommendation", "## Assumptions"):
+        assert heading in text, heading
+    rec = json.loads((audit / "recommendation.json").read_text())
+    assert rec
+    for per_b in rec.values():
+        for B, r in per_b.items():
+            assert f"B = {B}: **{r['choice']}**" in text
+    cost = pd.read_csv(audit / "cost.csv")
+    sweeps = cost[cost.method.isin(["strata P=1", "seco (strata unit)"])]
+    assert set(sweeps.sequence) == {"s00", "s01", "s02"} and len(sweeps) == 6
+    assert "strata / SeCO" in text and "nan" not in text.lower().replace("nano", "")
