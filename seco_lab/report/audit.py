@@ -61,9 +61,16 @@ def profile_figure(results: Path, fig_dir: Path, root: Path, cfg: dict) -> str |
 
 
 def render(results: Path, out_md: Path, root: Path = Path(".")) -> list[str]:
+    """The report's Markdown blocks: whatever units are finished, and which are not."""
     results = Path(results)
     audit = json.loads((results / "audit.json").read_text())
     cfg = audit["config"]
+    return [*_header(results, out_md, cfg), *_what_ran(audit, cfg), *_exactness(audit.get("exactness")),
+            *_profile(results, out_md, root, cfg), *_bias(results), *_noise(results, cfg), *_cost(results, cfg),
+            *_equal_compute(results), *ASSUMPTIONS]
+
+
+def _header(results: Path, out_md: Path, cfg: dict) -> list[str]:
     k = -(-cfg["length"] // cfg["chunk_size"])
     model = ("SmolLM2-135M-Instruct, Q4_1-dequantized GGUF weights, not the original float weights"
              if cfg["model"] == "smollm2-135m" else "as named")
@@ -71,57 +78,79 @@ def render(results: Path, out_md: Path, root: Path = Path(".")) -> list[str]:
             if cfg["params"] == "lora" else "every parameter")
     budgets = ", ".join(map(str, cfg["budgets"]))
     texts = ", ".join(f"`{t}`" for t in cfg["texts"])
-    md = ["# Audit: a chunk-wise gradient estimator on a real model\n",
-          generated_note("audit", results, out_md, PRODUCE),
-          f"Model `{cfg['model']}` ({model}); gradient: {grad}; {cfg['dtype']}; {cfg['length']:,} tokens in chunks "
-          f"of {cfg['chunk_size']} (k = {k}); budgets t ∈ {{{budgets}}}; hop strata g(p), p ≤ P = {cfg['max_hops']}, "
-          f"plus the measured remainder g(>P) = g_SeCO − Σ_p g(p). Texts: {texts}. The formulas: `docs/audit.md`.\n"]
-    stages = audit["stages"]
-    md.append("## What ran\n")
+    return ["# Audit: a chunk-wise gradient estimator on a real model\n",
+            generated_note("audit", results, out_md, PRODUCE),
+            f"Model `{cfg['model']}` ({model}); gradient: {grad}; {cfg['dtype']}; {cfg['length']:,} tokens in chunks "
+            f"of {cfg['chunk_size']} (k = {k}); budgets t ∈ {{{budgets}}}; hop strata g(p), p ≤ P = "
+            f"{cfg['max_hops']}, plus the measured remainder g(>P) = g_SeCO − Σ_p g(p). Texts: {texts}. The formulas: "
+            "`docs/audit.md`.\n"]
+
+
+def _what_ran(audit: dict, cfg: dict) -> list[str]:
+    md = ["## What ran\n"]
     rows = [{"stage": s, "units": v["units"], "wall h": v["wall_s"] / 3600, "CPU h": v["cpu_s"] / 3600,
-             "wall per unit (min)": v["wall_s"] / 60 / v["units"]} for s, v in stages.items()]
+             "wall per unit (min)": v["wall_s"] / 60 / v["units"]} for s, v in audit["stages"].items()]
     if rows:
         md.append(table(pd.DataFrame(rows), ("units",)))
     missing = audit["units_missing"]
     md.append(f"\nThreads: {cfg['threads']} on a shared 2-core machine (wall times include waiting for the "
               f"CPU). Finished units: {len(audit['units_done'])}; not (yet) run: "
               + (", ".join(f"`{m}`" for m in missing) if missing else "none") + ".\n")
-    ex = audit.get("exactness")
-    if ex:
-        md.append("## Exactness (float64)\n")
-        md.append(f"{ex['tokens']} tokens of `{Path(ex['text']).name}` in {ex['num_chunks']} chunks of "
-                  f"{ex['chunk_size']}, P = {ex['max_hops']}: SeCO vs dense {ex['seco_vs_dense']:.1e}; Σ_p g(p) + "
-                  f"g(>P) vs dense {ex['strata_plus_remainder_vs_dense']:.1e}; remainder vs dense − Σ_p g(p) "
-                  f"{ex['remainder_vs_dense_minus_sum']:.1e} (‖g(>P)‖/‖g‖ = {ex['remainder_ratio']:.2g}); full "
-                  f"decomposition (P = k − 1) vs dense {ex['full_strata_sum_vs_dense']:.1e}.\n")
+    return md
+
+
+def _exactness(ex: dict | None) -> list[str]:
+    if not ex:
+        return []
+    return ["## Exactness (float64)\n",
+            f"{ex['tokens']} tokens of `{Path(ex['text']).name}` in {ex['num_chunks']} chunks of "
+            f"{ex['chunk_size']}, P = {ex['max_hops']}: SeCO vs dense {ex['seco_vs_dense']:.1e}; Σ_p g(p) + "
+            f"g(>P) vs dense {ex['strata_plus_remainder_vs_dense']:.1e}; remainder vs dense − Σ_p g(p) "
+            f"{ex['remainder_vs_dense_minus_sum']:.1e} (‖g(>P)‖/‖g‖ = {ex['remainder_ratio']:.2g}); full "
+            f"decomposition (P = k − 1) vs dense {ex['full_strata_sum_vs_dense']:.1e}.\n"]
+
+
+def _profile(results: Path, out_md: Path, root: Path, cfg: dict) -> list[str]:
     strata = _read(results / "strata.csv")
     fig = profile_figure(results, out_md.parent / "figures", root, cfg)
-    md.append("## The strata profile\n")
+    md = ["## The strata profile\n"]
     if fig:
         md.append(f"![strata profile](figures/{fig})\n")
-    if len(strata):
-        wide = strata.pivot(index=["sequence", "kind"], columns="p", values="norm_ratio").reset_index()
-        cols = ["sequence", "kind"] + [c for c in wide.columns if c not in ("sequence", "kind", "rest")] + ["rest"]
-        md.append("‖g(p)‖/‖g‖ per sequence (`rest` = ‖g(>P)‖/‖g‖, the bound below; aim ≤ "
-                  f"{cfg['remainder_tol']:g}):\n")
-        md.append(table(wide[cols]))
-    else:
-        md.append("No sequence's strata are finished yet.\n")
+    if not len(strata):
+        return md + ["No sequence's strata are finished yet.\n"]
+    wide = strata.pivot(index=["sequence", "kind"], columns="p", values="norm_ratio").reset_index()
+    cols = ["sequence", "kind"] + [c for c in wide.columns if c not in ("sequence", "kind", "rest")] + ["rest"]
+    md += ["‖g(p)‖/‖g‖ per sequence (`rest` = ‖g(>P)‖/‖g‖, the bound below; aim ≤ "
+           f"{cfg['remainder_tol']:g}):\n", table(wide[cols])]
+    cost = _read(results / "cost.csv")
+    sweeps = cost[cost.method.isin([f"strata P={cfg['max_hops']}", "seco (strata unit)"])] if len(cost) else cost
+    if len(sweeps) and sweeps.method.nunique() == 2:
+        per = sweeps.pivot_table(index="sequence", columns="method", values="cpu_s").reset_index()
+        per["strata / SeCO"] = per[f"strata P={cfg['max_hops']}"] / per["seco (strata unit)"]
+        md += [f"\nCPU seconds of each strata unit's parts, one process: forward + the stratified sweep (P = "
+               f"{cfg['max_hops']}, {cfg['max_hops'] + 1} labels) against forward + a SeCO sweep over the same cache:"
+               "\n", table(per)]
+    return md
+
+
+def _bias(results: Path) -> list[str]:
     bias = _read(results / "bias.csv")
-    if len(bias):
-        md.append("\n## Exact bias per scheme\n")
-        md.append("Mean over the finished sequences. rel. bias = ‖E ĝ − g‖/‖g‖; best-scale = min_a ‖a E ĝ − g‖/‖g‖ "
-                  "(what SGD's step size cannot absorb); per-tensor = the same with one scale per tensor (what Adam "
-                  "cannot); ± = the bound lumping the strata beyond P puts on it.\n")
-        wide = bias.pivot_table(index=["t", "scheme"], columns="metric", values="value", aggfunc="mean").reset_index()
-        out = pd.DataFrame({"t": wide.t, "scheme": wide.scheme, "rel. bias": wide.rel_bias,
-                            "± bound": wide.rel_bias_bound, "1 − cos": wide.direction_bias,
-                            "best-scale": wide.best_scale_residual, "± bound ": wide.best_scale_residual_bound,
-                            "per-tensor": wide.per_tensor_residual, "scale a": wide.scale})
-        md.append(table(out, ("t",)))
-    mc = _read(results / "mc.csv")
-    data = _read(results / "data.csv")
-    md.append("\n## Sampling noise against data noise\n")
+    if not len(bias):
+        return []
+    wide = bias.pivot_table(index=["t", "scheme"], columns="metric", values="value", aggfunc="mean").reset_index()
+    out = pd.DataFrame({"t": wide.t, "scheme": wide.scheme, "rel. bias": wide.rel_bias,
+                        "± bound": wide.rel_bias_bound, "1 − cos": wide.direction_bias,
+                        "best-scale": wide.best_scale_residual, "± bound ": wide.best_scale_residual_bound,
+                        "per-tensor": wide.per_tensor_residual, "scale a": wide.scale})
+    return ["\n## Exact bias per scheme\n",
+            "Mean over the finished sequences. rel. bias = ‖E ĝ − g‖/‖g‖; best-scale = min_a ‖a E ĝ − g‖/‖g‖ "
+            "(what SGD's step size cannot absorb); per-tensor = the same with one scale per tensor (what Adam "
+            "cannot); ± = the bound lumping the strata beyond P puts on it.\n", table(out, ("t",))]
+
+
+def _noise(results: Path, cfg: dict) -> list[str]:
+    mc, data = _read(results / "mc.csv"), _read(results / "data.csv")
+    md = ["\n## Sampling noise against data noise\n"]
     if len(data):
         d = dict(zip(data.metric, data.value))
         md.append(f"Data noise over {int(d['n_sequences'])} sequences of {cfg['data_length'] or cfg['length']:,} "
@@ -129,57 +158,61 @@ def render(results: Path, out_md: Path, root: Path = Path(".")) -> list[str]:
                   f"by tr Σ_d/N); tr Σ_d / mean ‖g_i‖² = {fmt(d['tr_sigma_data'] / d['mean_seq_norm2'])}.\n")
     else:
         md.append("The data-noise stage has not finished.\n")
-    if len(mc):
-        wide = mc.pivot_table(index=["sequence", "t", "scheme"], columns="metric", values="value").reset_index()
-        out = pd.DataFrame({"seq": wide.sequence, "t": wide.t, "scheme": wide.scheme, "N": wide.n_draws,
-                            "Var/‖g‖²": wide.rel_var, "95% CI": [f"[{fmt(a)}, {fmt(b)}]" for a, b in
-                                                                zip(wide.rel_var_low, wide.rel_var_high)],
-                            "Var/‖E ĝ‖² (noise-to-signal)": wide.noise_to_signal,
-                            "95% CI ": [f"[{fmt(a)}, {fmt(b)}]" for a, b in
-                                        zip(wide.noise_to_signal_low, wide.noise_to_signal_high)],
-                            "best-scale MSE (one sequence)": wide.best_scale_mse,
-                            "mean check": ["ok" if c else "off" for c in wide.mean_dev_covered]})
-        md.append("Monte Carlo through the real sparse sweep (one stratified sweep per draw; every scheme of a "
-                  "sampler on the same draws). The mean check: the debiased ‖mean − E ĝ‖²'s interval holds 0.\n")
-        md.append(table(out, ("t", "N")))
-    else:
-        md.append("\nNo Monte Carlo unit has finished.\n")
+    if not len(mc):
+        return md + ["\nNo Monte Carlo unit has finished.\n"]
+    wide = mc.pivot_table(index=["sequence", "t", "scheme"], columns="metric", values="value").reset_index()
+    interval = lambda lo, hi: [f"[{fmt(a)}, {fmt(b)}]" for a, b in zip(lo, hi)]  # noqa: E731
+    out = pd.DataFrame({"seq": wide.sequence, "t": wide.t, "scheme": wide.scheme, "N": wide.n_draws,
+                        "Var/‖g‖²": wide.rel_var, "95% CI": interval(wide.rel_var_low, wide.rel_var_high),
+                        "Var/‖E ĝ‖² (noise-to-signal)": wide.noise_to_signal,
+                        "95% CI ": interval(wide.noise_to_signal_low, wide.noise_to_signal_high),
+                        "best-scale MSE (one sequence)": wide.best_scale_mse,
+                        "mean check": ["ok" if c else "off" for c in wide.mean_dev_covered]})
+    return md + ["Monte Carlo through the real sparse sweep (one stratified sweep per draw; every scheme of a "
+                 "sampler on the same draws). The mean check: the debiased ‖mean − E ĝ‖²'s interval holds 0.\n",
+                 table(out, ("t", "N"))]
+
+
+def _cost(results: Path, cfg: dict) -> list[str]:
     cost = _read(results / "cost.csv")
-    if len(cost):
-        md.append("\n## Cost of one step (CPU seconds)\n")
-        base = cost[cost.method == "forward"].cpu_s.mean()
-        seco = cost[cost.method == "seco"].cpu_s.mean()
-        g = cost.groupby(["method", "scheme", "t"], dropna=False).agg(cpu_s=("cpu_s", "mean"),
-                                                                      chunks=("chunks", "mean")).reset_index()
-        g["× forward"] = g.cpu_s / base
-        g["× SeCO"] = g.cpu_s / seco
-        g["scheme"] = g.scheme.fillna("")
-        md.append(f"Random draws (seeded), {cfg['threads']} threads; CPU time of the process.\n")
-        md.append(table(g, ("t",)))
+    if not len(cost) or not (cost.method == "seco").any():
+        return []
+    base = cost[cost.method == "forward"].cpu_s.mean()
+    seco = cost[cost.method == "seco"].cpu_s.mean()
+    g = cost.groupby(["method", "scheme", "t"], dropna=False).agg(cpu_s=("cpu_s", "mean"),
+                                                                  chunks=("chunks", "mean")).reset_index()
+    g["× forward"] = g.cpu_s / base
+    g["× SeCO"] = g.cpu_s / seco
+    g["scheme"] = g.scheme.fillna("")
+    return ["\n## Cost of one step (CPU seconds)\n",
+            f"Random draws (seeded), {cfg['threads']} threads; CPU time of the process.\n", table(g, ("t",))]
+
+
+def _equal_compute(results: Path) -> list[str]:
     eq = _read(results / "equal_compute.csv")
-    md.append("\n## Equal compute\n")
-    if len(eq):
-        md.append("Best-scale MSE of one optimizer step at equal compute (docs/audit.md): SeCO averages B sequences, "
-                  "a scheme B·c_SeCO/c_s. B* = the batch above which SeCO's error is the smaller (0: SeCO wins at "
-                  "every B; inf: never). Estimated from "
-                  f"{int(eq.n_strata_sequences.iloc[0])} strata sequences and {int(eq.n_data_sequences.iloc[0])} "
-                  "data sequences.\n")
-        wide = eq.pivot_table(index=["t", "scheme", "cost_ratio", "crossover_B"], columns="B",
-                              values=["mse_seco", "mse_scheme"]).reset_index()
-        wide.columns = [c if not b else f"{'SeCO' if c == 'mse_seco' else 'scheme'} B={b}" for c, b in wide.columns]
-        md.append(table(wide.rename(columns={"cost_ratio": "c_s/c_SeCO", "crossover_B": "B*"}), ("t",)))
-        rec = json.loads((results / "recommendation.json").read_text())
-        md.append("\n## Recommendation\n")
-        for t, per_b in rec.items():
-            for B, r in per_b.items():
-                md.append(f"- t = {t}, B = {B}: **{r['choice']}** — {r['why']}.")
-    else:
-        md.append("Needs ≥ 2 finished strata sequences, a cost unit and a Monte Carlo unit; not all are finished.\n")
-    md.append("\n## Assumptions\n")
-    md.append("One optimizer step, the step size tuned per method (best scale), no curvature; bias persists across "
-              "steps while noise averages, so this is a proxy the training study tests, not a proof. The remainder's "
-              "bound assumes the strata beyond P do not cancel each other.\n")
+    md = ["\n## Equal compute\n"]
+    if not len(eq):
+        return md + ["Needs ≥ 2 finished strata sequences, a cost unit and a Monte Carlo unit; not all are "
+                     "finished.\n"]
+    md.append("Best-scale MSE of one optimizer step at equal compute (docs/audit.md): SeCO averages B sequences, "
+              "a scheme B·c_SeCO/c_s. B* = the batch above which SeCO's error is the smaller (0: SeCO wins at "
+              "every B; inf: never). Estimated from "
+              f"{int(eq.n_strata_sequences.iloc[0])} strata sequences and {int(eq.n_data_sequences.iloc[0])} "
+              "data sequences.\n")
+    wide = eq.pivot_table(index=["t", "scheme", "cost_ratio", "crossover_B"], columns="B",
+                          values=["mse_seco", "mse_scheme"]).reset_index()
+    wide.columns = [c if not b else f"{'SeCO' if c == 'mse_seco' else 'scheme'} B={b}" for c, b in wide.columns]
+    md.append(table(wide.rename(columns={"cost_ratio": "c_s/c_SeCO", "crossover_B": "B*"}), ("t",)))
+    rec = json.loads((results / "recommendation.json").read_text())
+    md.append("\n## Recommendation\n")
+    md += [f"- t = {t}, B = {B}: **{r['choice']}** — {r['why']}." for t, per_b in rec.items() for B, r in per_b.items()]
     return md
+
+
+ASSUMPTIONS = ["\n## Assumptions\n",
+               "One optimizer step, the step size tuned per method (best scale), no curvature; bias persists across "
+               "steps while noise averages, so this is a proxy the training study tests, not a proof. The "
+               "remainder's bound assumes the strata beyond P do not cancel each other.\n"]
 
 
 def write_report(results: str | Path, out_md: str | Path, root: str | Path = Path(".")) -> Path:
