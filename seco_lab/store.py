@@ -32,7 +32,8 @@ from .folder_lock import hold_lock, release_lock
 _HELD_LOCKS: dict[Path, IO] = {}  # study folders this process has locked (a rerun in the process reuses its lock)
 
 __all__ = ["DefinitionMismatch", "StudyFolder", "StudyFolderError", "atomic_write", "atomic_write_csv",
-           "atomic_write_json", "check_study_out", "clear_stale", "fingerprint", "protected_paths", "software_versions"]
+           "atomic_write_json", "check_study_out", "clear_stale", "fingerprint", "protected_paths",
+           "software_versions", "study_owner"]
 
 
 def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[bytes]], object]) -> Path:
@@ -155,6 +156,22 @@ def check_study_out(out: str | os.PathLike) -> Path:
     return path
 
 
+def study_owner(manifest: dict) -> str | None:
+    """Which of this tool's studies wrote a ``study.json`` (its ``"study"`` stamp; for folders written before
+    the stamp, recognised by the keys only that study writes), or None: not a seco-lab study's record."""
+    if not isinstance(manifest, dict):
+        return None
+    if isinstance(manifest.get("study"), str):
+        return manifest["study"]
+    if "digest" in manifest and "study_format" in manifest:
+        return "bias"
+    if "design" in manifest and "fingerprint" in manifest:
+        return "train"
+    if "gguf_sha256_16" in manifest or {"config", "cells", "exactness"} <= manifest.keys():
+        return "real"
+    return None
+
+
 class StudyFolder:
     """A study's results folder: ``ROOT/study.json`` (the manifest: the definition's fingerprint under
     ``key``, the software, the status) and one file set per cell under ``ROOT/CELLS/``, whose
@@ -167,10 +184,11 @@ class StudyFolder:
     """
 
     def __init__(self, root: str | Path, cells: str = "cells", key: str = "fingerprint",
-                 stored_fingerprint: Callable[[dict], str | None] | None = None, keeps: tuple[str, ...] = ()):
+                 stored_fingerprint: Callable[[dict], str | None] | None = None, keeps: tuple[str, ...] = (),
+                 study: str | None = None):
         if not str(os.fspath(root)).strip():
             raise StudyFolderError("--out is empty; name a folder for the study's results, e.g. --out results/study")
-        self.root, self.key, self.keeps = Path(root), key, tuple(keeps)
+        self.root, self.key, self.keeps, self.study = Path(root), key, tuple(keeps), study
         self.cells = self.root / cells
         self.manifest_path = self.root / "study.json"
         self._stored = stored_fingerprint or (lambda m: m.get(key))
@@ -218,23 +236,65 @@ class StudyFolder:
         temporary files, refuse a folder of another definition (unless ``fresh``: then its cells are
         discarded); return the stored manifest ({} if none)."""
         self.check_usable()
-        self.read_manifest()  # a damaged record is refused before anything is written
+        stored = self.read_manifest()  # a damaged record is refused before anything is written
+        self._check_owner(stored)  # as is a record this study did not write
         self.cells.mkdir(parents=True, exist_ok=True)
         key = self.root.resolve()
         if key not in _HELD_LOCKS:
             _HELD_LOCKS[key] = hold_lock(self.root, "study run", "wait for it to finish, or pass another --out")
         clear_stale(self.cells)
         clear_stale(self.root)
-        old = {} if fresh else self.read_manifest()
+        old = {} if fresh else stored
         if old and self._stored(old) != digest:
             raise DefinitionMismatch(
-                f"{self.root} holds results of a different study definition (fingerprint {self._stored(old)} != "
-                f"{digest}); pass --fresh to discard them or --out to write elsewhere")
+                f"{self.root} holds results of a different {self.study or 'study'} definition (fingerprint "
+                f"{self._stored(old)} != {digest}); pass --fresh to discard them or --out to write elsewhere")
         if fresh:  # only the cells' own files (and their temporaries): anything else in the folder stays
-            for f in self.cells.iterdir():
-                if re.fullmatch(f"{CELL_FILE}|{TEMP_FILE}", f.name) and f.is_file() and not f.is_symlink():
-                    f.unlink()
+            ours, foreign = self._cell_files()
+            if foreign:
+                raise StudyFolderError(f"{self.cells} holds files the study did not write ({', '.join(foreign[:5])}"
+                                       f"{' ...' if len(foreign) > 5 else ''}): --fresh would delete them; move "
+                                       "them out of the folder first, or pass another --out")
+            for f in ours:
+                f.unlink()
         return old
+
+    def _check_owner(self, manifest: dict) -> None:
+        """A ``study.json`` this tool did not write, or another study's, is refused (``--fresh`` included):
+        discarding cells is for a changed definition of the same study, never for someone else's folder."""
+        if not manifest or self.study is None:
+            return
+        owner = study_owner(manifest)
+        if owner is None:
+            raise StudyFolderError(f"{self.manifest_path} was not written by seco-lab (no study's record): the "
+                                   "folder is not a study folder, so nothing is written or discarded; pass another "
+                                   "--out")
+        if owner != self.study:
+            raise StudyFolderError(f"{self.root} holds the results of the {owner} study, not of the {self.study} "
+                                   f"study: nothing is written or discarded; pass another --out (or `seco-lab "
+                                   f"report {owner} --results {self.root}` to read them)")
+
+    def _cell_files(self) -> tuple[list[Path], list[str]]:
+        """(the files of the cells folder this study wrote, the names of any others).  Ours: temporaries,
+        each cell's record ``NAME.json`` (a JSON object) and the files ``NAME.*`` beside it."""
+        files = [f for f in self.cells.iterdir()]
+        stems = set()
+        for f in files:
+            if f.suffix == ".json" and f.is_file() and not f.is_symlink():
+                try:
+                    if isinstance(json.loads(f.read_text()), dict):
+                        stems.add(f.name[: -len(".json")])
+                except (OSError, ValueError):
+                    pass
+        ours, foreign = [], []
+        for f in files:
+            mine = re.fullmatch(TEMP_FILE, f.name) or any(f.name == s + ".json" or f.name.startswith(s + ".")
+                                                         for s in stems)
+            if mine and re.fullmatch(f"{CELL_FILE}|{TEMP_FILE}", f.name) and f.is_file() and not f.is_symlink():
+                ours.append(f)
+            else:
+                foreign.append(f.name)
+        return ours, sorted(foreign)
 
     def marker(self, name: str) -> Path:
         """The file whose presence marks cell ``name`` done."""
@@ -280,4 +340,5 @@ class StudyFolder:
         return record
 
     def write_manifest(self, manifest: dict) -> None:
-        atomic_write_json(self.manifest_path, manifest)
+        """Write ``study.json``, stamped with the study's name (:func:`study_owner` reads it back)."""
+        atomic_write_json(self.manifest_path, manifest if self.study is None else {"study": self.study, **manifest})

@@ -1045,3 +1045,75 @@ def test_hf_override_on_a_checkpoint_folder_is_refused_whatever_the_warmup(tmp_p
         with warnings.catch_warnings(), pytest.raises(ValueError, match="--hf-override applies to the named"):
             warnings.simplefilter("ignore")
             TrainConfig(steps=steps, hf_model=str(tmp_path), hf_overrides={"num_hidden_layers": 1}).validate()
+
+
+# ------------------------------------------------------------------ campaign 3: study folders that are not this study's
+
+
+def _exit_status(main, argv) -> int:
+    """A command's exit status, whether it returns it or exits (argparse's error() raises SystemExit(2))."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+def test_a_user_folder_with_its_own_study_json_is_refused_even_with_fresh(tmp_path, capsys):
+    """Campaign 3, C08/C09: a user's folder holding a study.json of its own was taken for a study of another
+    definition, and the advised --fresh overwrote the user's study.json and results.csv."""
+    from seco_lab.studies import study_main
+
+    us = tmp_path / "us"
+    us.mkdir()
+    (us / "study.json").write_text('{"mine": 1}')
+    (us / "results.csv").write_text("mine\n")
+    for extra in ([], ["--fresh"]):
+        rc = _exit_status(study_main, ["bias", "--quick", "--out", str(us), "--no-progress", *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and "was not written by seco-lab" in err and "--fresh" not in err.split("error:")[-1], err
+    assert (us / "study.json").read_text() == '{"mine": 1}' and (us / "results.csv").read_text() == "mine\n"
+    assert sorted(p.name for p in us.iterdir()) == ["results.csv", "study.json"]
+
+
+def test_another_studys_folder_is_named_and_never_discarded(tmp_path, capsys):
+    """Campaign 3, C10/C16/C76: `study bias --out <a training-study folder> --fresh` replaced its study.json and
+    left a mix no report could read; the message said 'fingerprint None' and advised --fresh."""
+    import shutil
+    from pathlib import Path
+
+    from seco_lab.studies import study_main
+
+    root = Path(__file__).resolve().parents[1]
+    ts = tmp_path / "ts"
+    ts.mkdir()
+    shutil.copy(root / "reports/training_study/study.json", ts / "study.json")
+    before = (ts / "study.json").read_bytes()
+    for extra in ([], ["--fresh"]):
+        rc = _exit_status(study_main, ["bias", "--quick", "--out", str(ts), "--no-progress", *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and "holds the results of the train study, not of the bias study" in err, err
+    assert (ts / "study.json").read_bytes() == before and sorted(p.name for p in ts.iterdir()) == ["study.json"]
+
+
+def test_fresh_refuses_to_delete_files_the_study_did_not_write(tmp_path):
+    """Campaign 3, C07: --fresh deleted a user's cells/zz_user.json (any *.json in cells/ was taken as a cell)."""
+    import json
+
+    from seco_lab.store import StudyFolder, StudyFolderError
+
+    folder = StudyFolder(tmp_path / "s", study="bias", key="digest")
+    folder.open("d1")
+    folder.write_manifest({"digest": "d1", "study_format": 4})
+    folder.write_cell("c0", {"x": 1}, {"results": __import__("pandas").DataFrame({"a": [1]})})
+    (folder.cells / "zz_user.json").write_text("u")
+    folder.close()
+    with pytest.raises(StudyFolderError, match=r"files the study did not write \(zz_user.json\)"):
+        StudyFolder(tmp_path / "s", study="bias", key="digest").open("d2", fresh=True)
+    assert sorted(p.name for p in folder.cells.iterdir()) == ["c0.json", "c0.results.csv", "zz_user.json"]
+    (folder.cells / "zz_user.json").unlink()
+    again = StudyFolder(tmp_path / "s", study="bias", key="digest")
+    again.open("d2", fresh=True)  # only the study's own cell files go
+    assert list(folder.cells.iterdir()) == []
+    again.write_manifest({"digest": "d2", "study_format": 4})
+    assert json.loads(again.manifest_path.read_text())["study"] == "bias"
+    again.close()

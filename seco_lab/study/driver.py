@@ -74,7 +74,7 @@ def group_stem(out: Path, n_layers: int, num_chunks: int, seed: int, kind: str =
 
 def study_folder(out: Path) -> StudyFolder:
     """The bias study's results folder (its manifest keeps the fingerprint under 'digest')."""
-    return StudyFolder(out, cells="cells", key="digest")
+    return StudyFolder(out, cells="cells", key="digest", study="bias")
 
 
 def _work(args) -> dict:

@@ -105,7 +105,8 @@ def quick_config() -> StudyConfig:
 
 def study_folder(out: Path) -> StudyFolder:
     """The results folder: ``study.json`` and one ``runs/<run_id>.csv`` + ``.json`` pair per finished run."""
-    return StudyFolder(out, cells="runs", key="fingerprint", keeps=("costs.csv",))  # extensions.write_costs: first
+    return StudyFolder(out, cells="runs", key="fingerprint", keeps=("costs.csv",),  # extensions.write_costs: first
+                       study="train")
 
 
 def _work(args) -> dict:
