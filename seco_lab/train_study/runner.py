@@ -323,6 +323,49 @@ def fixed_batch(task: RecallTask, seed: int, split: str, size: int) -> RecallBat
     return task.batch(seed, split, 0, size)
 
 
+class _RunLog:
+    """The tidy rows of one run: ``record`` one value, ``held_out`` losses on a fixed batch, ``probes`` of the
+    gradient's quality (and, with ``settings.variance_groups``, its noise) at the current parameters."""
+
+    def __init__(self, model, spec: RunSpec, settings: TrainSettings, probe_batch: RecallBatch, batch_size: int,
+                 micro: int, noise_rng: np.random.Generator):
+        self.model, self.spec, self.settings, self.probe_batch = model, spec, settings, probe_batch
+        self.batch_size, self.micro, self.noise_rng = batch_size, micro, noise_rng
+        self.rows: list[dict] = []
+
+    def record(self, step, metric, value, distance=0):
+        self.rows.append({"step": step, "metric": metric, "distance": distance, "value": float(value)})
+
+    def held_out(self, step, split, batch):
+        for (metric, d), v in evaluate(self.model, batch, self.settings.task.distances).items():
+            self.record(step, f"{split}_{metric}", v, d)
+
+    def probes(self, step):
+        model, spec, settings, c = self.model, self.spec, self.settings, self.settings.task.chunk_size
+        for metric, v in probe(model, spec.arm, self.probe_batch, c).items():
+            self.record(step, f"probe_{metric}", v)
+        if settings.variance_groups:
+            noise = noise_probe(model, spec.arm, self.probe_batch, c, settings.variance_groups,
+                                settings.variance_draws, self.noise_rng)
+            for metric, v in {**noise, **equal_compute_mse(noise, spec.arm, self.batch_size, self.micro)}.items():
+                self.record(step, f"probe_{metric}", v)
+
+
+def _optimizer_step(model, opt, spec: RunSpec, settings: TrainSettings, batch: RecallBatch, chunk_size: int,
+                    micro: int, step: int, steps: int):
+    """One training step: the arm's gradient into ``.grad``, clipped, the scheduled rate, the optimizer's step;
+    returns (loss, chunks backpropagated)."""
+    loss, grads, n_chunks = gradient(model, spec.arm, batch, chunk_size, micro, spec.seed, step)
+    opt.zero_grad(set_to_none=True)
+    accumulate_grads(model, grads)
+    if settings.clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip)
+    for group in opt.param_groups:
+        group["lr"] = settings.lr_at(step, spec.lr, steps)
+    opt.step()
+    return loss, n_chunks
+
+
 def train_run(spec: RunSpec, settings: TrainSettings, data_seed: int = 1234) -> tuple[list[dict], dict]:
     """Train one run; returns (tidy rows, summary).  Held-out sets do not depend on the run's seed."""
     torch.manual_seed(spec.seed)
@@ -338,58 +381,35 @@ def train_run(spec: RunSpec, settings: TrainSettings, data_seed: int = 1234) -> 
     val = fixed_batch(task, data_seed, "val", settings.val_sequences)
     test = fixed_batch(task, data_seed, "test", settings.test_sequences)
     probe_batch = task.batch(data_seed, "val", 1, settings.probe_sequences)
-    rows: list[dict] = []
+    log = _RunLog(model, spec, settings, probe_batch, batch_size, micro, noise_rng)
     chunks, wall, cpu, diverged = 0.0, 0.0, 0.0, False
 
-    def record(step, metric, value, distance=0):
-        rows.append({"step": step, "metric": metric, "distance": distance, "value": float(value)})
-
-    def held_out(step, split, batch):
-        for (metric, d), v in evaluate(model, batch, task.distances).items():
-            record(step, f"{split}_{metric}", v, d)
-
-    def probes(step):
-        for metric, v in probe(model, spec.arm, probe_batch, c).items():
-            record(step, f"probe_{metric}", v)
-        if settings.variance_groups:
-            noise = noise_probe(model, spec.arm, probe_batch, c, settings.variance_groups, settings.variance_draws,
-                                noise_rng)
-            for metric, v in {**noise, **equal_compute_mse(noise, spec.arm, batch_size, micro)}.items():
-                record(step, f"probe_{metric}", v)
-
-    held_out(0, "val", val)
-    probes(0)
+    log.held_out(0, "val", val)
+    log.probes(0)
     for step in range(steps):
         batch = task.batch(spec.seed, "train", step, batch_size)
         t0, c0 = time.perf_counter(), time.process_time()
-        loss, grads, n_chunks = gradient(model, spec.arm, batch, c, micro, spec.seed, step)
-        opt.zero_grad(set_to_none=True)
-        accumulate_grads(model, grads)
-        if settings.clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip)
-        for group in opt.param_groups:
-            group["lr"] = settings.lr_at(step, spec.lr, steps)
-        opt.step()
+        loss, n_chunks = _optimizer_step(model, opt, spec, settings, batch, c, micro, step, steps)
         wall += time.perf_counter() - t0
         cpu += time.process_time() - c0
         chunks += n_chunks
         done = step + 1
-        record(done, "train_loss", loss)
+        log.record(done, "train_loss", loss)
         if not all(torch.isfinite(p).all() for p in model.parameters()):
             diverged = True
             break
         if done % settings.eval_every == 0 or done == steps:
-            held_out(done, "val", val)
-            record(done, "backprop_chunks", chunks)
-            record(done, "wall_s", wall)
-            record(done, "cpu_s", cpu)
+            log.held_out(done, "val", val)
+            log.record(done, "backprop_chunks", chunks)
+            log.record(done, "wall_s", wall)
+            log.record(done, "cpu_s", cpu)
         if done % settings.probe_every == 0 or done == steps:
-            probes(done)
+            log.probes(done)
     if not diverged:
-        held_out(steps, "test", test)
+        log.held_out(steps, "test", test)
     moved = float(sum((p.detach() - q).norm() ** 2 for p, q in zip(model.parameters(), init)) ** 0.5)
     summary = {"run_id": spec.run_id, "arm": spec.arm.name, "optimizer": spec.optimizer, "lr": spec.lr,
                "seed": spec.seed, "diverged": diverged, "steps_done": done, "param_distance": moved,
                "backprop_chunks_per_step": chunks / done, "wall_s": wall, "cpu_s": cpu, "steps": steps,
                "batch_size": batch_size, "passes_per_step": batch_size * spec.arm.passes(task.num_chunks)}
-    return rows, summary
+    return log.rows, summary
