@@ -24,6 +24,12 @@ from contextlib import nullcontext
 import torch
 
 from .checks import ChunkedBatch, as_float, check_recomputed, checked_batch, checked_chunk
+from .chunk_vjp import add_relayed, chunk_products, summed_seed
+from .chunk_vjp import add_relayed as _add_relayed  # noqa: F401 (the names before seco_lab.chunk_vjp)
+from .chunk_vjp import chunk_products as _products  # noqa: F401
+from .chunk_vjp import seed_vjp as _seed_vjp  # noqa: F401
+from .chunk_vjp import summed_seed as _summed  # noqa: F401
+from .chunk_vjp import vjp as _vjp  # noqa: F401
 from .grads import GradDict, grads_in_isolation, named_grads
 from .protocol import ChunkCache, ChunkModel, flat_cache, unflat_cache
 
@@ -98,20 +104,9 @@ def forward_loss(model: ChunkModel, tokens, targets, chunk_size: int | None = No
 
 
 
-def backward_sweep(
-    model: ChunkModel,
-    batch: ChunkedBatch,
-    leaves: Sequence[ChunkCache],
-    params: Sequence[torch.Tensor],
-    visit: Sequence[int],
-    *,
-    direct_label: Callable[[int], Hashable],
-    direct_scale: float,
-    relay: Relay,
-    collect: Collect,
-    collect_total: bool = False,
-    batch_labels: bool | None = None,
-) -> None:
+def backward_sweep(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCache], params: Sequence[torch.Tensor],
+                   visit: Sequence[int], *, direct_label: Callable[[int], Hashable], direct_scale: float, relay: Relay,
+                   collect: Collect, collect_total: bool = False, batch_labels: bool | None = None) -> None:
     """Pass 2, generalised.  Visits ``visit`` in decreasing order; at chunk j backprops
 
         direct_scale * J_j / N  (under label direct_label(j))
@@ -140,10 +135,7 @@ def backward_sweep(
     order = sorted(set(int(j) for j in visit), reverse=True)
     constant = _constant_relay(order, direct_label, relay)
     if constant is not None:
-        label, factor = constant
-        _, grads = grads_in_isolation(params, lambda: relay_sweep(
-            model, batch, leaves, params, order, direct_scale=direct_scale, relay_factor=factor))
-        collect(label, None, grads)
+        _collected_relay_sweep(model, batch, leaves, params, order, direct_scale, constant, collect)
         return
     visited = set(order)
     buffers: dict[int, dict[Hashable, list[torch.Tensor | None]]] = defaultdict(dict)
@@ -152,110 +144,73 @@ def backward_sweep(
         batch_labels = getattr(model, "batched_backward", True)
     fused = bool(getattr(model, "fused_products", False))  # sharded models (seco_lab.sharding.GatheredView)
     for j in order:
-        tok, tgt, start = batch.chunk(j)
         sources = [i for i in range(j) if i in visited]
         src_leaves = [t for i in sources for t in flat_cache(leaves[i])]
-        with torch.enable_grad():
-            out = checked_chunk(model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index), j)
-        check_recomputed(flat_cache(leaves[j]) if j < len(leaves) else [], flat_cache(out.cache), j)
-        outputs = [out.loss_sum] + flat_cache(out.cache)
-        # Seeds: one per label, [loss coefficient, cache gradients]; the direct term joins its label's relayed seed.
-        seeds: dict[Hashable, list] = {direct_label(j): [direct_scale / batch.n_targets, None]}
-        for lab, g in buffers.pop(j, {}).items():
-            seeds.setdefault(lab, [0.0, None])[1] = g
+        out, outputs = _rebuild_chunk(model, batch, leaves, j)
+        seeds = _chunk_seeds(direct_label(j), direct_scale / batch.n_targets, buffers.pop(j, {}))
         relayed = [lab for lab in seeds if any(relay(lab, j, i) is not None for i in sources)]
-        # (label, seed, wants parameter gradients, wants earlier-leaf gradients), one product each
-        if collect_total:
-            jobs = [(lab, seeds[lab], False, True) for lab in relayed] + [(None, _summed(seeds.values()), True, False)]
-        else:
-            jobs = [(lab, seed, True, lab in relayed) for lab, seed in seeds.items()]
-        for lab, _, want_params, want_leaves, grads in _products(outputs, jobs, params, src_leaves, batch_labels,
-                                                                 fused):
+        jobs = _chunk_jobs(seeds, relayed, collect_total)
+        for lab, _, want_params, want_leaves, grads in chunk_products(outputs, jobs, params, src_leaves,
+                                                                      batch_labels, fused):
             if want_params:
                 collect(lab, j, [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)])
-            if not want_leaves:
-                continue
-            leaf_grads = grads[len(params) if want_params else 0:]
-            for pos, i in enumerate(sources):
-                routed = relay(lab, j, i)
-                if routed is None:
-                    continue
-                new_lab, factor = routed
-                n_kv = len(flat_cache(leaves[i]))
-                _add_relayed(buffers[i], new_lab, leaf_grads[pos * n_kv:(pos + 1) * n_kv], factor)
-            del grads, leaf_grads
+            if want_leaves:
+                _relay_to_earlier(buffers, relay, lab, j, sources, leaves, grads[len(params) if want_params else 0:])
+            del grads
         del out, outputs
 
 
-def _products(outputs, jobs, params, src_leaves, batched: bool, fused: bool = False):
-    """Yield (*job, gradients w.r.t. the job's inputs) for every job: one product per job, or (``batched``)
-    the jobs that want the same inputs in one batched product, or (``fused``) at most two batched
-    products, the earlier-leaf-only jobs first and the parameter jobs last, over every output.  A sharded
-    model needs ``fused``: FSDP reshards a block once gradients have reached its inputs, so the products
-    of one chunk graph must not outnumber the ones its backward hooks expect."""
-    inputs = lambda job: (params if job[2] else []) + (src_leaves if job[3] else [])  # noqa: E731
-    if fused:
-        parts = [[job for job in jobs if not job[2]], [job for job in jobs if job[2]]]
-        parts = [part for part in parts if part]
-        for g, part in enumerate(parts):
-            wants_leaves = any(job[3] for job in part)
-            union = (params if part[0][2] else []) + (src_leaves if wants_leaves else [])
-            res = _vjp(outputs, [job[1] for job in part], union, retain_graph=g + 1 < len(parts))
-            n_par = len(params) if part[0][2] else 0
-            for s, job in enumerate(part):
-                grads = [r[s] for r in res]
-                yield (*job, grads[:n_par] + (grads[n_par:] if job[3] else []))
-        return
-    if not batched:
-        for n, job in enumerate(jobs):
-            yield (*job, _seed_vjp(outputs, job[1], inputs(job), retain_graph=n + 1 < len(jobs)))
-        return
-    groups: dict[tuple[bool, bool, bool], list] = {}
-    for job in jobs:  # a seed with a loss term apart: the others' product then skips the LM head
-        groups.setdefault((job[2], job[3], float(job[1][0]) != 0.0), []).append(job)
-    for g, (_, group) in enumerate(groups.items()):
-        res = _vjp(outputs, [job[1] for job in group], inputs(group[0]), retain_graph=g + 1 < len(groups))
-        for s, job in enumerate(group):
-            yield (*job, [r[s] for r in res])
+def _collected_relay_sweep(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCache],
+                           params: Sequence[torch.Tensor], order: Sequence[int], direct_scale: float,
+                           constant: tuple[Hashable, float], collect: Collect) -> None:
+    """A sweep with one label and one factor (:func:`_constant_relay`) as :func:`relay_sweep`, its parameter
+    gradients (summed over chunks) handed to ``collect(label, None, grads)``."""
+    label, factor = constant
+    _, grads = grads_in_isolation(params, lambda: relay_sweep(
+        model, batch, leaves, params, order, direct_scale=direct_scale, relay_factor=factor))
+    collect(label, None, grads)
 
 
-def _add_relayed(buffer: dict, label: Hashable, part: Sequence[torch.Tensor | None], factor: float) -> None:
-    """buffer[label] += factor * part, tensor by tensor; None (nothing reached that tensor) adds nothing."""
-    buf = buffer.get(label)
-    if buf is None:  # this sweep's own tensors: kept as they are at factor 1, added into in place after
-        buffer[label] = [g if g is None or factor == 1.0 else g * factor for g in part]
-        return
-    for r, g in enumerate(part):
-        if g is None:
+def _rebuild_chunk(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCache], j: int):
+    """Chunk j rebuilt with a graph from the earlier leaves, checked against its pass-1 cache; returns the
+    chunk's output and the tensors its products start from, [summed token loss] + its flat cache."""
+    tok, tgt, start = batch.chunk(j)
+    with torch.enable_grad():
+        out = checked_chunk(model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index), j)
+    check_recomputed(flat_cache(leaves[j]) if j < len(leaves) else [], flat_cache(out.cache), j)
+    return out, [out.loss_sum] + flat_cache(out.cache)
+
+
+def _chunk_seeds(direct: Hashable, loss_coef: float, received: dict) -> dict[Hashable, list]:
+    """One chunk's seeds, one per label, [loss coefficient, cache gradients]: the direct term (label ``direct``,
+    coefficient ``loss_coef``) joins its label's relayed seed; ``received`` holds what later chunks relayed."""
+    seeds: dict[Hashable, list] = {direct: [loss_coef, None]}
+    for lab, g in received.items():
+        seeds.setdefault(lab, [0.0, None])[1] = g
+    return seeds
+
+
+def _chunk_jobs(seeds: dict[Hashable, list], relayed: list, collect_total: bool) -> list[tuple]:
+    """The chunk's products, (label, seed, wants parameter gradients, wants earlier-leaf gradients) each: one per
+    label, or (``collect_total``) one per relayed label w.r.t. the earlier leaves and one of the summed seed
+    w.r.t. the parameters (label None)."""
+    if collect_total:
+        return [(lab, seeds[lab], False, True) for lab in relayed] + [(None, summed_seed(seeds.values()), True, False)]
+    return [(lab, seed, True, lab in relayed) for lab, seed in seeds.items()]
+
+
+def _relay_to_earlier(buffers: dict, relay: Relay, label: Hashable, j: int, sources: Sequence[int],
+                      leaves: Sequence[ChunkCache], leaf_grads: Sequence[torch.Tensor | None]) -> None:
+    """Relay what label ``label``'s seed at chunk j put on the earlier leaves (``leaf_grads``, source by source)
+    into their buffers: buffers[i][new_label] += factor * part, where relay(label, j, i) -> (new_label, factor);
+    None drops it."""
+    for pos, i in enumerate(sources):
+        routed = relay(label, j, i)
+        if routed is None:
             continue
-        if buf[r] is None:
-            buf[r] = g if factor == 1.0 else g * factor
-        else:
-            buf[r].add_(g, alpha=factor)
-
-
-def _seed_vjp(outputs: Sequence[torch.Tensor], seed: list, inputs: Sequence[torch.Tensor],
-              retain_graph: bool) -> list[torch.Tensor | None]:
-    """The vector-Jacobian product of one seed [loss coefficient, cache gradients or None] w.r.t. ``inputs``
-    (None where nothing reaches an input).
-
-    Only the outputs the seed touches enter the product: a relayed seed (coefficient 0) skips the
-    LM head and its log-softmax, and cache tensors nothing reached (the upper layers, for a gradient
-    that has already descended some hops) are left out, so autograd never propagates zeros through
-    them.  Products w.r.t. the earlier leaves alone skip every weight-gradient matmul.
-    """
-    coef, caches = seed
-    outs, grads = [], []
-    if float(coef) != 0.0 and outputs[0].requires_grad:
-        outs.append(outputs[0])
-        grads.append(outputs[0].new_tensor(float(coef)))
-    for o, g in zip(outputs[1:], caches or ()):
-        if g is not None and o.requires_grad:
-            outs.append(o)
-            grads.append(g)
-    if not outs or not inputs:
-        return [None] * len(inputs)
-    return list(torch.autograd.grad(outs, list(inputs), grads, retain_graph=retain_graph, allow_unused=True))
+        new_lab, factor = routed
+        n_kv = len(flat_cache(leaves[i]))
+        add_relayed(buffers[i], new_lab, leaf_grads[pos * n_kv:(pos + 1) * n_kv], factor)
 
 
 def _constant_relay(order: Sequence[int], direct_label, relay: Relay) -> tuple[Hashable, float] | None:
@@ -324,62 +279,6 @@ def relay_sweep(
             leaf.grad = None
         del out, outs, seeds, live
     return loss_sum if isinstance(loss_sum, torch.Tensor) else torch.zeros(())
-
-
-def _summed(seeds) -> list:
-    """The seed [sum of loss coefficients, sum of cache gradients] of several labels (None: reached by none)."""
-    seeds = list(seeds)
-    coef = sum(float(s[0]) for s in seeds)
-    caches = [s[1] for s in seeds if s[1] is not None]
-    if not caches:
-        return [coef, None]
-    total = [None if g is None else g.clone() for g in caches[0]]
-    for other in caches[1:]:
-        for r, g in enumerate(other):
-            if g is not None:
-                total[r] = g.clone() if total[r] is None else total[r].add_(g)
-    return [coef, total]
-
-
-def _vjp(outputs: list[torch.Tensor], seeds: list[list], inputs: list[torch.Tensor],
-         retain_graph: bool = False) -> list[torch.Tensor]:
-    """Vector-Jacobian products of ``outputs`` for several seeds at once.
-
-    Each seed is [loss_coefficient, cache_grads or None]; returns, for every
-    input, a tensor with a leading seed dimension (zeros where unreachable).
-    Autograd computes only what the requested ``inputs`` need: products w.r.t. the
-    cache leaves alone skip the weight-gradient matmuls.
-    """
-    n = len(seeds)
-    ref0 = outputs[0]
-
-    def stacked(idx: int) -> torch.Tensor:
-        if idx == 0:
-            return ref0.new_tensor([float(s[0]) for s in seeds])
-        ref = outputs[idx]
-        return torch.stack([ref.new_zeros(ref.shape) if s[1] is None or s[1][idx - 1] is None else s[1][idx - 1]
-                            for s in seeds])
-
-    # outputs that no trainable parameter or leaf reaches (e.g. layer-0 keys when only LoRA
-    # adapters on q/v train) carry no graph, and outputs no seed touches (the loss of relayed-only
-    # labels, cache layers a relayed gradient never reached): they contribute nothing and are left out
-    touched = [any(float(s[0]) != 0.0 for s in seeds)] + [
-        any(s[1] is not None and s[1][r] is not None for s in seeds) for r in range(len(outputs) - 1)]
-    live = [i for i, o in enumerate(outputs) if o.requires_grad and touched[i]]
-    if not live:
-        return [x.new_zeros((n, *x.shape)) for x in inputs]
-    outs = [outputs[i] for i in live]
-    grad_outputs = [stacked(i) for i in live]
-    if n == 1:
-        res = torch.autograd.grad(
-            outs, inputs, [g[0] for g in grad_outputs], retain_graph=retain_graph, allow_unused=True,
-            materialize_grads=True
-        )
-        return [r.unsqueeze(0) for r in res]
-    # unused inputs come back as None (materialize_grads would drop the batch dimension): zeros of (n, *shape)
-    res = torch.autograd.grad(outs, inputs, grad_outputs, retain_graph=retain_graph, is_grads_batched=True,
-                              allow_unused=True)
-    return [x.new_zeros((n, *x.shape)) if r is None else r for r, x in zip(res, inputs)]
 
 
 def dense_grad(model: ChunkModel, tokens, targets, ignore_index: int = -100) -> tuple[torch.Tensor, GradDict]:

@@ -18,154 +18,51 @@ but the files a run writes (:data:`RUN_TREE`); the replacement is atomic -- a ne
 built beside it and renamed into place, the old one moved aside, and then only the files named in
 :data:`RUN_TREE` are removed from it (anything else stays, with a warning).  ``""``, ``/``, the
 home directory, the current directory and their ancestors are never a run directory to overwrite.
+
+Here: :class:`RunDir`, which owns and writes the directory; the refusals and the names a run writes are in
+:mod:`seco_lab.run_checks`, the readers of its files in :mod:`seco_lab.run_files` (both re-exported here).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
 import re
 import tempfile
 import warnings
-import zipfile
 from pathlib import Path
 
 import torch
 
 from .folder_lock import LOCK_NAME, FolderBusy, hold_lock, release_lock
-from .store import atomic_write, atomic_write_json, protected_paths
+from .run_checks import (  # noqa: F401 (re-export: defined here before)
+    CHECKPOINTS_TREE,
+    DCP_TREE,
+    FILE,
+    MARKER_NAME,
+    RUN_TREE,
+    RunDirError,
+    _match,
+    check_path_given,
+    check_replaceable,
+    check_usable,
+    foreign_entries,
+    is_run,
+    remove_own,
+)
+from .run_checks import run_contents as _contents
+from .run_files import (  # noqa: F401 (re-export)
+    CHECKPOINT_FILE,
+    CHECKPOINT_KEYS,
+    checkpoint_steps,
+    read_config,
+    read_metrics,
+    safe_load,
+)
+from .store import atomic_write, atomic_write_json
 
 __all__ = ["CHECKPOINT_KEYS", "DCP_TREE", "MARKER_NAME", "RUN_TREE", "RunDir", "RunDirError", "check_usable",
            "checkpoint_steps", "read_config", "read_metrics", "remove_own", "safe_load"]
-
-MARKER_NAME = ".seco-lab-run"
-CHECKPOINT_KEYS = ("step", "model", "optimizer", "scheduler", "torch_rng", "numpy_rng")
-CHECKPOINT_FILE = re.compile(r"step_(\d+)\.pt")
-
-FILE = None  # a leaf of a tree spec: a regular file (or a symlink, which is removed, never followed)
-#: the files of a sharded checkpoint directory (torch.distributed.checkpoint's names, and ours)
-DCP_TREE = {r"__\d+_\d+\.distcp": FILE, r"(__\d+)?\.metadata(\.tmp)?": FILE, r"extra\.pt(\.tmp\d*)?": FILE}
-#: the checkpoints/ folder: step files, sharded step directories (complete, half-written or set aside), latest
-CHECKPOINTS_TREE = {r"latest(\.tmp\d*)?": FILE, r"step_\d+\.pt(\.tmp\d*)?": FILE,
-                    r"step_\d+\.dcp(\.tmp|\.old)?": DCP_TREE}
-#: every name a run writes into its directory, as ``{name regex: FILE or subtree}``
-RUN_TREE = {
-    r"config\.json(\.tmp\d*)?": FILE, r"metrics\.jsonl(\.tmp\d*)?": FILE, r"loss(\.tmp\d+)?\.png": FILE,
-    re.escape(LOCK_NAME): FILE, re.escape(MARKER_NAME) + r"(\.tmp\d*)?": FILE, "checkpoints": CHECKPOINTS_TREE,
-    "tensorboard": {r"events\.out\.tfevents\..+": FILE},
-    "adapter": {r"adapter_config\.json": FILE, r"adapter_model\.(safetensors|bin)": FILE, r"README\.md": FILE},
-}
-
-
-class RunDirError(ValueError):
-    """A run directory that cannot be used as asked (the message says why and what to do)."""
-
-
-def _match(name: str, spec: dict):
-    """The subtree (or FILE) of the first pattern of ``spec`` matching ``name`` in full; ``False`` when none does."""
-    for pattern, sub in spec.items():
-        if re.fullmatch(pattern, name):
-            return sub
-    return False
-
-
-def foreign_entries(root: Path, spec: dict) -> list[Path]:
-    """The entries under ``root`` that ``spec`` does not name (a directory where a file belongs, a file
-    where a directory belongs, a symlinked directory, or an unknown name): what this tool did not write."""
-    out = []
-    for p in sorted(Path(root).iterdir()):
-        sub = _match(p.name, spec)
-        if sub is FILE and (p.is_symlink() or p.is_file()):
-            continue
-        if isinstance(sub, dict) and p.is_dir() and not p.is_symlink():
-            out += foreign_entries(p, sub)
-            continue
-        out.append(p)
-    return out
-
-
-def remove_own(root: Path, spec: dict) -> list[Path]:
-    """Remove the files under ``root`` that ``spec`` names, then the directories left empty (``root``
-    too); anything else stays.  Returns what stayed.  Never a blanket ``rmtree``."""
-    root = Path(root)
-    left = []
-    for p in sorted(root.iterdir()):
-        sub = _match(p.name, spec)
-        if sub is FILE and (p.is_symlink() or p.is_file()):
-            p.unlink(missing_ok=True)
-        elif isinstance(sub, dict) and p.is_dir() and not p.is_symlink():
-            left += remove_own(p, sub)
-        else:
-            left.append(p)
-    if not left:
-        root.rmdir()
-    return left
-
-
-def check_path_given(path) -> Path:
-    """Refuse a run directory that is no choice at all: ``""`` (which means the current directory)."""
-    text = os.fspath(path)
-    if not str(text).strip():
-        raise RunDirError("--run-dir is empty; name a directory for the run, e.g. --run-dir runs/first")
-    if str(text) == "~" or str(text).startswith("~/"):
-        raise RunDirError(f"--run-dir {text}: a literal '~' (the shell did not expand it); write the path out")
-    return Path(text)
-
-
-def is_run(path: Path) -> bool:
-    """A directory this tool created: the marker, or (older runs) a config.json recording a run's mode."""
-    if (path / MARKER_NAME).is_file():
-        return True
-    try:
-        d = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(d, dict) and "mode" in d and "steps" in d
-
-
-def check_replaceable(path: Path) -> None:
-    """``--overwrite``: refuse anything but a run of this tool holding only its own files (and a symlink:
-    the replacement renames the directory, which would replace the link, not the run it points to)."""
-    check_path_given(path)
-    if path.is_symlink():
-        raise RunDirError(f"--overwrite: {path} is a symlink to {path.resolve()}; pass --run-dir {path.resolve()} to "
-                          "replace that run (the link is left alone)")
-    resolved = path.resolve()
-    what = protected_paths().get(resolved)
-    if what is not None:
-        raise RunDirError(f"--overwrite would replace {resolved}, {what}; choose a run directory of its own, "
-                          "e.g. --run-dir runs/first")
-    if not is_run(path):
-        raise RunDirError(f"--overwrite: {path} is not a seco-lab run directory (no {MARKER_NAME} or run "
-                          "config.json), so it is left alone; choose another --run-dir or empty it yourself")
-    foreign = foreign_entries(path, RUN_TREE)
-    if foreign:
-        names = ", ".join(str(p.relative_to(path)) for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
-        raise RunDirError(f"--overwrite: {path} holds files seco-lab did not write ({names}); move them out "
-                          "or choose another --run-dir")
-
-
-def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
-    """Everything that can be checked without creating anything; raise :class:`RunDirError`."""
-    path = check_path_given(path)
-    if path.exists() and not path.is_dir():
-        raise RunDirError(f"run directory {path} is a file; choose another --run-dir")
-    parent = next((p for p in [path, *path.parents] if p.exists()), Path("."))
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise RunDirError(f"run directory {path}: {parent} is not writable; choose another --run-dir")
-    if resume:
-        if not (path / "config.json").is_file():
-            raise RunDirError(f"--resume: {path} holds no run (no config.json); start it without --resume")
-    elif path.exists() and _contents(path):
-        if not overwrite:
-            raise RunDirError(f"run directory {path} exists and is not empty; pass --overwrite (replace it) or "
-                              "--resume (continue it)")
-        check_replaceable(path)
-
-
-def _contents(path: Path) -> list[Path]:
-    return [p for p in path.iterdir() if p.name != LOCK_NAME]
 
 
 class RunDir:
@@ -341,62 +238,3 @@ class RunDir:
         """Keep the records up to ``last_step``: later ones belong to the part of the run being redone."""
         rows = [r for r in read_metrics(self.path) if r["step"] <= last_step]
         atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
-
-
-def safe_load(path: Path, map_location=None):
-    """``torch.load(weights_only=True)``: tensors and plain values only, so a crafted file cannot run code.
-    numpy arrays (the RNG state of checkpoints written before it was stored as a tensor) are allowed too."""
-    import numpy as np
-    from numpy._core.multiarray import _reconstruct
-
-    if Path(path).is_file() and not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else is
-        raise ValueError("not a torch checkpoint archive (no zip structure): truncated, overwritten or foreign")
-    with torch.serialization.safe_globals([_reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]):
-        try:
-            return torch.load(path, map_location=map_location, weights_only=True)
-        except pickle.UnpicklingError as e:
-            if "Weights only load failed" not in str(e):
-                raise
-            raise RunDirError(f"{path} holds objects a safe load refuses (not tensors or plain values); it is not a "
-                              "seco-lab checkpoint, and loading it could run code -- remove it") from None
-
-
-def read_config(run_dir) -> dict:
-    path = Path(run_dir) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RunDirError(f"{path}: cannot read the run's config ({e})") from None
-    if not isinstance(config, dict):
-        raise RunDirError(f"{path} holds a {type(config).__name__}, not a run's settings: the file is damaged or "
-                          "not written by seco-lab train")
-    return config
-
-
-def read_metrics(run_dir) -> list[dict]:
-    """The records of ``metrics.jsonl``; a torn last line is dropped with a warning, damage elsewhere raises."""
-    path = Path(getattr(run_dir, "path", run_dir)) / "metrics.jsonl"  # a path or a RunDir
-    if not path.exists():
-        return []
-    try:
-        lines = path.read_text().split("\n")
-    except UnicodeDecodeError:
-        raise RunDirError(f"{path} is not text (not UTF-8): the metrics file is damaged or was overwritten") from None
-    rows = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1 or all(not ln.strip() for ln in lines[i + 1 :]):
-                warnings.warn(f"{path}: dropping a torn last line ({line[:40]!r}...)", stacklevel=2)
-                break
-            raise RunDirError(f"{path}: line {i + 1} is not JSON; the metrics file is damaged") from None
-    return rows
-
-
-def checkpoint_steps(run_dir) -> list[int]:
-    """Steps with a checkpoint: ``step_NNNNNN.pt`` files and sharded ``step_NNNNNN.dcp`` directories."""
-    return sorted({int(m.group(1)) for p in (Path(run_dir) / "checkpoints").glob("step_*")
-                   if (m := re.fullmatch(r"step_(\d+)\.(pt|dcp)", p.name))})

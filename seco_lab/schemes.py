@@ -11,120 +11,50 @@ so E[g_hat] = sum_p w(p) g(p) with w(p) = W(p) pi(p).  A :class:`Scheme` is a
 small value: a sampler, a direct factor c_0, per-hop factors c_q and an
 optional cap.  All factors are computed in exact rational arithmetic
 (``fractions.Fraction``) and converted to float only where they are used.
+
+Here: :class:`Scheme`, :func:`make_scheme` and the registry of built-in schemes (:func:`get_scheme`); the
+samplers are in :mod:`seco_lab.samplers`, the built-in factors and closed forms in :mod:`seco_lab.scheme_factors`.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Literal, Union
+from typing import Literal
 
 import numpy as np
 
-from .checks import MAX_WEIGHT_ENTRIES, as_float, check_budget, check_max_hops, check_rng
+from .checks import MAX_WEIGHT_ENTRIES, as_float, check_budget, check_max_hops
+from .samplers import BERNOULLI, UNIFORM, Num, Sampler, falling  # noqa: F401 (re-export: defined here before)
+from .scheme_factors import (
+    falling_hop,
+    inv_rho,
+    inv_rho_hop,
+    k_over_t,
+    k_over_t_hop,
+    one,
+    one_hop,
+    survive,
+    w_bernoulli,
+    w_falling,
+    w_paper,
+    w_paper_capped,
+    w_paper_chain_capped,
+    w_released,
+    w_released_unbiased,
+)
 
 __all__ = ["BERNOULLI", "Hop", "SCHEME_NAMES", "Sampler", "Scheme", "falling", "get_scheme", "make_scheme"]
 
-Num = Union[Fraction, int]
+# the built-in factors' names before seco_lab.scheme_factors (a Scheme pickled then refers to them)
+(_falling_hop, _inv_rho, _inv_rho_hop, _k_over_t, _k_over_t_hop, _one, _one_hop, _survive, _w_bernoulli, _w_falling,
+ _w_paper, _w_paper_capped, _w_paper_chain_capped, _w_released, _w_released_unbiased) = (
+    falling_hop, inv_rho, inv_rho_hop, k_over_t, k_over_t_hop, one, one_hop, survive, w_bernoulli, w_falling, w_paper,
+    w_paper_capped, w_paper_chain_capped, w_released, w_released_unbiased)
 
-
-def falling(a: Num, m: int) -> Num:
-    """Falling factorial (a)_m = a (a-1) ... (a-m+1); (a)_0 = 1."""
-    out: Num = 1
-    for i in range(m):
-        out *= a - i
-    return out
-
-
-# --------------------------------------------------------------------------- samplers
-
-
-@dataclass(frozen=True)
-class Sampler:
-    """How the set I of backpropagated chunks is drawn.
-
-    ``uniform``: exactly t distinct chunks, uniformly.  ``bernoulli``: each chunk
-    independently with probability rho (default t/k, so t is the mean budget).
-    """
-
-    kind: Literal["uniform", "bernoulli"] = "uniform"
-    rho: float | None = None
-
-    def __post_init__(self):
-        if self.kind not in ("uniform", "bernoulli"):
-            raise ValueError(f"unknown sampler kind {self.kind!r}; use 'uniform' or 'bernoulli'")
-        if self.rho is not None:
-            if self.kind != "bernoulli":
-                raise ValueError("rho applies to the bernoulli sampler only")
-            if not 0.0 < as_float(self.rho, "Bernoulli inclusion probability rho") <= 1.0:
-                raise ValueError(f"Bernoulli inclusion probability rho must lie in (0, 1], got {self.rho}")
-
-    def rate(self, num_chunks: int, budget: int) -> Fraction:
-        """rho as an exact fraction (t/k unless set)."""
-        k, t = num_chunks, budget
-        check_budget(k, t)
-        return Fraction(t, k) if self.rho is None else Fraction(self.rho)
-
-    def inclusion(self, num_chunks: int, budget: int, m: int) -> Fraction:
-        """Probability that m given distinct chunks are all drawn."""
-        k, t = num_chunks, budget
-        check_budget(k, t)
-        if self.kind == "uniform":
-            return Fraction(falling(t, m), falling(k, m)) if m <= t else Fraction(0)
-        return self.rate(k, t) ** m
-
-    def draw_indicator(self, num_chunks: int, budget: int, n: int, generator: np.random.Generator) -> np.ndarray:
-        """n independent draws as a (n, k) boolean matrix (row r: is chunk j in I_r)."""
-        k, t = num_chunks, budget
-        check_budget(k, t)
-        u = generator.random((n, k))
-        if self.kind == "bernoulli":
-            return u < float(self.rate(k, t))
-        out = np.zeros((n, k), dtype=bool)
-        # the t smallest of k iid uniforms are a uniform t-subset
-        idx = np.argpartition(u, t - 1, axis=1)[:, :t] if t < k else np.broadcast_to(np.arange(k), (n, k))
-        np.put_along_axis(out, idx, True, axis=1)
-        return out
-
-    def draw(self, num_chunks: int, budget: int, generator: np.random.Generator | int | None) -> tuple[int, ...]:
-        """One draw: the sorted chunk indices of I."""
-        k, t = num_chunks, budget
-        return tuple(int(j) for j in np.flatnonzero(self.draw_indicator(k, t, 1, check_rng(generator))[0]))
-
-    def max_hops(self, num_chunks: int, budget: int) -> int:
-        """The longest chain that can survive a draw: t-1 hops (uniform) or k-1 (Bernoulli)."""
-        k, t = num_chunks, budget
-        check_budget(k, t)
-        return t - 1 if self.kind == "uniform" else k - 1
-
-    def num_subsets(self, num_chunks: int, budget: int) -> int:
-        k, t = num_chunks, budget
-        check_budget(k, t)
-        return math.comb(k, t) if self.kind == "uniform" else 2**k
-
-    def subsets(self, num_chunks: int, budget: int) -> Iterator[tuple[tuple[int, ...], Fraction]]:
-        """Every possible I with its exact probability."""
-        k, t = num_chunks, budget
-        check_budget(k, t)
-        if self.kind == "uniform":
-            p = Fraction(1, math.comb(k, t))
-            for s in itertools.combinations(range(k), t):
-                yield s, p
-        else:
-            rho = self.rate(k, t)
-            for size in range(k + 1):
-                p = rho**size * (1 - rho) ** (k - size)
-                for s in itertools.combinations(range(k), size):
-                    yield s, p
-
-
-UNIFORM = Sampler("uniform")
-BERNOULLI = Sampler("bernoulli")
-
-# --------------------------------------------------------------------------- schemes
 
 Direct = Callable[[int, int, Fraction], Num]  # c_0(k, t, rho)
 Hop = Callable[[int, int, int, Fraction], Num]  # c_q(q, k, t, rho), q >= 1
@@ -315,85 +245,24 @@ def check_factor(value, what: str) -> Fraction:
     return exact
 
 
-# Built-in factors (module-level functions, so schemes pickle across processes).
-def _one(k, t, rho):
-    return Fraction(1)
-
-
-def _one_hop(q, k, t, rho):
-    return Fraction(1)
-
-
-def _k_over_t(k, t, rho):
-    return Fraction(k, t)
-
-
-def _k_over_t_hop(q, k, t, rho):
-    return Fraction(k, t)
-
-
-def _inv_rho(k, t, rho):
-    return 1 / rho
-
-
-def _inv_rho_hop(q, k, t, rho):
-    return 1 / rho
-
-
-def _falling_hop(q, k, t, rho):
-    # (k-q)/(t-q); a chain with q >= t hops cannot survive, so its factor is moot: use 0.
-    return Fraction(k - q, t - q) if q < t else Fraction(0)
-
-
-def _survive(k, t, p) -> Fraction:
-    return Fraction(falling(t, p + 1), falling(k, p + 1)) if p + 1 <= t else Fraction(0)
-
-
-# Closed forms of the table in docs/estimators.md §3.
-def _w_paper(s, k, t, p):
-    return Fraction(k, t) ** p * _survive(k, t, p)
-
-
-def _w_paper_capped(s, k, t, p):
-    return min(Fraction(k, t), s.cap) ** p * _survive(k, t, p)
-
-
-def _w_paper_chain_capped(s, k, t, p):
-    return min(Fraction(k, t) ** p, s.cap) * _survive(k, t, p)
-
-
-def _w_released(s, k, t, p):
-    return Fraction(k, t) * _survive(k, t, p)
-
-
-def _w_released_unbiased(s, k, t, p):
-    return Fraction(k, t) ** (p + 1) * _survive(k, t, p)
-
-
-def _w_falling(s, k, t, p):
-    return Fraction(1) if p < t else Fraction(0)
-
-
-def _w_bernoulli(s, k, t, p):
-    return Fraction(1)
 
 
 _BUILTIN: dict[str, Scheme] = {
     s.name: s
     for s in [
-        Scheme("paper", UNIFORM, _one, _k_over_t_hop, closed_form=_w_paper,
+        Scheme("paper", UNIFORM, one, k_over_t_hop, closed_form=w_paper,
                description="Paper, Alg. 2 / Eq. 9: c_0 = 1, c_q = k/t"),
-        Scheme("paper-capped", UNIFORM, _one, _k_over_t_hop, cap=Fraction(2), cap_on="hop",
-               closed_form=_w_paper_capped, description="Paper Sec. 6.4: c_0 = 1, c_q = min(k/t, C)"),
-        Scheme("paper-chain-capped", UNIFORM, _one, _k_over_t_hop, cap=Fraction(2), cap_on="chain",
-               closed_form=_w_paper_chain_capped, description="Review's reading: W(p) = min((k/t)^p, C)"),
-        Scheme("released", UNIFORM, _k_over_t, _one_hop, closed_form=_w_released,
+        Scheme("paper-capped", UNIFORM, one, k_over_t_hop, cap=Fraction(2), cap_on="hop",
+               closed_form=w_paper_capped, description="Paper Sec. 6.4: c_0 = 1, c_q = min(k/t, C)"),
+        Scheme("paper-chain-capped", UNIFORM, one, k_over_t_hop, cap=Fraction(2), cap_on="chain",
+               closed_form=w_paper_chain_capped, description="Review's reading: W(p) = min((k/t)^p, C)"),
+        Scheme("released", UNIFORM, k_over_t, one_hop, closed_form=w_released,
                description="Public code, default flags: c_0 = k/t, c_q = 1"),
-        Scheme("released-unbiased", UNIFORM, _k_over_t, _k_over_t_hop, closed_form=_w_released_unbiased,
+        Scheme("released-unbiased", UNIFORM, k_over_t, k_over_t_hop, closed_form=w_released_unbiased,
                description="Public code, --unbiased_estimate: c_0 = c_q = k/t"),
-        Scheme("falling-factorial", UNIFORM, _k_over_t, _falling_hop, closed_form=_w_falling,
+        Scheme("falling-factorial", UNIFORM, k_over_t, falling_hop, closed_form=w_falling,
                description="Horvitz-Thompson: c_0 = k/t, c_q = (k-q)/(t-q)"),
-        Scheme("bernoulli", BERNOULLI, _inv_rho, _inv_rho_hop, closed_form=_w_bernoulli,
+        Scheme("bernoulli", BERNOULLI, inv_rho, inv_rho_hop, closed_form=w_bernoulli,
                description="Bernoulli(rho = t/k) inclusion: c_0 = c_q = 1/rho"),
     ]
 }

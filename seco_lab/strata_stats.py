@@ -181,21 +181,39 @@ def strata_monte_carlo(
     tensors = [p for _, p in params]
 
     def stratified(visit) -> torch.Tensor:
-        """(P+1, d) flat strata g_I(p) of the sweep over ``visit``."""
-        d = sum(p.numel() for p in tensors)
-        out = torch.zeros(P + 1, d, dtype=torch.float64, device=tensors[0].device)
-
-        def collect(q, j, grads):
-            out[q] += torch.cat([g.reshape(-1) for g in grads]).double()
-
-        hop_sweep(model, batch, leaves, tensors, visit, P, collect)
-        return out
+        return _stratified(model, batch, leaves, tensors, P, visit)
 
     g = stratified(range(k)).sum(0) if reference is None else torch.as_tensor(reference, dtype=torch.float64)
     weights = {name: torch.as_tensor(s.chain_weights(k, t, P), dtype=torch.float64) for name, s in schemes.items()}
     per_batch = draws // batches
-    batch_sums = {name: torch.zeros(batches, g.numel(), dtype=torch.float64) for name in schemes}
-    sq_sums = dict.fromkeys(schemes, 0.0)
+    batch_sums, sq_sums, chunks = _draw_estimates(stratified, sampler, k, t, rng, weights, draws, batches, g.numel(),
+                                                  progress)
+    g = g.cpu()
+    gg = float(g @ g)
+    q = stats.t.ppf(0.5 + level / 2, batches - 1)
+    return {name: _monte_carlo_result(name, batch_sums[name], sq_sums[name], g, gg, draws, per_batch, q, chunks)
+            for name in schemes}
+
+
+def _stratified(model, batch, leaves, tensors: list[torch.Tensor], P: int, visit) -> torch.Tensor:
+    """(P+1, d) flat strata g_I(p) of the sweep over ``visit``."""
+    d = sum(p.numel() for p in tensors)
+    out = torch.zeros(P + 1, d, dtype=torch.float64, device=tensors[0].device)
+
+    def collect(q, j, grads):
+        out[q] += torch.cat([g.reshape(-1) for g in grads]).double()
+
+    hop_sweep(model, batch, leaves, tensors, visit, P, collect)
+    return out
+
+
+def _draw_estimates(stratified, sampler: Sampler, k: int, t: int, rng: np.random.Generator,
+                    weights: Mapping[str, torch.Tensor], draws: int, batches: int, dim: int, progress: bool):
+    """``draws`` draws of I: per scheme, the sum of its estimates g_hat_s(I) in each of ``batches`` consecutive
+    batches of draws ((batches, dim)) and the sum of their squared norms; and the chunks backpropagated."""
+    per_batch = draws // batches
+    batch_sums = {name: torch.zeros(batches, dim, dtype=torch.float64) for name in weights}
+    sq_sums = dict.fromkeys(weights, 0.0)
     chunks = 0
     for n in tqdm(range(draws), desc=f"{sampler.kind} t={t} draws", disable=not progress, leave=False):
         subset = sampler.draw(k, t, rng)
@@ -207,17 +225,18 @@ def strata_monte_carlo(
             est = W @ S
             batch_sums[name][n // per_batch] += est
             sq_sums[name] += float(est @ est)
-    g = g.cpu()
-    gg = float(g @ g)
-    q = stats.t.ppf(0.5 + level / 2, batches - 1)
-    out = {}
-    for name in schemes:
-        mean = batch_sums[name].sum(0) / draws
-        sq_err = float((mean - g) @ (mean - g))
-        var = (sq_sums[name] / draws - float(mean @ mean)) * draws / (draws - 1)
-        sq_bias = sq_err - var / draws
-        X = batch_sums[name] / per_batch - g
-        _, se = jackknife_sq_norm((X @ X.T).numpy())
-        out[name] = StrataMonteCarlo(name, draws, sq_err / gg, var / gg, sq_bias / gg,
-                                     (sq_bias - q * se) / gg, (sq_bias + q * se) / gg, chunks / draws)
-    return out
+    return batch_sums, sq_sums, chunks
+
+
+def _monte_carlo_result(name: str, batch_sum: torch.Tensor, sq_sum: float, g: torch.Tensor, gg: float, draws: int,
+                        per_batch: int, q: float, chunks: int) -> StrataMonteCarlo:
+    """One scheme's errors from its batch sums: MSE, variance, squared bias with a jackknife interval over the
+    batches (``q``: the t quantile), all relative to ||g||^2."""
+    mean = batch_sum.sum(0) / draws
+    sq_err = float((mean - g) @ (mean - g))
+    var = (sq_sum / draws - float(mean @ mean)) * draws / (draws - 1)
+    sq_bias = sq_err - var / draws
+    X = batch_sum / per_batch - g
+    _, se = jackknife_sq_norm((X @ X.T).numpy())
+    return StrataMonteCarlo(name, draws, sq_err / gg, var / gg, sq_bias / gg, (sq_bias - q * se) / gg,
+                            (sq_bias + q * se) / gg, chunks / draws)

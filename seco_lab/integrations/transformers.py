@@ -39,6 +39,9 @@ the mask would change what the real tokens attend to, and are refused.
 
 :func:`pack_dataset` tokenizes text files or a ``datasets.Dataset`` and packs them into
 fixed-length sequences for such training.
+
+Here: the trainer mixin and ``SeCOTrainer``; the settings and the batch check are in :mod:`.trainer_args`, the
+checkpoint callback in :mod:`.trainer_callbacks`, the packing helper in :mod:`.packing` (all re-exported here).
 """
 
 from __future__ import annotations
@@ -46,22 +49,23 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..checks import as_int, ceil_div, check_chunk_size, check_subset
+from ..checks import ceil_div, check_subset
 from ..engine import forward_loss, seco_step
 from ..estimators import spaco_grad
 from ..hf import HFChunkModel
 from ..schemes import get_scheme
+from .packing import _text_files, pack_dataset  # noqa: F401 (re-export: defined here before)
+from .trainer_args import KNOWN_INPUTS, MODES, SETTINGS_FILE, SeCOArguments, chunk_targets  # noqa: F401
+from .trainer_callbacks import SeCOStateCallback
 
 try:
-    from transformers import Trainer, TrainerCallback
+    from transformers import Trainer
 except ImportError as e:  # pragma: no cover - the hf extra is installed by make install
     raise ImportError("seco_lab.integrations.transformers needs transformers: pip install 'seco_lab[hf]'") from e
 
@@ -75,110 +79,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-SETTINGS_FILE = "seco_trainer.json"
-MODES = ("seco", "spaco")
-# batch keys the chunk engine understands; anything else would be silently dropped, so it is refused
-KNOWN_INPUTS = ("input_ids", "labels", "attention_mask", "shift_labels", "position_ids")
-
-
-@dataclass(frozen=True)
-class SeCOArguments:
-    """How ``SeCOTrainer`` backpropagates each micro-batch.
-
-    ``chunk_size``: tokens per chunk (the last chunk of a sequence may be shorter).
-    ``mode``: ``"seco"`` (exact gradient) or ``"spaco"`` (sparse unbiased estimate).
-    ``scheme``/``budget``: SpaCO's compensation scheme (``seco_lab.SCHEME_NAMES``) and the
-    number t of chunks backpropagated (the mean number for Bernoulli schemes).
-    ``seed``: the SpaCO draw seed.  ``subset``: a fixed chunk set instead of draws (ablations, tests).
-    """
-
-    chunk_size: int
-    mode: str = "seco"
-    scheme: str = "falling-factorial"
-    budget: int = 1
-    seed: int = 0
-    subset: tuple[int, ...] | None = None
-
-    def __post_init__(self):
-        check_chunk_size(self.chunk_size)
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        get_scheme(self.scheme)  # unknown names fail here, with the list of known ones
-        as_int(self.budget, "budget", 1)
-        as_int(self.seed, "seed", 0)
-        if self.subset is not None:
-            if self.mode != "spaco":
-                raise ValueError("subset fixes SpaCO's chunk set; it needs mode='spaco'")
-            object.__setattr__(self, "subset", tuple(int(j) for j in self.subset))
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["subset"] = None if self.subset is None else list(self.subset)
-        return out
-
-
-def chunk_targets(inputs: Mapping[str, torch.Tensor], ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(tokens, targets)`` of a Trainer batch for the chunk engine, with targets[t] = labels[t + 1].
-
-    Refuses (ValueError, one line) what the engine would get wrong: keys it does not
-    understand, left padding or holes in the attention mask, targets on padded positions,
-    and position ids other than 0..n-1.
-    """
-    unknown = sorted(set(inputs) - set(KNOWN_INPUTS))
-    if unknown:
-        raise ValueError(f"SeCOTrainer understands the batch keys {KNOWN_INPUTS}, got also {unknown}; remove them "
-                         "in the collator (or set remove_unused_columns=True)")
-    if "input_ids" not in inputs:
-        raise ValueError("SeCOTrainer needs input_ids in every batch (inputs_embeds are not supported)")
-    tokens = inputs["input_ids"]
-    if "shift_labels" in inputs:
-        targets = inputs["shift_labels"]
-    elif "labels" in inputs:
-        labels = inputs["labels"]
-        targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=ignore_index)
-    else:
-        raise ValueError("SeCOTrainer needs labels (or shift_labels) in every batch: the chunk engine computes the "
-                         "causal-LM loss itself")
-    if targets.shape != tokens.shape:
-        raise ValueError(f"labels shape {tuple(targets.shape)} does not match input_ids shape {tuple(tokens.shape)}")
-    positions = inputs.get("position_ids")
-    if positions is not None:
-        expected = torch.arange(tokens.shape[-1], device=positions.device).expand_as(positions)
-        if not torch.equal(positions, expected):
-            raise ValueError("position_ids other than 0..n-1 (packed sequences restarting positions, padding-free "
-                             "collators) are not supported by SeCOTrainer; pack into plain fixed-length rows instead")
-    mask = inputs.get("attention_mask")
-    if mask is not None:
-        if mask.shape != tokens.shape:
-            raise ValueError(f"attention_mask shape {tuple(mask.shape)} does not match input_ids {tuple(tokens.shape)}")
-        m = mask.to(torch.int64)
-        if bool(((m != 0) & (m != 1)).any()) or bool((m[..., 1:] > m[..., :-1]).any()):
-            raise ValueError("SeCOTrainer needs right padding (attention_mask 1...1 0...0 per row): left padding or "
-                             "holes change what the real tokens attend to; set tokenizer.padding_side = 'right'")
-        if bool((targets[m == 0] != ignore_index).any()):
-            raise ValueError(f"labels predict from padded positions (attention_mask 0 but target != {ignore_index}); "
-                             f"set the labels of padding to {ignore_index}")
-    return tokens, targets
-
-
-class SeCOStateCallback(TrainerCallback):
-    """Writes ``seco_trainer.json`` (settings + the next draw's key) into every checkpoint folder."""
-
-    def __init__(self, trainer: SeCOTrainerMixin):
-        self.trainer = trainer
-
-    def on_save(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero:
-            return control
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if folder.is_dir():
-            payload = {"settings": self.trainer.seco_args.to_dict(),
-                       "next_draw_key": {"seed": self.trainer.seco_args.seed, "step": state.global_step, "micro": 0}}
-            tmp = folder / (SETTINGS_FILE + ".tmp")
-            tmp.write_text(json.dumps(payload, indent=1))
-            os.replace(tmp, folder / SETTINGS_FILE)
-        return control
 
 
 class SeCOTrainerMixin:
@@ -359,67 +259,3 @@ class SeCOTrainerMixin:
 
 class SeCOTrainer(SeCOTrainerMixin, Trainer):
     """``transformers.Trainer`` whose backward runs chunk by chunk (SeCO or SpaCO); see the module docstring."""
-
-
-# ---------------------------------------------------------------------- data
-
-
-def pack_dataset(source, tokenizer, seq_len: int, *, text_column: str = "text", add_eos: bool = True,
-                 num_proc: int | None = None):
-    """Tokenize documents and pack them into rows of exactly ``seq_len`` tokens.
-
-    ``source``: a ``datasets.Dataset`` with a ``text_column``, or text files (a path, a folder
-    -- its files, recursively, sorted -- or a list of paths), read with
-    ``datasets.load_dataset("text", sample_by="document")``: one document per file.  The
-    documents' tokens (each followed by ``tokenizer.eos_token_id`` when ``add_eos``) are
-    concatenated in order and cut into rows of ``seq_len``; the incomplete tail is dropped.
-    Returns a ``datasets.Dataset`` with ``input_ids`` and ``labels`` (a copy: every token is a
-    target; the causal shift happens in the loss).
-    """
-    import datasets
-
-    seq_len = as_int(seq_len, "seq_len", 2)
-    if isinstance(source, datasets.Dataset):
-        docs = source
-    else:
-        files = _text_files(source)
-        docs = datasets.load_dataset("text", data_files=[str(f) for f in files], sample_by="document", split="train")
-    if text_column not in docs.column_names:
-        raise ValueError(f"the dataset has no column {text_column!r} (columns: {docs.column_names})")
-    eos = tokenizer.eos_token_id
-    if add_eos and eos is None:
-        raise ValueError("the tokenizer has no eos_token_id; pass add_eos=False or set tokenizer.eos_token")
-
-    def tokenize(batch):
-        ids = tokenizer(batch[text_column], add_special_tokens=False)["input_ids"]
-        return {"ids": [x + [eos] if add_eos else x for x in ids]}
-
-    def group(batch):
-        flat = [t for ids in batch["ids"] for t in ids]
-        rows = [flat[i : i + seq_len] for i in range(0, len(flat) - seq_len + 1, seq_len)]
-        return {"input_ids": rows, "labels": [list(r) for r in rows]}
-
-    tokenized = docs.map(tokenize, batched=True, remove_columns=docs.column_names, num_proc=num_proc,
-                         desc="tokenize")
-    # one batch holding every document: rows may span documents, and only the very end is dropped
-    packed = tokenized.map(group, batched=True, batch_size=None, remove_columns=["ids"], desc=f"pack {seq_len}")
-    if len(packed) == 0:
-        total = sum(len(x) for x in tokenized["ids"])
-        raise ValueError(f"the text holds {total} tokens, fewer than one row of seq_len={seq_len}")
-    return packed
-
-
-def _text_files(source) -> list[Path]:
-    items: Iterable = [source] if isinstance(source, (str, os.PathLike)) else source
-    files: list[Path] = []
-    for item in items:
-        path = Path(item)
-        if path.is_dir():
-            files.extend(sorted(p for p in path.rglob("*") if p.is_file()))
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise FileNotFoundError(f"no such text file or folder: {path}")
-    if not files:
-        raise ValueError(f"no text files found in {source!r}")
-    return files

@@ -284,26 +284,7 @@ def render(results_dir: str | Path) -> list[str]:
         if len(sub):
             parts += [f"### {title}", _shown(sub)]
     for before, after in tag_pairs(summary.tag):
-        cols = ["seco s", "SeCO/HF-full time", "SeCO/HF-ckpt time", "SeCO/HF-full memory", "SeCO/HF-ckpt memory"]
-        pair = summary[summary.tag.isin([before, after])]
-        wide = pair.pivot_table(index=["n_layers", "chunk_size", "length", "lora"], columns="tag",
-                                values=[c for c in cols if pair[c].notna().any()])
-        wide.columns = [f"{c} ({tag})" for c, tag in wide.columns]
-        parts += [f"### Before / after ({before} -> {after})", _shown(wide.reset_index())]
-        shares = {p.tag.iloc[0]: profile_share(p) for p in _profiles(results_dir)
-                  if "chunk_size" in p and int(p.chunk_size.iloc[0]) == 64}
-        growth = memory_growth(summary, df, after)
-        if len(growth):
-            parts += [f"Peak-memory growth of SeCO against the KV cache's ({after}, full parameters):",
-                      table(growth, ("n_layers", "chunk_size", "from", "to"))]
-        chunk = chunk_targets(summary, df, before, after, shares)
-        if len(chunk):
-            parts += [f"### Targets at the paper's chunk sizes ({before} -> {after})", table(chunk)]
-            missed = [t for t in dict.fromkeys(chunk.target[chunk["met (after)"] == "not met"])
-                      if t in NOT_MET_REASONS]
-            if missed:
-                parts += ["What stands in the way where a target is not met:",
-                          "\n".join(f"- *{t}*: {NOT_MET_REASONS[t]}" for t in missed)]
+        parts += _before_after_parts(summary, df, results_dir, before, after)
     tgt = targets(summary, df)
     parts += ["### Targets of the issue", table(tgt)]
     missed = [t for t in dict.fromkeys(tgt.target[tgt.met == "not met"]) if t in NOT_MET_REASONS] if len(tgt) else []
@@ -311,6 +292,41 @@ def render(results_dir: str | Path) -> list[str]:
         parts += ["What stands in the way where a target is not met:",
                   "\n".join(f"- *{t}*: {NOT_MET_REASONS[t]}" for t in missed)]
     parts += ["### Stratified relay cost", STRATIFIED_COST]
+    parts += _profile_parts(results_dir)
+    return [p + "\n" for p in parts]
+
+
+def _before_after_parts(summary: pd.DataFrame, df: pd.DataFrame, results_dir: Path, before: str,
+                        after: str) -> list[str]:
+    """The sections of one before/after pair of tags: the ratios side by side, SeCO's memory growth, and the
+    targets at the paper's chunk sizes (with what stands in the way of a missed one)."""
+    parts = []
+    cols = ["seco s", "SeCO/HF-full time", "SeCO/HF-ckpt time", "SeCO/HF-full memory", "SeCO/HF-ckpt memory"]
+    pair = summary[summary.tag.isin([before, after])]
+    wide = pair.pivot_table(index=["n_layers", "chunk_size", "length", "lora"], columns="tag",
+                            values=[c for c in cols if pair[c].notna().any()])
+    wide.columns = [f"{c} ({tag})" for c, tag in wide.columns]
+    parts += [f"### Before / after ({before} -> {after})", _shown(wide.reset_index())]
+    shares = {p.tag.iloc[0]: profile_share(p) for p in _profiles(results_dir)
+              if "chunk_size" in p and int(p.chunk_size.iloc[0]) == 64}
+    growth = memory_growth(summary, df, after)
+    if len(growth):
+        parts += [f"Peak-memory growth of SeCO against the KV cache's ({after}, full parameters):",
+                  table(growth, ("n_layers", "chunk_size", "from", "to"))]
+    chunk = chunk_targets(summary, df, before, after, shares)
+    if len(chunk):
+        parts += [f"### Targets at the paper's chunk sizes ({before} -> {after})", table(chunk)]
+        missed = [t for t in dict.fromkeys(chunk.target[chunk["met (after)"] == "not met"])
+                  if t in NOT_MET_REASONS]
+        if missed:
+            parts += ["What stands in the way where a target is not met:",
+                      "\n".join(f"- *{t}*: {NOT_MET_REASONS[t]}" for t in missed)]
+    return parts
+
+
+def _profile_parts(results_dir: Path) -> list[str]:
+    """One section per stored profile of a SeCO step: the self CPU time of its operators."""
+    parts = []
     for prof in _profiles(results_dir):
         where = (f"chunk {int(prof.chunk_size.iloc[0])}{', LoRA' if bool(prof.lora.iloc[0]) else ''}, "
                  if "chunk_size" in prof else "chunk 512, ")
@@ -318,7 +334,7 @@ def render(results_dir: str | Path) -> list[str]:
                   f"{int(prof.length.iloc[0])} tokens, {where}single thread): "
                   f"matmul + attention = {profile_share(prof):.1%} of self CPU time",
                   table(prof[["op", "self_cpu_s", "share", "calls"]], ("calls",))]
-    return [p + "\n" for p in parts]
+    return parts
 
 
 def _profiles(results_dir: Path) -> list[pd.DataFrame]:

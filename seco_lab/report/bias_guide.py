@@ -127,24 +127,8 @@ def guidance_section(p: dict) -> list[str]:
           f"relative bias {row('rel_bias', ru)}, because drawing t *distinct* chunks keeps a p-hop chain with "
           "probability (t)_{p+1}/(k)_{p+1}, not (t/k)^{p+1}. Every other scheme is biased "
           f"(below {UNBIASED_TOL:g} counts as unbiased).",
-          f"- **The noise price of unbiasedness, at matched scale.** `{pa}`'s mean is about g/"
-          f"{fmt(at['scale'][pa][t0])} at t = {t0}, and a tuned learning rate (or Adam) multiplies its noise by "
-          "the same factor it undoes, so compare noise-to-signal tr Σ/‖E ĝ‖², not variance/‖g‖². "
-          f"Noise-to-signal of `{pa}`: {row('noise_to_signal', pa)}; `{ff}`: {row('noise_to_signal', ff)}; "
-          f"`{be}`: {row('noise_to_signal', be)}; `{ru}`: {row('noise_to_signal', ru)}. "
-          f"Relative to `{pa}`'s: `{ff}` " + price_text(g["nts_price"][ff], ts) + f", `{be}` "
-          + price_text(g["nts_price"][be], ts) + f", `{ru}` " + price_text(g["nts_price"][ru], ts)
-          + f" (the raw variances relative to ‖g‖², which charge `{pa}` nothing for its shrunken mean: `{ff}` "
-          + price_text(g["var_price"][ff], ts) + f", `{be}` " + price_text(g["var_price"][be], ts) + f", `{ru}` "
-          + price_text(g["var_price"][ru], ts) + "). " + same_direction_text(at, ts, pa, ru),
-          f"- **Error after the best learning rate.** Best-scale MSE min_a E‖a ĝ − g‖²/‖g‖² of `{pa}`: "
-          f"{row('best_scale_mse', pa)}; `{cap}`: {row('best_scale_mse', cap)}; `{rel}`: "
-          f"{row('best_scale_mse', rel)}; `{ff}`: {row('best_scale_mse', ff)}; `{be}`: {row('best_scale_mse', be)}. "
-          "Lowest best-scale MSE: " + "; ".join(f"t = {t}: `{best_of(at, 'best_scale_mse', t)}`" for t in ts)
-          + " (raw MSE E‖ĝ − g‖²/‖g‖², which also counts the scale error a learning rate absorbs: lowest "
-          + "; ".join(f"t = {t}: `{best_of(at, 'rel_mse', t)}`" for t in ts) + "). One sequence, one draw: "
-          "data noise and the batch size are not in these numbers; the training study's \"At equal compute\" "
-          "(`reports/training_study.md`) weighs them against SeCO.",
+          _noise_price_bullet(at, g, ts, t0, row, pa, ff, be, ru),
+          _best_rate_bullet(at, ts, row, pa, cap, rel, ff, be),
           "- **Backprop cost.** Every uniform scheme backpropagates exactly t chunks; `" + be + "` a random number "
           f"with mean t (mean drawn at t = {t0}: {fmt(at['mc_cost'][be][t0])}). What differs is the relay "
           "(`Scheme.constant_relay`): when c_q is the same for every hop count one relay buffer carries all chains; "
@@ -156,6 +140,33 @@ def guidance_section(p: dict) -> list[str]:
           + ("mostly in scale" if mostly_scale else "in direction too") + f"; the cap (`{cap}`, "
           f"`{PAPER_CHAIN_CAPPED_2.label}`) and `{rel}` trade variance for a direction error.\n"]
     return md
+
+
+def _noise_price_bullet(at: dict, g: dict, ts, t0, row, pa: str, ff: str, be: str, ru: str) -> str:
+    """The noise price of unbiasedness: each unbiased scheme's noise-to-signal against the paper formula's, at
+    matched scale (``row(metric, label)``: a metric at every budget)."""
+    return (f"- **The noise price of unbiasedness, at matched scale.** `{pa}`'s mean is about g/"
+            f"{fmt(at['scale'][pa][t0])} at t = {t0}, and a tuned learning rate (or Adam) multiplies its noise by "
+            "the same factor it undoes, so compare noise-to-signal tr Σ/‖E ĝ‖², not variance/‖g‖². "
+            f"Noise-to-signal of `{pa}`: {row('noise_to_signal', pa)}; `{ff}`: {row('noise_to_signal', ff)}; "
+            f"`{be}`: {row('noise_to_signal', be)}; `{ru}`: {row('noise_to_signal', ru)}. "
+            f"Relative to `{pa}`'s: `{ff}` " + price_text(g["nts_price"][ff], ts) + f", `{be}` "
+            + price_text(g["nts_price"][be], ts) + f", `{ru}` " + price_text(g["nts_price"][ru], ts)
+            + f" (the raw variances relative to ‖g‖², which charge `{pa}` nothing for its shrunken mean: `{ff}` "
+            + price_text(g["var_price"][ff], ts) + f", `{be}` " + price_text(g["var_price"][be], ts) + f", `{ru}` "
+            + price_text(g["var_price"][ru], ts) + "). " + same_direction_text(at, ts, pa, ru))
+
+
+def _best_rate_bullet(at: dict, ts, row, pa: str, cap: str, rel: str, ff: str, be: str) -> str:
+    """The error left after the best learning rate: each scheme's best-scale MSE, and the lowest per budget."""
+    return (f"- **Error after the best learning rate.** Best-scale MSE min_a E‖a ĝ − g‖²/‖g‖² of `{pa}`: "
+            f"{row('best_scale_mse', pa)}; `{cap}`: {row('best_scale_mse', cap)}; `{rel}`: "
+            f"{row('best_scale_mse', rel)}; `{ff}`: {row('best_scale_mse', ff)}; `{be}`: {row('best_scale_mse', be)}. "
+            "Lowest best-scale MSE: " + "; ".join(f"t = {t}: `{best_of(at, 'best_scale_mse', t)}`" for t in ts)
+            + " (raw MSE E‖ĝ − g‖²/‖g‖², which also counts the scale error a learning rate absorbs: lowest "
+            + "; ".join(f"t = {t}: `{best_of(at, 'rel_mse', t)}`" for t in ts) + "). One sequence, one draw: "
+            "data noise and the batch size are not in these numbers; the training study's \"At equal compute\" "
+            "(`reports/training_study.md`) weighs them against SeCO.")
 
 
 def same_direction_text(at: dict, budgets, paper: str, other: str) -> str:

@@ -25,13 +25,15 @@ and the data noise tr Cov_i(m_i); ``variance_draws`` draws of the arm's sampler,
 every group, give the sampling noise A of one sequence and the covariance C of two sequences that
 share a draw (E||D_h||^2 = A/n + (1 - 1/n) C, E<D_h, D_h'> = C for group deviations D_h = g_hat_h(I)
 - m_h of n sequences each).
+
+The run's definition (:class:`Arm`, :class:`RunSpec`, :class:`TrainSettings`) is in :mod:`.run_spec`
+(re-exported here).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -50,125 +52,13 @@ from seco_lab import (
     spaco_grad,
     truncated_grad,
 )
-from seco_lab.equal_compute import best_scale_mse, chunk_passes, step_variance
+from seco_lab.equal_compute import best_scale_mse, step_variance
 from seco_lab.strata_stats import StrataGram, bias_metrics
 
+from .run_spec import MODES, NEW_SETTINGS, OPTIMIZERS, Arm, RunSpec, TrainSettings  # noqa: F401 (re-export)
 from .task import RecallBatch, RecallTask
 
 __all__ = ["Arm", "RunSpec", "TrainSettings", "evaluate", "gradient", "probe", "train_run"]
-
-OPTIMIZERS = ("adamw", "sgd")
-MODES = ("dense", "seco", "truncated", "spaco")
-# fields added after the first study: left out of the definition at their default (fingerprints stay)
-NEW_SETTINGS = {"variance_groups": 0, "variance_draws": 0}
-
-
-@dataclass(frozen=True)
-class Arm:
-    """A gradient method: ``mode`` 'dense', 'seco', 'truncated' or 'spaco' (then ``scheme`` and ``budget``);
-    ``batch_size`` / ``steps`` override the study's sequences per step / optimizer steps (equal compute)."""
-
-    mode: str
-    scheme: str | None = None
-    budget: int | None = None
-    batch_size: int | None = None
-    steps: int | None = None
-
-    def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}; use one of {MODES}")
-        for name in ("batch_size", "steps"):
-            v = getattr(self, name)
-            if v is not None and (int(v) != v or v < 1):
-                raise ValueError(f"{name} must be a positive integer or None, got {v!r}")
-        if (self.mode == "spaco") != (self.scheme is not None and self.budget is not None):
-            raise ValueError("a spaco arm needs scheme and budget; dense and seco take neither")
-        if self.scheme is not None:
-            get_scheme(self.scheme)  # a clear error for an unknown name
-
-    @property
-    def base(self) -> str:
-        """The method without its batch / steps override: 'seco', 'paper t=4', ..."""
-        return self.mode if self.mode != "spaco" else f"{self.scheme} t={self.budget}"
-
-    @property
-    def name(self) -> str:
-        return self.base + (f" B={self.batch_size}" if self.batch_size else "") + \
-            (f" steps={self.steps}" if self.steps else "")
-
-    def definition(self) -> dict:
-        """The fields that define the arm (overrides only when set: older studies keep their fingerprint)."""
-        d = asdict(self)
-        return {k: v for k, v in d.items() if k in ("mode", "scheme", "budget") or v is not None}
-
-    def passes(self, num_chunks: int) -> float:
-        """Cost model: chunk passes per sequence (seco_lab.equal_compute.chunk_passes)."""
-        return chunk_passes(self.mode, num_chunks, self.budget)
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    arm: Arm
-    optimizer: str
-    lr: float
-    seed: int
-
-    @property
-    def run_id(self) -> str:
-        return f"{self.arm.name.replace(' ', '_').replace('=', '')}__{self.optimizer}__lr{self.lr:g}__s{self.seed}"
-
-
-@dataclass
-class TrainSettings:
-    """Everything shared by the runs of one study (recorded in study.json)."""
-
-    task: RecallTask = field(default_factory=RecallTask)
-    model: dict = field(default_factory=lambda: dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128))
-    steps: int = 250
-    batch_size: int = 16
-    micro_batch: int = 8  # SpaCO draws one chunk set per micro-batch
-    warmup: int = 25
-    min_lr_ratio: float = 0.1  # cosine decay to lr * min_lr_ratio
-    weight_decay: float = 0.0
-    clip: float = 1.0  # global gradient-norm clipping (0: off), as common fine-tuning recipes do
-    momentum: float = 0.9
-    eval_every: int = 25
-    probe_every: int = 25
-    val_sequences: int = 128
-    test_sequences: int = 256
-    probe_sequences: int = 16
-    variance_groups: int = 0  # > 0: the probe estimates the equal-compute MSE's noise terms (groups of sequences)
-    variance_draws: int = 0  # draws of the arm's sampler per probe for the sampling noise
-
-    def __post_init__(self):
-        if self.batch_size % self.micro_batch:
-            raise ValueError(f"micro_batch={self.micro_batch} must divide batch_size={self.batch_size}")
-        for name in ("steps", "eval_every", "probe_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.variance_groups:
-            g = self.variance_groups
-            if g < 2 or self.probe_sequences % g:
-                raise ValueError(f"variance_groups={g} must be >= 2 and divide probe_sequences={self.probe_sequences}")
-            if self.variance_draws < 2:
-                raise ValueError(f"variance_draws must be >= 2 with variance_groups, got {self.variance_draws}")
-
-    def to_dict(self) -> dict:
-        d = {**asdict(self), "task": self.task.to_dict()}
-        for k, default in NEW_SETTINGS.items():
-            if d[k] == default:
-                del d[k]
-        return d
-
-    def lr_at(self, step: int, lr: float, steps: int | None = None) -> float:
-        """Linear warm-up over ``warmup`` steps, then cosine decay to ``lr * min_lr_ratio``; a run of
-        ``steps`` != self.steps keeps the shape (warm-up scaled by steps / self.steps)."""
-        steps = self.steps if steps is None else steps
-        warmup = self.warmup if steps == self.steps else max(1, round(self.warmup * steps / self.steps))
-        if step < warmup:
-            return lr * (step + 1) / warmup
-        frac = (step - warmup) / max(steps - warmup, 1)
-        return lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 def make_optimizer(name: str, params, lr: float, settings: TrainSettings) -> torch.optim.Optimizer:
@@ -323,6 +213,49 @@ def fixed_batch(task: RecallTask, seed: int, split: str, size: int) -> RecallBat
     return task.batch(seed, split, 0, size)
 
 
+class _RunLog:
+    """The tidy rows of one run: ``record`` one value, ``held_out`` losses on a fixed batch, ``probes`` of the
+    gradient's quality (and, with ``settings.variance_groups``, its noise) at the current parameters."""
+
+    def __init__(self, model, spec: RunSpec, settings: TrainSettings, probe_batch: RecallBatch, batch_size: int,
+                 micro: int, noise_rng: np.random.Generator):
+        self.model, self.spec, self.settings, self.probe_batch = model, spec, settings, probe_batch
+        self.batch_size, self.micro, self.noise_rng = batch_size, micro, noise_rng
+        self.rows: list[dict] = []
+
+    def record(self, step, metric, value, distance=0):
+        self.rows.append({"step": step, "metric": metric, "distance": distance, "value": float(value)})
+
+    def held_out(self, step, split, batch):
+        for (metric, d), v in evaluate(self.model, batch, self.settings.task.distances).items():
+            self.record(step, f"{split}_{metric}", v, d)
+
+    def probes(self, step):
+        model, spec, settings, c = self.model, self.spec, self.settings, self.settings.task.chunk_size
+        for metric, v in probe(model, spec.arm, self.probe_batch, c).items():
+            self.record(step, f"probe_{metric}", v)
+        if settings.variance_groups:
+            noise = noise_probe(model, spec.arm, self.probe_batch, c, settings.variance_groups,
+                                settings.variance_draws, self.noise_rng)
+            for metric, v in {**noise, **equal_compute_mse(noise, spec.arm, self.batch_size, self.micro)}.items():
+                self.record(step, f"probe_{metric}", v)
+
+
+def _optimizer_step(model, opt, spec: RunSpec, settings: TrainSettings, batch: RecallBatch, chunk_size: int,
+                    micro: int, step: int, steps: int):
+    """One training step: the arm's gradient into ``.grad``, clipped, the scheduled rate, the optimizer's step;
+    returns (loss, chunks backpropagated)."""
+    loss, grads, n_chunks = gradient(model, spec.arm, batch, chunk_size, micro, spec.seed, step)
+    opt.zero_grad(set_to_none=True)
+    accumulate_grads(model, grads)
+    if settings.clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip)
+    for group in opt.param_groups:
+        group["lr"] = settings.lr_at(step, spec.lr, steps)
+    opt.step()
+    return loss, n_chunks
+
+
 def train_run(spec: RunSpec, settings: TrainSettings, data_seed: int = 1234) -> tuple[list[dict], dict]:
     """Train one run; returns (tidy rows, summary).  Held-out sets do not depend on the run's seed."""
     torch.manual_seed(spec.seed)
@@ -338,58 +271,35 @@ def train_run(spec: RunSpec, settings: TrainSettings, data_seed: int = 1234) -> 
     val = fixed_batch(task, data_seed, "val", settings.val_sequences)
     test = fixed_batch(task, data_seed, "test", settings.test_sequences)
     probe_batch = task.batch(data_seed, "val", 1, settings.probe_sequences)
-    rows: list[dict] = []
+    log = _RunLog(model, spec, settings, probe_batch, batch_size, micro, noise_rng)
     chunks, wall, cpu, diverged = 0.0, 0.0, 0.0, False
 
-    def record(step, metric, value, distance=0):
-        rows.append({"step": step, "metric": metric, "distance": distance, "value": float(value)})
-
-    def held_out(step, split, batch):
-        for (metric, d), v in evaluate(model, batch, task.distances).items():
-            record(step, f"{split}_{metric}", v, d)
-
-    def probes(step):
-        for metric, v in probe(model, spec.arm, probe_batch, c).items():
-            record(step, f"probe_{metric}", v)
-        if settings.variance_groups:
-            noise = noise_probe(model, spec.arm, probe_batch, c, settings.variance_groups, settings.variance_draws,
-                                noise_rng)
-            for metric, v in {**noise, **equal_compute_mse(noise, spec.arm, batch_size, micro)}.items():
-                record(step, f"probe_{metric}", v)
-
-    held_out(0, "val", val)
-    probes(0)
+    log.held_out(0, "val", val)
+    log.probes(0)
     for step in range(steps):
         batch = task.batch(spec.seed, "train", step, batch_size)
         t0, c0 = time.perf_counter(), time.process_time()
-        loss, grads, n_chunks = gradient(model, spec.arm, batch, c, micro, spec.seed, step)
-        opt.zero_grad(set_to_none=True)
-        accumulate_grads(model, grads)
-        if settings.clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip)
-        for group in opt.param_groups:
-            group["lr"] = settings.lr_at(step, spec.lr, steps)
-        opt.step()
+        loss, n_chunks = _optimizer_step(model, opt, spec, settings, batch, c, micro, step, steps)
         wall += time.perf_counter() - t0
         cpu += time.process_time() - c0
         chunks += n_chunks
         done = step + 1
-        record(done, "train_loss", loss)
+        log.record(done, "train_loss", loss)
         if not all(torch.isfinite(p).all() for p in model.parameters()):
             diverged = True
             break
         if done % settings.eval_every == 0 or done == steps:
-            held_out(done, "val", val)
-            record(done, "backprop_chunks", chunks)
-            record(done, "wall_s", wall)
-            record(done, "cpu_s", cpu)
+            log.held_out(done, "val", val)
+            log.record(done, "backprop_chunks", chunks)
+            log.record(done, "wall_s", wall)
+            log.record(done, "cpu_s", cpu)
         if done % settings.probe_every == 0 or done == steps:
-            probes(done)
+            log.probes(done)
     if not diverged:
-        held_out(steps, "test", test)
+        log.held_out(steps, "test", test)
     moved = float(sum((p.detach() - q).norm() ** 2 for p, q in zip(model.parameters(), init)) ** 0.5)
     summary = {"run_id": spec.run_id, "arm": spec.arm.name, "optimizer": spec.optimizer, "lr": spec.lr,
                "seed": spec.seed, "diverged": diverged, "steps_done": done, "param_distance": moved,
                "backprop_chunks_per_step": chunks / done, "wall_s": wall, "cpu_s": cpu, "steps": steps,
                "batch_size": batch_size, "passes_per_step": batch_size * spec.arm.passes(task.num_chunks)}
-    return rows, summary
+    return log.rows, summary

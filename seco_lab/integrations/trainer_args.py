@@ -1,0 +1,100 @@
+"""The settings of :class:`~seco_lab.integrations.transformers.SeCOTrainer` (:class:`SeCOArguments`), the file a
+checkpoint stores them in, and :func:`chunk_targets`: a Trainer batch as the chunk engine's tokens and targets,
+refused where the engine would get it wrong.  Needs torch only (not transformers)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..checks import as_int, check_chunk_size
+from ..schemes import get_scheme
+
+__all__ = ["KNOWN_INPUTS", "MODES", "SETTINGS_FILE", "SeCOArguments", "chunk_targets"]
+
+SETTINGS_FILE = "seco_trainer.json"
+MODES = ("seco", "spaco")
+# batch keys the chunk engine understands; anything else would be silently dropped, so it is refused
+KNOWN_INPUTS = ("input_ids", "labels", "attention_mask", "shift_labels", "position_ids")
+
+
+@dataclass(frozen=True)
+class SeCOArguments:
+    """How ``SeCOTrainer`` backpropagates each micro-batch.
+
+    ``chunk_size``: tokens per chunk (the last chunk of a sequence may be shorter).
+    ``mode``: ``"seco"`` (exact gradient) or ``"spaco"`` (sparse unbiased estimate).
+    ``scheme``/``budget``: SpaCO's compensation scheme (``seco_lab.SCHEME_NAMES``) and the
+    number t of chunks backpropagated (the mean number for Bernoulli schemes).
+    ``seed``: the SpaCO draw seed.  ``subset``: a fixed chunk set instead of draws (ablations, tests).
+    """
+
+    chunk_size: int
+    mode: str = "seco"
+    scheme: str = "falling-factorial"
+    budget: int = 1
+    seed: int = 0
+    subset: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        check_chunk_size(self.chunk_size)
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        get_scheme(self.scheme)  # unknown names fail here, with the list of known ones
+        as_int(self.budget, "budget", 1)
+        as_int(self.seed, "seed", 0)
+        if self.subset is not None:
+            if self.mode != "spaco":
+                raise ValueError("subset fixes SpaCO's chunk set; it needs mode='spaco'")
+            object.__setattr__(self, "subset", tuple(int(j) for j in self.subset))
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["subset"] = None if self.subset is None else list(self.subset)
+        return out
+
+
+def chunk_targets(inputs: Mapping[str, torch.Tensor], ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens, targets)`` of a Trainer batch for the chunk engine, with targets[t] = labels[t + 1].
+
+    Refuses (ValueError, one line) what the engine would get wrong: keys it does not
+    understand, left padding or holes in the attention mask, targets on padded positions,
+    and position ids other than 0..n-1.
+    """
+    unknown = sorted(set(inputs) - set(KNOWN_INPUTS))
+    if unknown:
+        raise ValueError(f"SeCOTrainer understands the batch keys {KNOWN_INPUTS}, got also {unknown}; remove them "
+                         "in the collator (or set remove_unused_columns=True)")
+    if "input_ids" not in inputs:
+        raise ValueError("SeCOTrainer needs input_ids in every batch (inputs_embeds are not supported)")
+    tokens = inputs["input_ids"]
+    if "shift_labels" in inputs:
+        targets = inputs["shift_labels"]
+    elif "labels" in inputs:
+        labels = inputs["labels"]
+        targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=ignore_index)
+    else:
+        raise ValueError("SeCOTrainer needs labels (or shift_labels) in every batch: the chunk engine computes the "
+                         "causal-LM loss itself")
+    if targets.shape != tokens.shape:
+        raise ValueError(f"labels shape {tuple(targets.shape)} does not match input_ids shape {tuple(tokens.shape)}")
+    positions = inputs.get("position_ids")
+    if positions is not None:
+        expected = torch.arange(tokens.shape[-1], device=positions.device).expand_as(positions)
+        if not torch.equal(positions, expected):
+            raise ValueError("position_ids other than 0..n-1 (packed sequences restarting positions, padding-free "
+                             "collators) are not supported by SeCOTrainer; pack into plain fixed-length rows instead")
+    mask = inputs.get("attention_mask")
+    if mask is not None:
+        if mask.shape != tokens.shape:
+            raise ValueError(f"attention_mask shape {tuple(mask.shape)} does not match input_ids {tuple(tokens.shape)}")
+        m = mask.to(torch.int64)
+        if bool(((m != 0) & (m != 1)).any()) or bool((m[..., 1:] > m[..., :-1]).any()):
+            raise ValueError("SeCOTrainer needs right padding (attention_mask 1...1 0...0 per row): left padding or "
+                             "holes change what the real tokens attend to; set tokenizer.padding_side = 'right'")
+        if bool((targets[m == 0] != ignore_index).any()):
+            raise ValueError(f"labels predict from padded positions (attention_mask 0 but target != {ignore_index}); "
+                             f"set the labels of padding to {ignore_index}")
+    return tokens, targets

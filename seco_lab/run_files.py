@@ -1,0 +1,79 @@
+"""Reading a run's files: a checkpoint loaded safely (:func:`safe_load`), ``config.json``, ``metrics.jsonl`` (a
+torn last line dropped) and the steps with a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import warnings
+import zipfile
+from pathlib import Path
+
+import torch
+
+from .run_checks import RunDirError
+
+__all__ = ["CHECKPOINT_FILE", "CHECKPOINT_KEYS", "checkpoint_steps", "read_config", "read_metrics", "safe_load"]
+
+CHECKPOINT_KEYS = ("step", "model", "optimizer", "scheduler", "torch_rng", "numpy_rng")
+CHECKPOINT_FILE = re.compile(r"step_(\d+)\.pt")
+
+
+def safe_load(path: Path, map_location=None):
+    """``torch.load(weights_only=True)``: tensors and plain values only, so a crafted file cannot run code.
+    numpy arrays (the RNG state of checkpoints written before it was stored as a tensor) are allowed too."""
+    import numpy as np
+    from numpy._core.multiarray import _reconstruct
+
+    if Path(path).is_file() and not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else is
+        raise ValueError("not a torch checkpoint archive (no zip structure): truncated, overwritten or foreign")
+    with torch.serialization.safe_globals([_reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]):
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as e:
+            if "Weights only load failed" not in str(e):
+                raise
+            raise RunDirError(f"{path} holds objects a safe load refuses (not tensors or plain values); it is not a "
+                              "seco-lab checkpoint, and loading it could run code -- remove it") from None
+
+
+def read_config(run_dir) -> dict:
+    path = Path(run_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunDirError(f"{path}: cannot read the run's config ({e})") from None
+    if not isinstance(config, dict):
+        raise RunDirError(f"{path} holds a {type(config).__name__}, not a run's settings: the file is damaged or "
+                          "not written by seco-lab train")
+    return config
+
+
+def read_metrics(run_dir) -> list[dict]:
+    """The records of ``metrics.jsonl``; a torn last line is dropped with a warning, damage elsewhere raises."""
+    path = Path(getattr(run_dir, "path", run_dir)) / "metrics.jsonl"  # a path or a RunDir
+    if not path.exists():
+        return []
+    try:
+        lines = path.read_text().split("\n")
+    except UnicodeDecodeError:
+        raise RunDirError(f"{path} is not text (not UTF-8): the metrics file is damaged or was overwritten") from None
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1 or all(not ln.strip() for ln in lines[i + 1 :]):
+                warnings.warn(f"{path}: dropping a torn last line ({line[:40]!r}...)", stacklevel=2)
+                break
+            raise RunDirError(f"{path}: line {i + 1} is not JSON; the metrics file is damaged") from None
+    return rows
+
+
+def checkpoint_steps(run_dir) -> list[int]:
+    """Steps with a checkpoint: ``step_NNNNNN.pt`` files and sharded ``step_NNNNNN.dcp`` directories."""
+    return sorted({int(m.group(1)) for p in (Path(run_dir) / "checkpoints").glob("step_*")
+                   if (m := re.fullmatch(r"step_(\d+)\.(pt|dcp)", p.name))})
