@@ -265,3 +265,73 @@ def test_report_renders_every_section_from_the_stored_tables(audit, tmp_path):
     sweeps = cost[cost.method.isin(["strata P=1", "seco (strata unit)"])]
     assert set(sweeps.sequence) == {"s00", "s01", "s02"} and len(sweeps) == 6
     assert "strata / SeCO" in text and "nan" not in text.lower().replace("nano", "")
+
+
+@pytest.mark.parametrize("texts, words", [
+    (("foo:",), "names no path"),                          # campaign 3, D16: '' became '.', every file audited
+    (("BIN",), "binary or not UTF-8"),                     # D13: random bytes audited as text
+    (("FIFO",), "not a regular file or folder"),           # D15: reading a FIFO hung
+    (("EMPTY",), "no window|no text|too short|empty"),     # D17: a refused run left a folder behind
+])
+def test_bad_texts_are_refused_before_the_folder_is_made(tmp_path, texts, words):
+    import os
+
+    (tmp_path / "bin.dat").write_bytes(bytes(range(256)) * 16)
+    os.mkfifo(tmp_path / "ff")
+    (tmp_path / "empty.txt").write_text("")
+    paths = {"BIN": str(tmp_path / "bin.dat"), "FIFO": str(tmp_path / "ff"), "EMPTY": str(tmp_path / "empty.txt")}
+    cfg = replace(TINY, texts=tuple(paths.get(t, t) for t in texts))
+    with pytest.raises(ValueError, match=words):
+        run_audit(cfg, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("change, error, words", [
+    (dict(threads=0), ValueError, "threads must be an integer >= 1"),       # D18: set_num_threads traceback
+    (dict(texts="argparse.py"), TypeError, "texts must be a tuple"),        # E66: read letter by letter
+    (dict(budgets=(2.5,)), TypeError, "budgets entry must be an integer"),  # E65: 'not among budgets [2.5]'
+    (dict(seed=True), TypeError, "seed must be an integer"),
+])
+def test_audit_settings_of_the_wrong_kind_are_refused(change, error, words):
+    with pytest.raises(error, match=words):
+        replace(TINY, **change)
+
+
+def test_run_audit_refuses_a_dict_and_a_foreign_config_json(tmp_path, capsys):
+    """E71: a dict config failed with AttributeError after creating the folder; D09: a user's config.json
+    gave KeyError 'config'; C77: `study audit` into a user's folder was a traceback."""
+    from seco_lab.studies import study_main
+
+    with pytest.raises(TypeError, match="cfg must be an AuditConfig"):
+        run_audit({"length": 64}, tmp_path / "ra1", progress=False)
+    assert not (tmp_path / "ra1").exists()
+    user = tmp_path / "u2"
+    user.mkdir()
+    (user / "config.json").write_text('{"lr": 0.1}')
+    with pytest.raises(ValueError, match="holds a config.json that is not an audit's"):
+        run_audit(TINY, user, progress=False)
+    assert sorted(p.name for p in user.iterdir()) == ["config.json"]
+    (user / "notes.txt").write_text("x")
+    (user / "config.json").unlink()
+    try:
+        rc = study_main(["audit", "--out", str(user), "--no-progress"])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and "is not a seco-lab audit folder" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in user.iterdir()) == ["notes.txt"]
+
+
+def test_a_damaged_unit_is_computed_again(audit, tmp_path):
+    """D21: a unit file cut short stopped every later run with a bare JSON error; it is now computed again."""
+    import json
+    import shutil
+
+    cfg = load_sequence(audit, "s00").config
+    out = tmp_path / "damaged"
+    shutil.copytree(audit, out)
+    text = (out / "units" / "exact.json").read_text()
+    (out / "units" / "exact.json").write_text(text[:100])
+    run_audit(cfg, out, progress=False)
+    again, first = json.loads((out / "units" / "exact.json").read_text()), json.loads(text)
+    assert again["strata_norms"] == pytest.approx(first["strata_norms"], rel=1e-9, abs=1e-15)

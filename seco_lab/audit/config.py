@@ -10,6 +10,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from ..checks import as_int
 from ..schemes import SCHEME_NAMES
 
 __all__ = ["AuditConfig", "DEFAULT", "QUICK", "EXTENDABLE", "STAGES", "COMMITTED"]
@@ -58,6 +59,7 @@ class AuditConfig:
     stages: tuple[str, ...] = STAGES
 
     def __post_init__(self):
+        self._check_types()
         if self.params not in ("lora", "full"):
             raise ValueError(f"params must be 'lora' or 'full', got {self.params!r}")
         if self.dtype not in ("float32", "float64"):
@@ -86,6 +88,29 @@ class AuditConfig:
         if self.model in ("tiny",) and self.params == "lora":
             raise ValueError("the tiny model has no LoRA adapters: use params='full' with model 'tiny' "
                              "(or model 'hf-llama' for a tiny random HF Llama with LoRA)")
+
+    def _check_types(self) -> None:
+        """Whole numbers where counts belong (a bool or a float is refused, not truncated), text lists of
+        strings (a bare string would be read letter by letter)."""
+        for name in ("lora_r", "lora_alpha", "length", "chunk_size", "max_hops", "num_sequences", "mc_sequences",
+                     "mc_draws", "cost_sequences", "cost_draws", "data_sequences", "exact_length",
+                     "exact_chunk_size", "seed"):
+            as_int(getattr(self, name), name)
+        as_int(self.threads, "threads", minimum=1)
+        if self.data_length is not None:
+            as_int(self.data_length, "data_length", minimum=1)
+        for name in ("budgets", "mc_budgets", "batch_sizes"):
+            values = getattr(self, name)
+            if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)) or not values:
+                raise TypeError(f"{name} must be a non-empty tuple of integers, got {values!r}")
+            for v in values:
+                as_int(v, f"{name} entry", minimum=1)
+        for name in ("texts", "schemes", "lora_targets", "stages"):
+            values = getattr(self, name)
+            if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)) \
+                    or not all(isinstance(v, str) and v.strip() for v in values):
+                raise TypeError(f"{name} must be a tuple of non-empty strings, got {values!r} (a single one: "
+                                f"{name}=('...',))")
 
     @property
     def num_chunks(self) -> int:

@@ -50,8 +50,12 @@ def _check_folder(cfg: AuditConfig, out: Path) -> None:
 
 
 def run_audit(cfg: AuditConfig, out: str | Path = DEFAULT_OUT, progress: bool = True) -> Path:
-    """Run every missing unit of the audit into ``out`` and write its tables; returns ``out``."""
+    """Run every missing unit of the audit into ``out`` and write its tables; returns ``out``.  The folder and
+    the texts are checked before anything is written (a refused run leaves nothing behind)."""
+    if not isinstance(cfg, AuditConfig):
+        raise TypeError(f"cfg must be an AuditConfig (e.g. replace(QUICK, length=...)), got {type(cfg).__name__}")
     out = check_audit_out(out)
+    sequence_sets(cfg)  # reads the texts: a missing, empty, binary or unreadable text is refused here
     (out / "units").mkdir(parents=True, exist_ok=True)
     with locked(out, "seco-lab audit", "wait for it to finish, or pass another --out"):
         return _run_units(cfg, out, progress)
@@ -68,21 +72,43 @@ def check_audit_out(out: str | Path) -> Path:
     """The audit's ``--out``, refused before anything is written when it is no folder of its own: ``""``, ``~``,
     a file, the root, the home or the current directory or an ancestor (:func:`store.check_study_out`), and an
     existing folder holding files but no audit's ``config.json`` (an audit would overwrite its tables)."""
-    try:
-        path = store.check_study_out(out)
-    except store.StudyFolderError as e:
-        raise ValueError(str(e)) from None
-    if path.is_dir() and not (path / "config.json").is_file():
+    path = store.check_study_out(out)  # a StudyFolderError (a ValueError) names what is wrong
+    config = path / "config.json"
+    if config.is_file() and not _is_audit_config(config):
+        raise store.StudyFolderError(f"--out {path} holds a config.json that is not an audit's: it is not a "
+                                     "seco-lab audit folder, so nothing is written; pass a new or empty folder")
+    if path.is_dir() and not config.is_file():
         foreign = sorted(p.name for p in path.iterdir() if p.name not in AUDIT_FILES
                          and not re.fullmatch(store.TEMP_FILE, p.name))
         theirs = sorted(p.name for p in path.iterdir() if p.name in AUDIT_FILES - {"units", "vectors", LOCK_NAME}
                         and p.is_file())
         if foreign or theirs:
             names = ", ".join((foreign + theirs)[:5]) + (" ..." if len(foreign + theirs) > 5 else "")
-            raise ValueError(f"--out {path} is not a seco-lab audit folder (no config.json) and holds files "
+            raise store.StudyFolderError(f"--out {path} is not a seco-lab audit folder (no config.json) and holds "
+                                         f"files "
                              f"({names}): an audit would overwrite them, so nothing is written; pass a new or "
                              "empty folder with --out")
     return path
+
+
+def _is_audit_config(path: Path) -> bool:
+    try:
+        stored = json.loads(path.read_text())
+        return isinstance(stored, dict) and isinstance(stored.get("config"), dict) and "digest" in stored
+    except (OSError, ValueError):
+        return False
+
+
+def unit_done(path: Path) -> bool:
+    """A unit is done when its JSON file reads as one (a file cut short by a crash or damaged by hand is computed
+    again, and the run says so)."""
+    if not path.is_file():
+        return False
+    try:
+        return isinstance(json.loads(path.read_text()), dict)
+    except (OSError, ValueError):
+        tqdm.write(f"audit: {path} is damaged (not readable JSON): the unit is computed again")
+        return False
 
 
 def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
@@ -97,7 +123,7 @@ def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
     store.atomic_write_json(out / "sequences.json", {n: vars(s) if not hasattr(s, "__dataclass_fields__") else
                        {f: getattr(s, f) for f in s.__dataclass_fields__} for n, s in names.items()})
     units = plan_units(cfg)
-    todo = [(stem, job) for stem, job in units if not (out / "units" / f"{stem}.json").is_file()]
+    todo = [(stem, job) for stem, job in units if not unit_done(out / "units" / f"{stem}.json")]
     for stem, job in (bar := tqdm(todo, desc="audit units", disable=not progress)):
         bar.set_postfix_str(stem)
         c, w = time.process_time(), time.perf_counter()
@@ -241,7 +267,7 @@ def main(argv=None) -> int:
         from ..report.audit import write_report
 
         report = write_report(out, ns.report or out / "report.md")
-    except (ValueError, FileNotFoundError, ImportError, FolderBusy) as e:
+    except (ValueError, TypeError, FileNotFoundError, ImportError, FolderBusy) as e:
         print(f"seco-lab audit: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

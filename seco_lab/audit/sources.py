@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data import corpus_files
+from ..token_corpus import read_text
 from .config import AuditConfig
 
 __all__ = ["SequenceSpec", "AuditSequence", "build_model", "sequence_specs", "sequence_tokens", "load_sequence",
@@ -77,13 +79,19 @@ def _portable(path: Path) -> str:
 
 
 def text_sources(cfg: AuditConfig) -> list[tuple[str, Path]]:
-    """(kind, file) per text entry ``[KIND:]PATH``; a folder contributes its files, sorted."""
+    """(kind, file) per text entry ``[KIND:]PATH``; a folder contributes its text files, sorted.  A FIFO,
+    device or binary file named directly is refused (inside a folder it is skipped): reading a FIFO blocks,
+    a device never ends, and bytes decoded with replacement characters are not the text a user meant."""
     out = []
     for entry in cfg.texts:
         kind, _, path = entry.rpartition(":") if ":" in entry and not Path(entry).exists() else ("", "", entry)
+        if not path.strip():
+            raise ValueError(f"text entry {entry!r} names no path: write [KIND:]PATH, e.g. prose:notes/")
         root = _resolve(path)
-        files = sorted(f for f in root.rglob("*") if f.is_file()) if root.is_dir() else [root]
-        out += [(kind or "text", f) for f in files]
+        files = corpus_files([root], "*")
+        if not root.is_dir() and read_text(root, 1 << 20) is None:
+            raise ValueError(f"text {path!r} is binary or not UTF-8 ({root}): name text files or folders")
+        out += [(kind or "text", f) for f in files if root.is_file() or read_text(f, 1 << 20) is not None]
     if not out:
         raise ValueError(f"no text file found in {list(cfg.texts)}")
     return out
@@ -104,7 +112,9 @@ def _tokenizer(model: str):
 
 @lru_cache(maxsize=64)
 def _file_ids(model: str, path: Path) -> np.ndarray:
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = read_text(path)
+    if text is None:
+        raise ValueError(f"text {path} is binary or not UTF-8: name text files or folders")
     tok = _tokenizer(model)
     if tok is None:
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)

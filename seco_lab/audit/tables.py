@@ -39,7 +39,15 @@ __all__ = ["write_results", "load_units", "cross_gram", "scheme_cost", "strata_t
 
 
 def load_units(out: Path) -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted((Path(out) / "units").glob("*.json"))}
+    """The stored units by file stem; a damaged one (not readable JSON) counts as not run: the report lists it
+    among the missing units and a rerun computes it again."""
+    units = {}
+    for p in sorted((Path(out) / "units").glob("*.json")):
+        try:
+            units[p.stem] = json.loads(p.read_text())
+        except ValueError:
+            continue
+    return {k: v for k, v in units.items() if isinstance(v, dict)}
 
 
 def cross_gram(out: Path, prefix: str, names: list[str], stored: Path) -> tuple[list[str], np.ndarray] | None:
