@@ -154,13 +154,14 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
     run = RunControl(**run).validate()
     base = {}
     if run.resume:
-        from .run_dir import read_config
+        from .experiment import read_experiment
+        from .run_dir import checkpoint_steps
         from .train import experiment_from_record
 
         path = Path(run.run_dir) / "config.json"
-        if not path.is_file():
+        if not path.is_file() and not checkpoint_steps(run.run_dir):
             raise UserError(f"--resume: {run.run_dir} holds no run (no config.json); start it without --resume")
-        base = experiment_from_record(read_config(run.run_dir), str(path)).to_dict()
+        base = experiment_from_record(read_experiment(run.run_dir), str(path)).to_dict()
     flags = {k: v for k, v in ns.items() if k not in run_names and not k.startswith("model.")}
     if "hf_overrides" in flags:
         flags["hf_overrides"] = {**base.get("hf_overrides", {}), **file.get("hf_overrides", {}),

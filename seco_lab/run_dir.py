@@ -139,6 +139,11 @@ def check_replaceable(path: Path) -> None:
     if not is_run(path):
         raise RunDirError(f"--overwrite: {path} is not a seco-lab run directory (no {MARKER_NAME} or run "
                           "config.json), so it is left alone; choose another --run-dir or empty it yourself")
+    orphans = orphan_checkpoints(path)
+    if orphans:
+        raise RunDirError(f"--overwrite: {path} has no config.json, so its checkpoints ({orphans}) are the run's only "
+                          "copy of the experiment and are left alone; continue it with --resume (config.json is "
+                          f"rebuilt from the newest checkpoint), or delete {path / 'checkpoints'} yourself first")
     foreign = foreign_entries(path, RUN_TREE)
     if foreign:
         names = ", ".join(str(p.relative_to(path)) for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
@@ -155,13 +160,30 @@ def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise RunDirError(f"run directory {path}: {parent} is not writable; choose another --run-dir")
     if resume:
-        if not (path / "config.json").is_file():
+        if not (path / "config.json").is_file() and not checkpoint_steps(path):
             raise RunDirError(f"--resume: {path} holds no run (no config.json); start it without --resume")
     elif path.exists() and _contents(path):
+        orphans = orphan_checkpoints(path)
+        if orphans and not overwrite:
+            raise RunDirError(f"run directory {path} holds checkpoints ({orphans}) but no config.json; pass --resume "
+                              "to continue from the newest one (config.json is rebuilt from it), or choose another "
+                              "--run-dir")
         if not overwrite:
             raise RunDirError(f"run directory {path} exists and is not empty; pass --overwrite (replace it) or "
                               "--resume (continue it)")
         check_replaceable(path)
+
+
+def orphan_checkpoints(path: Path) -> str:
+    """``"steps 2, 4"`` when ``path`` holds checkpoints but no ``config.json`` (deleted): the checkpoints, which
+    record the experiment, are then the run's only copy of it; ``""`` otherwise."""
+    if (path / "config.json").is_file():
+        return ""
+    steps = checkpoint_steps(path)
+    if not steps:
+        return ""
+    shown = ", ".join(map(str, steps[-3:]))
+    return f"step{'s' if len(steps) > 1 else ''} {'..., ' if len(steps) > 3 else ''}{shown}"
 
 
 def _contents(path: Path) -> list[Path]:

@@ -52,12 +52,13 @@ from .experiment import (
     experiment_record,
     load_newest_checkpoint,
     numpy_rng_state,
+    read_experiment,
     set_numpy_rng_state,
 )
 from .launch import catch_stop_signals, init_distributed_from_env
 from .metric_log import MetricLogger
 from .replicated import ReplicatedModel
-from .run_dir import RunDir, RunDirError, check_usable, read_config, read_metrics
+from .run_dir import RunDir, RunDirError, check_usable, read_metrics
 from .sharding import ShardedModel
 from .step import chunk_grads, schedule_factor
 
@@ -135,7 +136,7 @@ class Trainer:
     @classmethod
     def resume(cls, run_dir, **run) -> Trainer:
         """Continue the run in ``run_dir`` with its saved experiment (``run``: other RunControl fields)."""
-        cfg = experiment_from_record(read_config(run_dir), str(run_dir))
+        cfg = experiment_from_record(read_experiment(run_dir), str(run_dir))
         return cls(cfg, RunControl(run_dir=str(run_dir), resume=True, **run))
 
     def describe(self) -> dict:
@@ -178,7 +179,8 @@ class Trainer:
 
     def _resume(self) -> None:
         source = str(self.run_dir.config_path)
-        saved = experiment_from_record(self.run_dir.read_config(), source)
+        recovered = not self.run_dir.config_path.is_file()  # deleted: the newest checkpoint's record is used
+        saved = experiment_from_record(read_experiment(self.run_dir.path), source)
         diff = config_differences(saved, self.cfg)
         if diff:
             raise RunDirError(f"--resume: the config differs from the run in {self.run_dir.path} in: "
@@ -200,7 +202,7 @@ class Trainer:
         if self.rank == 0:
             # metrics logged after the checkpoint belong to the part of the run redone now
             self.run_dir.truncate_metrics(self.step if state is not None else -1)
-            if (saved.steps, saved.lr_cycles) != (self.cfg.steps, self.cfg.lr_cycles):
+            if recovered or (saved.steps, saved.lr_cycles) != (self.cfg.steps, self.cfg.lr_cycles):
                 self.run_dir.write_config(experiment_record(self.cfg, self.model))
 
     def _continue_schedule(self, saved: TrainConfig) -> None:

@@ -1045,3 +1045,58 @@ def test_hf_override_on_a_checkpoint_folder_is_refused_whatever_the_warmup(tmp_p
         with warnings.catch_warnings(), pytest.raises(ValueError, match="--hf-override applies to the named"):
             warnings.simplefilter("ignore")
             TrainConfig(steps=steps, hf_model=str(tmp_path), hf_overrides={"num_hidden_layers": 1}).validate()
+
+
+# ------------------------------------------------------------------ round 3 (hostile review, training side)
+
+CKPT = ["--ckpt-every", "1", "--eval-every", "1", "--warmup", "0"]
+
+
+def _one_line_error(rc, err, *needles):
+    assert rc == 2 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("seco-lab train: error: "), err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_a_run_whose_config_json_was_deleted_is_recovered_from_its_checkpoints(tmp_path, capsys, monkeypatch):
+    """A44/A39/A43: with config.json deleted, --resume said "start it without --resume", a plain start "pass
+    --overwrite", and --overwrite then deleted the checkpoints -- the run's only copy.  Now --resume continues
+    from the newest checkpoint (rewriting config.json from the experiment it records) and --overwrite refuses."""
+    from seco_lab import config
+
+    monkeypatch.setattr(config, "_WARNED", set())
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, *CKPT)
+    assert rc == 0, err
+    saved = (run / "config.json").read_text()
+    (run / "config.json").unlink()
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, *CKPT)
+    _one_line_error(rc, err, "holds checkpoints (steps 1, 2) but no config.json; pass --resume")
+    assert "--overwrite" not in err
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, *CKPT, "--overwrite")
+    _one_line_error(rc, err, "are the run's only copy of the experiment", "continue it with --resume", "yourself")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == checkpoints
+
+    with pytest.warns(UserWarning) as seen:
+        rc, out, err = run_cli(capsys, "train", "--run-dir", str(run), "--resume", "--steps", "3", "--no-progress",
+                               "--device", "cpu")
+    assert rc == 0 and "resuming" in out and "from step 2 of 3" in out, err
+    warned = [str(w.message) for w in seen if "config.json is missing" in str(w.message)]
+    assert len(warned) == 1 and "checkpoint step_000002.pt" in warned[0], warned
+    import json
+
+    assert json.loads((run / "config.json").read_text()) == {**json.loads(saved), "steps": 3,
+                                                             "lr_cycles": [[0, 2]]}
+
+
+def test_a_run_with_no_config_json_and_no_readable_checkpoint_is_refused(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / ".seco-lab-run").write_text("{}\n")
+    (run / "checkpoints" / "step_000002.pt").write_bytes(b"junk")
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), "--resume", "--no-progress", "--device", "cpu")
+    _one_line_error(rc, err, "none of its checkpoints records the run's experiment", "restore config.json")
+    assert (run / "checkpoints" / "step_000002.pt").read_bytes() == b"junk"
