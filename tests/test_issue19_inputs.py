@@ -1100,3 +1100,39 @@ def test_a_run_with_no_config_json_and_no_readable_checkpoint_is_refused(tmp_pat
     rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), "--resume", "--no-progress", "--device", "cpu")
     _one_line_error(rc, err, "none of its checkpoints records the run's experiment", "restore config.json")
     assert (run / "checkpoints" / "step_000002.pt").read_bytes() == b"junk"
+
+
+HF = ["--steps", "2", "--seq-len", "64", "--chunk-size", "16", "--batch-size", "2", "--warmup", "0", "--no-progress",
+      "--device", "cpu", "--hf-model", "llama"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("num_hidden_layers=-1", "--hf-override num_hidden_layers=-1: num_hidden_layers is a size or count and must be "
+                             "an integer >= 1"),
+    ("num_hidden_layers=0", "num_hidden_layers=0: num_hidden_layers is a size or count"),
+    ("hidden_size=-8", "hidden_size=-8: hidden_size is a size or count and must be an integer >= 1"),
+    ("num_attention_heads=0", "num_attention_heads=0: num_attention_heads is a size"),
+    ("intermediate_size=2.5", "intermediate_size=2.5: intermediate_size is a size or count"),
+    ("vocab_size=0", "vocab_size=0: vocab_size is a size"),
+    ("hidden_size=30", "hidden_size=30 must be divisible by num_attention_heads=4"),
+    ("num_key_value_heads=3", "num_attention_heads=4 must be divisible by num_key_value_heads=3"),
+])
+def test_hf_override_sizes_are_range_checked(tmp_path, capsys, override, message):
+    """B55/B54/E84/B22/B56/B57: num_hidden_layers=0 or -1 trained a model without layers (exit 0),
+    hidden_size=-8 was a traceback, num_attention_heads=0 'integer division or modulo by zero'."""
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *HF, "--hf-override", override)
+    _one_line_error(rc, err, message)
+    assert not run.exists()
+
+
+def test_build_hf_model_range_checks_its_overrides():
+    """The API checks what the command line checks (both go through build_hf_model)."""
+    from seco_lab.hf import build_hf_model
+
+    with pytest.raises(ValueError, match="num_hidden_layers=0: num_hidden_layers is a size or count"):
+        build_hf_model("llama", {"num_hidden_layers": 0})
+    with pytest.raises(ValueError, match="must be divisible by num_attention_heads=3"):
+        build_hf_model("qwen2", {"num_attention_heads": 3, "num_key_value_heads": 1})
+    assert build_hf_model("llama", {"num_hidden_layers": 1, "hidden_size": 8, "num_attention_heads": 2,
+                                    "num_key_value_heads": 1, "intermediate_size": 8}).config.num_hidden_layers == 1
