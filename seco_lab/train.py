@@ -192,6 +192,9 @@ class Trainer:
             if state["step"] > self.cfg.steps:
                 raise RunDirError(f"--steps {self.cfg.steps} is below the run's step {state['step']}; a run can "
                                   "only be extended")
+            if self.run.stop_at is not None and self.run.stop_at <= state["step"]:
+                raise RunDirError(f"--stop-at {self.run.stop_at} is not past the run's step {state['step']}, so "
+                                  f"nothing would be trained; pass a --stop-at above {state['step']} or drop it")
             if "model" in state:  # a replicated .pt checkpoint; a sharded one is already loaded
                 self.parallel.load_whole_state(state, self.opt, self.run_dir.checkpoints)
             self.sched.load_state_dict(state["scheduler"])

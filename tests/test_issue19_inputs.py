@@ -1136,3 +1136,29 @@ def test_build_hf_model_range_checks_its_overrides():
         build_hf_model("qwen2", {"num_attention_heads": 3, "num_key_value_heads": 1})
     assert build_hf_model("llama", {"num_hidden_layers": 1, "hidden_size": 8, "num_attention_heads": 2,
                                     "num_key_value_heads": 1, "intermediate_size": 8}).config.num_hidden_layers == 1
+
+
+@pytest.mark.parametrize("flag", ["--steps", "--warmup", "--eval-every", "--ckpt-every", "--eval-batches",
+                                  "--stop-at", "--keep-checkpoints"])
+def test_step_counts_are_bounded(tmp_path, capsys, flag):
+    """B04/E54: --steps 99999999999999999999 was accepted and ran (for ever)."""
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, flag, "99999999999999999999")
+    _one_line_error(rc, err, f"{flag[2:].replace('-', '_')} must be <= 1000000000, got 99999999999999999999")
+    assert not run.exists()
+
+
+def test_stop_at_not_past_the_resumed_step_is_refused(tmp_path, capsys):
+    """A41/A42: --resume --stop-at 3 on a run at step 4 trained nothing and reported a normal stop."""
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, *CKPT, "--steps", "6", "--stop-at", "4")
+    assert rc == 0, err
+    before = (run / "metrics.jsonl").read_text()
+    for stop in ("3", "4"):
+        rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), "--resume", "--stop-at", stop, "--no-progress",
+                             "--device", "cpu")
+        _one_line_error(rc, err, f"--stop-at {stop} is not past the run's step 4", "pass a --stop-at above 4")
+    assert (run / "metrics.jsonl").read_text() == before
+    rc, out, err = run_cli(capsys, "train", "--run-dir", str(run), "--resume", "--stop-at", "5", "--no-progress",
+                           "--device", "cpu")
+    assert rc == 0 and "stopped at step 5 of 6" in out, err
