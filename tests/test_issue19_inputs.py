@@ -1162,3 +1162,28 @@ def test_stop_at_not_past_the_resumed_step_is_refused(tmp_path, capsys):
     rc, out, err = run_cli(capsys, "train", "--run-dir", str(run), "--resume", "--stop-at", "5", "--no-progress",
                            "--device", "cpu")
     assert rc == 0 and "stopped at step 5 of 6" in out, err
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("delete", "metrics.jsonl is missing, so steps 1-4 have no record; resuming from the checkpoint of step 4"),
+    ("cut", "metrics.jsonl has no record of steps 3-4 (cut short or edited); resuming from the checkpoint of step 4"),
+])
+def test_resuming_over_a_metrics_gap_warns_once(tmp_path, capsys, damage, message):
+    """A29/A30: a resume whose metrics.jsonl was deleted, or ends before the checkpoint's step, left a silent gap."""
+    import json
+
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, *CKPT, "--steps", "6", "--stop-at", "4")
+    assert rc == 0, err
+    metrics = run / "metrics.jsonl"
+    if damage == "delete":
+        metrics.unlink()
+    else:
+        rows = [json.loads(ln) for ln in metrics.read_text().splitlines()]
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= 2))
+    with pytest.warns(UserWarning) as seen:
+        rc, out, err = run_cli(capsys, "train", "--run-dir", str(run), "--resume", "--no-progress", "--device", "cpu")
+    assert rc == 0 and "finished" in out, err
+    gaps = [str(w.message) for w in seen if "gap" in str(w.message)]
+    assert len(gaps) == 1 and message in gaps[0], gaps
+    assert [json.loads(ln)["step"] for ln in metrics.read_text().splitlines()][-2:] == [5, 6]
