@@ -167,6 +167,9 @@ class TrainConfig:
             for name in ("lora_r", "lora_alpha", "lora_targets"):
                 if getattr(self, name) != TRAIN_DEFAULTS[name]:
                     raise ValueError(f"{flag_of(name)} applies to --lora only; add --lora or drop {flag_of(name)}")
+        elif not self.lora_targets or any(not isinstance(t, str) or not t.strip() for t in self.lora_targets):
+            raise ValueError(f"--lora-targets {','.join(map(str, self.lora_targets))!r} names no module (or an empty "
+                             "name); name the modules LoRA wraps, e.g. --lora-targets q_proj,v_proj")
         if self.data == "text" and self.n_pairs != TRAIN_DEFAULTS["n_pairs"]:
             raise ValueError("n_pairs sets the synthetic key->value task; with --data text drop --n-pairs")
         if self.warmup >= self.steps:

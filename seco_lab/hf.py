@@ -308,12 +308,33 @@ def checkpoint_tokenizer(path: str):
                          "synthetic") from None
 
 
+def check_lora_rank(model: nn.Module, r: int, targets) -> None:
+    """Refuse empty target names, and a rank above the smallest dimension of a targeted linear layer: LoRA's
+    update ``B @ A`` of an ``out x in`` layer has rank at most ``min(in, out)``, so a larger r adds parameters
+    (and compute) and nothing else."""
+    targets = list(targets)
+    if not targets or any(not isinstance(t, str) or not t.strip() for t in targets):
+        raise ValueError(f"--lora-targets {targets!r} names no module (or an empty name); name the modules LoRA "
+                         "wraps, e.g. --lora-targets q_proj,v_proj")
+    shapes = [(name, m.in_features, m.out_features) for name, m in model.named_modules()
+              if isinstance(m, nn.Linear) and any(name == t or name.endswith("." + t) for t in targets)]
+    if not shapes:
+        return  # peft names the targets it did not find
+    name, fan_in, fan_out = min(shapes, key=lambda s: min(s[1], s[2]))
+    limit = min(fan_in, fan_out)
+    if r > limit:
+        raise ValueError(f"--lora-r {r} is above {limit}, the smallest dimension of the targeted layers ({name}: "
+                         f"{fan_in} -> {fan_out}), where a LoRA update has rank at most {limit}; pass --lora-r {limit} "
+                         "or less")
+
+
 def add_lora(model: nn.Module, r: int = 8, alpha: int = 16, targets=("q_proj", "v_proj"), dropout: float = 0.0,
              init_lora_weights=True) -> nn.Module:
     """Wrap with peft LoRA adapters on ``targets`` (default: attention q and v, as in the paper);
     only the adapter weights require grad."""
     from peft import LoraConfig, get_peft_model
 
+    check_lora_rank(model, r, targets)
     cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=dropout, bias="none",
                      task_type="CAUSAL_LM", init_lora_weights=init_lora_weights)
     with warnings.catch_warnings():  # peft reads transformers' deprecated alias: a FutureWarning per model

@@ -1187,3 +1187,34 @@ def test_resuming_over_a_metrics_gap_warns_once(tmp_path, capsys, damage, messag
     gaps = [str(w.message) for w in seen if "gap" in str(w.message)]
     assert len(gaps) == 1 and message in gaps[0], gaps
     assert [json.loads(ln)["step"] for ln in metrics.read_text().splitlines()][-2:] == [5, 6]
+
+
+def test_a_lora_rank_above_the_targeted_layers_is_refused(tmp_path, capsys):
+    """B26: --lora-r 100000 on 32-wide layers trained 12.8M adapter parameters that can do no more than rank 32."""
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *HF, "--lora", "--lora-r", "17")
+    _one_line_error(rc, err, "--lora-r 17 is above 16, the smallest dimension of the targeted layers",
+                    "(model.layers.0.self_attn.v_proj: 32 -> 16)", "pass --lora-r 16 or less")
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("targets", ["", ",", "q_proj,,"])
+def test_empty_lora_targets_are_refused_naming_the_flag(tmp_path, capsys, targets):
+    """B25: --lora-targets "" gave peft's 'No `target_modules` passed but also no `target_parameters` found'."""
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *HF, "--lora", "--lora-targets", targets)
+    if targets == "q_proj,,":  # empty names between commas are dropped; q_proj remains
+        assert rc == 0, err
+        return
+    _one_line_error(rc, err, "--lora-targets '' names no module", "e.g. --lora-targets q_proj,v_proj")
+    assert not run.exists()
+
+
+def test_add_lora_refuses_empty_targets_and_a_rank_above_the_layers():
+    from seco_lab.hf import add_lora, build_hf_model
+
+    model = build_hf_model("llama", {"num_hidden_layers": 1})
+    with pytest.raises(ValueError, match="names no module"):
+        add_lora(model, targets=[""])
+    with pytest.raises(ValueError, match="--lora-r 33 is above 32"):
+        add_lora(model, r=33, targets=["q_proj"])
