@@ -337,6 +337,9 @@ def load_config_file(path: Path) -> dict:
     if path.is_dir():
         raise ValueError(f"config file {path} is a directory, not a JSON or TOML file; name the file, e.g. "
                          "--config configs/demo.toml")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"config file {path} is not a regular file (a device, FIFO or socket); name a JSON or TOML "
+                         "file, e.g. --config configs/demo.toml")
     if not path.is_file():
         raise ValueError(f"config file not found: {path}")
     try:

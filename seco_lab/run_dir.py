@@ -129,6 +129,9 @@ def check_replaceable(path: Path) -> None:
     the replacement renames the directory, which would replace the link, not the run it points to)."""
     check_path_given(path)
     if path.is_symlink():
+        if not is_run(path.resolve()) or path.resolve() in protected_paths():
+            raise RunDirError(f"--overwrite: {path} is a symlink to {path.resolve()}, which is not a seco-lab run "
+                              "directory, so nothing is replaced; choose another --run-dir")
         raise RunDirError(f"--overwrite: {path} is a symlink to {path.resolve()}; pass --run-dir {path.resolve()} to "
                           "replace that run (the link is left alone)")
     resolved = path.resolve()
@@ -163,6 +166,10 @@ def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
         if not (path / "config.json").is_file() and not checkpoint_steps(path):
             raise RunDirError(f"--resume: {path} holds no run (no config.json); start it without --resume")
     elif path.exists() and _contents(path):
+        what = protected_paths().get(path.resolve())
+        if what is not None:  # never a run's own directory: no --overwrite to suggest
+            raise RunDirError(f"run directory {path} is {what} and not empty; a run needs a directory of its own, "
+                              "e.g. --run-dir runs/first")
         orphans = orphan_checkpoints(path)
         if orphans and not overwrite:
             raise RunDirError(f"run directory {path} holds checkpoints ({orphans}) but no config.json; pass --resume "

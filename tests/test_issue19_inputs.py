@@ -1218,3 +1218,50 @@ def test_add_lora_refuses_empty_targets_and_a_rank_above_the_layers():
         add_lora(model, targets=[""])
     with pytest.raises(ValueError, match="--lora-r 33 is above 32"):
         add_lora(model, r=33, targets=["q_proj"])
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_a_config_that_is_no_regular_file_is_named_so(tmp_path, capsys, kind):
+    """B45/B46: --config /dev/zero or a FIFO said 'config file not found'."""
+    import os
+
+    if kind == "device":
+        config = "/dev/zero"
+    else:
+        config = str(tmp_path / "fifo.toml")
+        os.mkfifo(config)
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, "--config", config)
+    _one_line_error(rc, err, f"config file {config} is not a regular file", "name a JSON or TOML file")
+    assert not run.exists()
+
+
+def test_a_config_file_setting_the_flags_contradict_names_the_file(tmp_path, capsys):
+    """B42: budget = 1 in the config file with --mode seco said 'drop --budget' to a user who gave no --budget."""
+    config = tmp_path / "c.toml"
+    config.write_text('mode = "spaco"\nbudget = 1\n')
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, "--config", str(config), "--mode", "seco")
+    _one_line_error(rc, err, "budget applies to --mode spaco only (mode is seco); drop --budget (--budget is "
+                             f"`budget` in config file {config}: change it there)")
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_a_protected_run_dir_never_suggests_overwrite(tmp_path, capsys, overwrite):
+    """A11: --run-dir / said 'pass --overwrite (replace it) or --resume'."""
+    rc, _, err = run_cli(capsys, "train", "--run-dir", "/", *FAST, *overwrite)
+    _one_line_error(rc, err, "run directory / is the filesystem root and not empty", "a directory of its own")
+    assert "--overwrite" not in err
+
+
+def test_overwrite_through_a_symlink_to_a_user_folder_does_not_suggest_its_target(tmp_path, capsys):
+    """A06: the hint for a symlink to a user folder was 'pass --run-dir TARGET to replace that run'."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    link = tmp_path / "link"
+    link.symlink_to(user)
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(link), *FAST, "--overwrite")
+    _one_line_error(rc, err, f"is a symlink to {user}, which is not a seco-lab run directory, so nothing is replaced")
+    assert "to replace that run" not in err and (user / "notes.txt").read_text() == "mine"
