@@ -1265,3 +1265,30 @@ def test_overwrite_through_a_symlink_to_a_user_folder_does_not_suggest_its_targe
     rc, _, err = run_cli(capsys, "train", "--run-dir", str(link), *FAST, "--overwrite")
     _one_line_error(rc, err, f"is a symlink to {user}, which is not a seco-lab run directory, so nothing is replaced")
     assert "to replace that run" not in err and (user / "notes.txt").read_text() == "mine"
+
+
+def test_more_stop_signals_while_stopping_are_ignored_with_one_line(tmp_path, capfd, monkeypatch):
+    """A22: three SIGINTs 20 ms apart ended in a raw KeyboardInterrupt traceback, the checkpoint not written.
+    Now the first stops the run after its step and checkpoint; the others are ignored, with one line."""
+    import os
+    import signal
+
+    from seco_lab.train import Trainer
+
+    one_step = Trainer._one_step
+
+    def step_under_signals(self, stop):
+        if self.step == 0:
+            for signum in (signal.SIGINT, signal.SIGINT, signal.SIGTERM):
+                os.kill(os.getpid(), signum)
+        return one_step(self, stop)
+
+    monkeypatch.setattr(Trainer, "_one_step", step_under_signals)
+    run = tmp_path / "run"
+    # capfd: the handler writes to the stderr file descriptor itself
+    rc, _, err = run_cli(capfd, "train", "--run-dir", str(run), *FAST, *CKPT, "--steps", "50", "--ckpt-every", "10")
+    assert rc == 130 and "Traceback" not in err, err
+    assert err.count("already stopping") == 1 and "already stopping (SIGINT ignored)" in err, err
+    assert "interrupted; checkpoint at step 1 saved" in err
+    assert (run / "checkpoints" / "step_000001.pt").is_file()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
