@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import re
 import sys
 import time
 import typing
@@ -29,7 +30,15 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from . import __version__
-from .config import TEXT_VOCAB, RunControl, TrainConfig, check_fields, load_config_file, tiny_config_from_dict
+from .config import (
+    TEXT_VOCAB,
+    RunControl,
+    TrainConfig,
+    check_fields,
+    flag_of,
+    load_config_file,
+    tiny_config_from_dict,
+)
 from .field_types import unwrap_optional
 from .memory_estimate import check_fits_in_memory
 from .studies import STUDIES, report_main, study_main
@@ -154,13 +163,14 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
     run = RunControl(**run).validate()
     base = {}
     if run.resume:
-        from .run_dir import read_config
+        from .experiment import read_experiment
+        from .run_dir import checkpoint_steps
         from .train import experiment_from_record
 
         path = Path(run.run_dir) / "config.json"
-        if not path.is_file():
+        if not path.is_file() and not checkpoint_steps(run.run_dir):
             raise UserError(f"--resume: {run.run_dir} holds no run (no config.json); start it without --resume")
-        base = experiment_from_record(read_config(run.run_dir), str(path)).to_dict()
+        base = experiment_from_record(read_experiment(run.run_dir), str(path)).to_dict()
     flags = {k: v for k, v in ns.items() if k not in run_names and not k.startswith("model.")}
     if "hf_overrides" in flags:
         flags["hf_overrides"] = {**base.get("hf_overrides", {}), **file.get("hf_overrides", {}),
@@ -179,10 +189,23 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
     spaco_only = sorted(k for k in ("scheme", "budget", "cap") if k in flags)
     if merged.get("mode", "seco") != "spaco" and spaco_only:
         raise UserError(f"--{', --'.join(spaco_only)} applies to --mode spaco only; add --mode spaco or drop it")
-    cfg = TrainConfig.from_dict(merged).validate()
+    try:
+        cfg = TrainConfig.from_dict(merged).validate()
+    except ValueError as e:  # a setting of the file that the flags contradict: say where it comes from
+        raise UserError(_name_file_settings(str(e), file, flags, source)) from None
     if parse_device_kind(run.device) == "cpu":  # on a GPU the host holds the data only
         check_fits_in_memory(cfg)
     return cfg, run
+
+
+def _name_file_settings(message: str, file: dict, flags: dict, source: str) -> str:
+    """``message`` with a note on each flag it names whose value came from the config file, not the command line
+    ("drop --budget" to someone who gave no --budget)."""
+    from_file = [k for k in file if k not in flags and k in TrainConfig.__dataclass_fields__ and k != "model"
+                 and re.search(re.escape(flag_of(k)) + r"(?![\w-])", message)]
+    if not from_file:
+        return message
+    return message + "".join(f" ({flag_of(k)} is `{k}` in config file {source}: change it there)" for k in from_file)
 
 
 def parse_device_kind(device: str) -> str:

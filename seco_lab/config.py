@@ -31,6 +31,7 @@ HF_ARCHITECTURES = ("llama", "qwen2")
 TEXT_VOCAB = 256  # byte-level text: one token per byte value
 SHARD_MODES = ("none", "fsdp")
 GATHER_POLICIES = ("step", "chunk")  # seco_lab.sharding documents each
+MAX_STEPS = 10**9  # the bound of step counts (--steps, --warmup, --eval-every, ...): more would run for years
 
 
 def opt(default, help: str, group: str, **meta):
@@ -75,17 +76,18 @@ class TrainConfig:
     batch_size: int = opt(8, "sequences per optimizer step, summed over ranks and micro-batches", "optimisation", min=1)
     grad_accum: int = opt(1, "micro-batches per optimizer step", "optimisation", min=1)
     steps: int = opt(200, "optimizer steps (the cosine schedule spans them; extending a run with --resume and a "
-                          "larger --steps keeps the finished schedule's final lr, see --rewarm)", "optimisation", min=1)
+                          "larger --steps keeps the finished schedule's final lr, see --rewarm)", "optimisation", min=1,
+                   max=MAX_STEPS)
     lr: float = opt(3e-3, "peak learning rate of AdamW", "optimisation", positive=True, max=10.0)
     weight_decay: float = opt(0.0, "AdamW weight decay", "optimisation", min=0.0)
     betas: tuple[float, float] = opt((0.9, 0.95), "AdamW betas (two numbers in [0, 1))", "optimisation")
-    warmup: int = opt(20, "linear warm-up steps", "optimisation", min=0)
+    warmup: int = opt(20, "linear warm-up steps", "optimisation", min=0, max=MAX_STEPS)
     min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of --lr", "optimisation", min=0.0, max=1.0)
     clip: float | None = opt(1.0, "clip the gradient norm to this value (0 or none: no clipping)", "optimisation",
                              min=0.0)
-    eval_every: int = opt(50, "evaluate every this many steps", "optimisation", min=1)
-    eval_batches: int = opt(2, "validation batches per evaluation", "optimisation", min=1)
-    ckpt_every: int = opt(50, "checkpoint every this many steps", "optimisation", min=1)
+    eval_every: int = opt(50, "evaluate every this many steps", "optimisation", min=1, max=MAX_STEPS)
+    eval_batches: int = opt(2, "validation batches per evaluation", "optimisation", min=1, max=MAX_STEPS)
+    ckpt_every: int = opt(50, "checkpoint every this many steps", "optimisation", min=1, max=MAX_STEPS)
     dtype: str = opt("float32", "parameter dtype", "optimisation", choices=DTYPE_NAMES)
     seed: int = opt(0, "seed of the weights, the data and the SpaCO draws", "optimisation", min=0,
                     max=2**63 - 1)
@@ -165,6 +167,9 @@ class TrainConfig:
             for name in ("lora_r", "lora_alpha", "lora_targets"):
                 if getattr(self, name) != TRAIN_DEFAULTS[name]:
                     raise ValueError(f"{flag_of(name)} applies to --lora only; add --lora or drop {flag_of(name)}")
+        elif not self.lora_targets or any(not isinstance(t, str) or not t.strip() for t in self.lora_targets):
+            raise ValueError(f"--lora-targets {','.join(map(str, self.lora_targets))!r} names no module (or an empty "
+                             "name); name the modules LoRA wraps, e.g. --lora-targets q_proj,v_proj")
         if self.data == "text" and self.n_pairs != TRAIN_DEFAULTS["n_pairs"]:
             raise ValueError("n_pairs sets the synthetic key->value task; with --data text drop --n-pairs")
         if self.warmup >= self.steps:
@@ -248,7 +253,7 @@ class RunControl:
                        "run control")
     device: str = opt("auto", "auto (CUDA when present), cpu, cuda, cuda:N", "run control")
     stop_at: int | None = opt(None, "stop (after checkpointing) at this step; the schedule still spans --steps",
-                              "run control", min=1)
+                              "run control", min=1, max=MAX_STEPS)
     resume: bool = opt(False, "continue the run in --run-dir from its last intact checkpoint (its saved config "
                               "is used; a larger --steps extends it)", "run control")
     overwrite: bool = opt(False, "replace the run in --run-dir (only a seco-lab run directory holding nothing "
@@ -257,7 +262,7 @@ class RunControl:
                               "cosine decay over the added steps, instead of keeping the final lr", "run control")
     keep_checkpoints: int | None = opt(None, "keep only the newest N checkpoints of the run (older step_* "
                                              "checkpoints are deleted after each save; default: keep all)",
-                                       "run control", min=1)
+                                       "run control", min=1, max=MAX_STEPS)
     progress: bool = opt(True, "show a progress bar", "run control",
                          off_help="no progress bar (for logs and batch jobs)")
     tensorboard: bool = opt(False, "also log to RUN_DIR/tensorboard (needs the tensorboard package)",
@@ -332,6 +337,9 @@ def load_config_file(path: Path) -> dict:
     if path.is_dir():
         raise ValueError(f"config file {path} is a directory, not a JSON or TOML file; name the file, e.g. "
                          "--config configs/demo.toml")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"config file {path} is not a regular file (a device, FIFO or socket); name a JSON or TOML "
+                         "file, e.g. --config configs/demo.toml")
     if not path.is_file():
         raise ValueError(f"config file not found: {path}")
     try:

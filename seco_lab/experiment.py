@@ -7,6 +7,8 @@
 * :func:`check_checkpoint` -- refuses a checkpoint of another experiment, or one renamed to another step;
   :func:`load_newest_checkpoint` -- the checkpoint a resumed run continues from (sharded or ``.pt``), checked;
   :func:`check_nothing_to_resume` -- refuses a resume with no checkpoint of a run that logged steps.
+* :func:`read_experiment` -- the record a resume continues: ``config.json``, or, when it was deleted, the
+  experiment the newest intact checkpoint records (:func:`recover_record`; ``config.json`` is then rewritten).
 * :func:`continued_cycles` -- the schedule cycles a resumed (extended, perhaps re-warmed) run keeps.
 * :func:`numpy_rng_state`, :func:`set_numpy_rng_state` -- numpy's global RNG state as a checkpoint holds it.
 """
@@ -17,17 +19,18 @@ import contextlib
 import functools
 import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from . import sharded_checkpoint
-from .config import RunControl, TrainConfig
-from .run_dir import RunDir, RunDirError, read_metrics
+from .config import RunControl, TrainConfig, warn_once
+from .run_dir import RunDir, RunDirError, checkpoint_steps, read_config, read_metrics, safe_load
 
 __all__ = ["SCHEDULE_FIELDS", "check_checkpoint", "check_nothing_to_resume", "config_differences", "continued_cycles",
            "experiment_fingerprint", "experiment_from_record", "experiment_record", "load_newest_checkpoint",
-           "numpy_rng_state", "set_numpy_rng_state"]
+           "numpy_rng_state", "read_experiment", "recover_record", "set_numpy_rng_state"]
 
 #: fields that may change when a run is resumed: its length, and the schedule cycles an extension adds
 SCHEDULE_FIELDS = ("steps", "lr_cycles")
@@ -129,6 +132,41 @@ def check_nothing_to_resume(run_dir: RunDir) -> None:
         raise RunDirError(f"--resume: {run_dir.metrics_path} records step {done} but {run_dir.checkpoints} holds no "
                           "checkpoint to continue from (deleted, or the run stopped before its first checkpoint); "
                           "restore them, or start again with --overwrite")
+
+
+def recover_record(run_dir) -> tuple[dict, str]:
+    """``(experiment, checkpoint name)``: the experiment the newest intact checkpoint of ``run_dir`` records (every
+    checkpoint stores its ``TrainConfig`` and its fingerprint), for a run whose ``config.json`` was deleted."""
+    checkpoints = Path(run_dir) / "checkpoints"
+    for step in reversed(checkpoint_steps(run_dir)):
+        for name, path in ((f"step_{step:06d}.pt", None), (f"step_{step:06d}.dcp", sharded_checkpoint.EXTRA)):
+            target = checkpoints / name if path is None else checkpoints / name / path
+            if not target.is_file():
+                continue
+            try:
+                state = safe_load(target, map_location="cpu")
+                config = state["config"]
+                if experiment_fingerprint(config) != state["fingerprint"]:
+                    continue
+                experiment_from_record(dict(config), name)
+            except RunDirError:
+                raise
+            except Exception:  # noqa: BLE001 -- a damaged or foreign checkpoint: try an earlier one
+                continue
+            return dict(config), name
+    raise RunDirError(f"--resume: {run_dir} has no config.json and none of its checkpoints records the run's "
+                      "experiment (damaged or foreign); restore config.json, or start a new --run-dir")
+
+
+def read_experiment(run_dir) -> dict:
+    """The record a resume of ``run_dir`` continues: ``config.json``; when it is missing but checkpoints remain,
+    the experiment of the newest intact checkpoint (a warning says so; the trainer rewrites ``config.json``)."""
+    if (Path(run_dir) / "config.json").is_file() or not checkpoint_steps(run_dir):
+        return read_config(run_dir)
+    record, name = recover_record(run_dir)
+    warn_once(f"{Path(run_dir) / 'config.json'} is missing; resuming with the experiment recorded in checkpoint "
+              f"{name} (config.json is written again from it)")
+    return record
 
 
 def continued_cycles(saved: TrainConfig, steps: int, step: int, rewarm: bool) -> list:

@@ -21,6 +21,7 @@ Install with ``pip install seco_lab[hf]`` (``make install`` does).
 from __future__ import annotations
 
 import inspect
+import json
 import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -220,6 +221,34 @@ ARCHITECTURES = {
 }
 
 
+#: config fields of the named architectures that are sizes or counts: integers >= 1 (0 or less builds a model
+#: without layers or heads that trains and reports a loss, or fails deep inside transformers)
+HF_SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "max_position_embeddings", "head_dim", "max_window_layers", "sliding_window")
+
+
+def check_hf_sizes(config: dict, overrides: dict) -> None:
+    """Range-check the sizes of a named architecture's config (its defaults with ``overrides``): each size or
+    count an integer >= 1, hidden_size divisible by num_attention_heads (unless head_dim is set), and
+    num_attention_heads by num_key_value_heads."""
+    for key in HF_SIZE_FIELDS:
+        value = overrides.get(key)
+        if key not in overrides or (value is None and key in ("head_dim", "sliding_window", "num_key_value_heads")):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"--hf-override {key}={json.dumps(value)}: {key} is a size or count and must be an "
+                             "integer >= 1")
+    heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    hidden = config.get("hidden_size")
+    if config.get("head_dim") is None and hidden % heads:
+        raise ValueError(f"--hf-override: hidden_size={hidden} must be divisible by num_attention_heads={heads} "
+                         "(each head gets hidden_size / num_attention_heads dimensions); change one of them")
+    if kv is not None and heads % kv:
+        raise ValueError(f"--hf-override: num_attention_heads={heads} must be divisible by num_key_value_heads={kv} "
+                         "(grouped-query attention shares each key/value head among a whole group); change one "
+                         "of them")
+
+
 def check_hf_overrides(architecture: str, overrides: dict) -> None:
     """Refuse fields the architecture's transformers config does not have (it would store them unused)."""
     transformers = _require_transformers()
@@ -229,6 +258,7 @@ def check_hf_overrides(architecture: str, overrides: dict) -> None:
     if unknown:
         raise ValueError(f"--hf-override: {architecture} has no config field(s) {', '.join(unknown)}; e.g. "
                          "hidden_size, num_hidden_layers, num_attention_heads, intermediate_size")
+    check_hf_sizes({**ARCHITECTURES[architecture], **overrides}, overrides)
     try:
         conf_cls(**{**ARCHITECTURES[architecture], **overrides})
     except Exception as e:  # noqa: BLE001 -- transformers' validation errors share no base class
@@ -278,12 +308,33 @@ def checkpoint_tokenizer(path: str):
                          "synthetic") from None
 
 
+def check_lora_rank(model: nn.Module, r: int, targets) -> None:
+    """Refuse empty target names, and a rank above the smallest dimension of a targeted linear layer: LoRA's
+    update ``B @ A`` of an ``out x in`` layer has rank at most ``min(in, out)``, so a larger r adds parameters
+    (and compute) and nothing else."""
+    targets = list(targets)
+    if not targets or any(not isinstance(t, str) or not t.strip() for t in targets):
+        raise ValueError(f"--lora-targets {targets!r} names no module (or an empty name); name the modules LoRA "
+                         "wraps, e.g. --lora-targets q_proj,v_proj")
+    shapes = [(name, m.in_features, m.out_features) for name, m in model.named_modules()
+              if isinstance(m, nn.Linear) and any(name == t or name.endswith("." + t) for t in targets)]
+    if not shapes:
+        return  # peft names the targets it did not find
+    name, fan_in, fan_out = min(shapes, key=lambda s: min(s[1], s[2]))
+    limit = min(fan_in, fan_out)
+    if r > limit:
+        raise ValueError(f"--lora-r {r} is above {limit}, the smallest dimension of the targeted layers ({name}: "
+                         f"{fan_in} -> {fan_out}), where a LoRA update has rank at most {limit}; pass --lora-r {limit} "
+                         "or less")
+
+
 def add_lora(model: nn.Module, r: int = 8, alpha: int = 16, targets=("q_proj", "v_proj"), dropout: float = 0.0,
              init_lora_weights=True) -> nn.Module:
     """Wrap with peft LoRA adapters on ``targets`` (default: attention q and v, as in the paper);
     only the adapter weights require grad."""
     from peft import LoraConfig, get_peft_model
 
+    check_lora_rank(model, r, targets)
     cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=dropout, bias="none",
                      task_type="CAUSAL_LM", init_lora_weights=init_lora_weights)
     with warnings.catch_warnings():  # peft reads transformers' deprecated alias: a FutureWarning per model

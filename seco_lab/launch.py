@@ -3,7 +3,8 @@
 * :func:`init_distributed_from_env` -- ``torch.distributed`` initialised from torchrun's environment
   (NCCL on GPU, gloo on CPU); nothing to do in a single process.
 * :func:`catch_stop_signals` -- the first SIGINT or SIGTERM (what schedulers send before killing a job)
-  becomes a callback (the trainer's "stop after this step"); a second one of the same kind acts at once.
+  becomes a callback (the trainer's "stop after this step"); later ones are ignored, with one line saying so,
+  while the step and its checkpoint are finished (SIGQUIT, Ctrl-\\, or SIGKILL end the process at once).
 """
 
 from __future__ import annotations
@@ -33,16 +34,24 @@ def init_distributed_from_env() -> bool:
 
 
 def catch_stop_signals(on_stop: Callable[[int], None]) -> Callable[[], None]:
-    """Turn the first SIGINT or SIGTERM into ``on_stop(signum)``; a second one of the same kind acts at once,
-    as it would without this handler.  Returns the function that puts the previous handlers back.  Off the
-    main thread, where Python cannot install signal handlers, nothing is caught."""
+    """Turn the first SIGINT or SIGTERM into ``on_stop(signum)``; later ones are ignored while the trainer
+    finishes the step and its checkpoint (a second Ctrl-C must not tear a checkpoint half-written or end the
+    process in a traceback), with one line on stderr the first time.  SIGQUIT (Ctrl-\\) and SIGKILL still end
+    the process at once.  Returns the function that puts the previous handlers back.  Off the main thread,
+    where Python cannot install signal handlers, nothing is caught."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    caught: list[int] = []
 
     def handler(signum, frame):
-        on_stop(signum)
-        signal.signal(signum, previous[signum])
+        caught.append(signum)
+        if len(caught) == 1:
+            on_stop(signum)
+        elif len(caught) == 2:  # os.write: print() inside a handler can collide with the interrupted print
+            os.write(2, (f"seco-lab: already stopping ({signal.Signals(signum).name} ignored); finishing the step "
+                         f"and its checkpoint -- Ctrl-\\ or kill -9 {os.getpid()} ends it at once, losing "
+                         "them\n").encode())
 
     for s in STOP_SIGNALS:
         signal.signal(s, handler)

@@ -13,6 +13,7 @@ from .folder_lock import LOCK_NAME
 from .store import protected_paths
 
 __all__ = ["CHECKPOINTS_TREE", "DCP_TREE", "FILE", "MARKER_NAME", "RUN_TREE", "RunDirError", "check_path_given",
+           "checkpoint_steps", "orphan_checkpoints",
            "check_replaceable", "check_usable", "foreign_entries", "is_run", "remove_own", "run_contents"]
 
 MARKER_NAME = ".seco-lab-run"
@@ -103,6 +104,9 @@ def check_replaceable(path: Path) -> None:
     the replacement renames the directory, which would replace the link, not the run it points to)."""
     check_path_given(path)
     if path.is_symlink():
+        if not is_run(path.resolve()) or path.resolve() in protected_paths():
+            raise RunDirError(f"--overwrite: {path} is a symlink to {path.resolve()}, which is not a seco-lab run "
+                              "directory, so nothing is replaced; choose another --run-dir")
         raise RunDirError(f"--overwrite: {path} is a symlink to {path.resolve()}; pass --run-dir {path.resolve()} to "
                           "replace that run (the link is left alone)")
     resolved = path.resolve()
@@ -113,6 +117,11 @@ def check_replaceable(path: Path) -> None:
     if not is_run(path):
         raise RunDirError(f"--overwrite: {path} is not a seco-lab run directory (no {MARKER_NAME} or run "
                           "config.json), so it is left alone; choose another --run-dir or empty it yourself")
+    orphans = orphan_checkpoints(path)
+    if orphans:
+        raise RunDirError(f"--overwrite: {path} has no config.json, so its checkpoints ({orphans}) are the run's only "
+                          "copy of the experiment and are left alone; continue it with --resume (config.json is "
+                          f"rebuilt from the newest checkpoint), or delete {path / 'checkpoints'} yourself first")
     foreign = foreign_entries(path, RUN_TREE)
     if foreign:
         names = ", ".join(str(p.relative_to(path)) for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
@@ -129,9 +138,18 @@ def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise RunDirError(f"run directory {path}: {parent} is not writable; choose another --run-dir")
     if resume:
-        if not (path / "config.json").is_file():
+        if not (path / "config.json").is_file() and not checkpoint_steps(path):
             raise RunDirError(f"--resume: {path} holds no run (no config.json); start it without --resume")
     elif path.exists() and run_contents(path):
+        what = protected_paths().get(path.resolve())
+        if what is not None:  # never a run's own directory: no --overwrite to suggest
+            raise RunDirError(f"run directory {path} is {what} and not empty; a run needs a directory of its own, "
+                              "e.g. --run-dir runs/first")
+        orphans = orphan_checkpoints(path)
+        if orphans and not overwrite:
+            raise RunDirError(f"run directory {path} holds checkpoints ({orphans}) but no config.json; pass --resume "
+                              "to continue from the newest one (config.json is rebuilt from it), or choose another "
+                              "--run-dir")
         if not overwrite:
             raise RunDirError(f"run directory {path} exists and is not empty; pass --overwrite (replace it) or "
                               "--resume (continue it)")
@@ -140,3 +158,21 @@ def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
 
 def run_contents(path: Path) -> list[Path]:
     return [p for p in path.iterdir() if p.name != LOCK_NAME]
+
+
+def checkpoint_steps(run_dir) -> list[int]:
+    """Steps with a checkpoint: ``step_NNNNNN.pt`` files and sharded ``step_NNNNNN.dcp`` directories."""
+    return sorted({int(m.group(1)) for p in (Path(run_dir) / "checkpoints").glob("step_*")
+                   if (m := re.fullmatch(r"step_(\d+)\.(pt|dcp)", p.name))})
+
+
+def orphan_checkpoints(path: Path) -> str:
+    """``"steps 2, 4"`` when ``path`` holds checkpoints but no ``config.json`` (deleted): the checkpoints, which
+    record the experiment, are then the run's only copy of it; ``""`` otherwise."""
+    if (path / "config.json").is_file():
+        return ""
+    steps = checkpoint_steps(path)
+    if not steps:
+        return ""
+    shown = ", ".join(map(str, steps[-3:]))
+    return f"step{'s' if len(steps) > 1 else ''} {'..., ' if len(steps) > 3 else ''}{shown}"

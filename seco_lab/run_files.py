@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .run_checks import RunDirError
+from .run_checks import RunDirError, checkpoint_steps
 
 __all__ = ["CHECKPOINT_FILE", "CHECKPOINT_KEYS", "checkpoint_steps", "read_config", "read_metrics", "safe_load"]
 
@@ -71,9 +71,3 @@ def read_metrics(run_dir) -> list[dict]:
                 break
             raise RunDirError(f"{path}: line {i + 1} is not JSON; the metrics file is damaged") from None
     return rows
-
-
-def checkpoint_steps(run_dir) -> list[int]:
-    """Steps with a checkpoint: ``step_NNNNNN.pt`` files and sharded ``step_NNNNNN.dcp`` directories."""
-    return sorted({int(m.group(1)) for p in (Path(run_dir) / "checkpoints").glob("step_*")
-                   if (m := re.fullmatch(r"step_(\d+)\.(pt|dcp)", p.name))})

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import signal
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -52,12 +53,13 @@ from .experiment import (
     experiment_record,
     load_newest_checkpoint,
     numpy_rng_state,
+    read_experiment,
     set_numpy_rng_state,
 )
 from .launch import catch_stop_signals, init_distributed_from_env
 from .metric_log import MetricLogger
 from .replicated import ReplicatedModel
-from .run_dir import RunDir, RunDirError, check_usable, read_config, read_metrics
+from .run_dir import RunDir, RunDirError, check_usable, read_metrics
 from .sharding import ShardedModel
 from .step import chunk_grads, schedule_factor
 
@@ -135,7 +137,7 @@ class Trainer:
     @classmethod
     def resume(cls, run_dir, **run) -> Trainer:
         """Continue the run in ``run_dir`` with its saved experiment (``run``: other RunControl fields)."""
-        cfg = experiment_from_record(read_config(run_dir), str(run_dir))
+        cfg = experiment_from_record(read_experiment(run_dir), str(run_dir))
         return cls(cfg, RunControl(run_dir=str(run_dir), resume=True, **run))
 
     def describe(self) -> dict:
@@ -178,7 +180,8 @@ class Trainer:
 
     def _resume(self) -> None:
         source = str(self.run_dir.config_path)
-        saved = experiment_from_record(self.run_dir.read_config(), source)
+        recovered = not self.run_dir.config_path.is_file()  # deleted: the newest checkpoint's record is used
+        saved = experiment_from_record(read_experiment(self.run_dir.path), source)
         diff = config_differences(saved, self.cfg)
         if diff:
             raise RunDirError(f"--resume: the config differs from the run in {self.run_dir.path} in: "
@@ -190,6 +193,9 @@ class Trainer:
             if state["step"] > self.cfg.steps:
                 raise RunDirError(f"--steps {self.cfg.steps} is below the run's step {state['step']}; a run can "
                                   "only be extended")
+            if self.run.stop_at is not None and self.run.stop_at <= state["step"]:
+                raise RunDirError(f"--stop-at {self.run.stop_at} is not past the run's step {state['step']}, so "
+                                  f"nothing would be trained; pass a --stop-at above {state['step']} or drop it")
             if "model" in state:  # a replicated .pt checkpoint; a sharded one is already loaded
                 self.parallel.load_whole_state(state, self.opt, self.run_dir.checkpoints)
             self.sched.load_state_dict(state["scheduler"])
@@ -198,10 +204,32 @@ class Trainer:
             self.step = int(state["step"])
         self._continue_schedule(saved)
         if self.rank == 0:
+            self._warn_metrics_gap()
             # metrics logged after the checkpoint belong to the part of the run redone now
             self.run_dir.truncate_metrics(self.step if state is not None else -1)
-            if (saved.steps, saved.lr_cycles) != (self.cfg.steps, self.cfg.lr_cycles):
+            if recovered or (saved.steps, saved.lr_cycles) != (self.cfg.steps, self.cfg.lr_cycles):
                 self.run_dir.write_config(experiment_record(self.cfg, self.model))
+
+    def _warn_metrics_gap(self) -> None:
+        """Warn when ``metrics.jsonl`` lacks steps the checkpoint has trained (the file deleted, or cut short):
+        the resumed run logs from the next step on, so its curve would have a silent hole."""
+        if self.step == 0:
+            return
+        logged = {r.get("step") for r in read_metrics(self.run_dir.path) if isinstance(r, dict)}
+        missing = [s for s in range(1, self.step + 1) if s not in logged]
+        if not missing:
+            return
+        spans, start = [], missing[0]
+        for prev, s in zip(missing, [*missing[1:], None]):
+            if s != prev + 1:
+                spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+                start = s
+        steps = f"step{'s' if len(missing) > 1 else ''} {', '.join(spans[:5])}{', ...' if len(spans) > 5 else ''}"
+        path = self.run_dir.metrics_path
+        what = (f"{path} is missing, so {steps} have no record" if not path.exists() else
+                f"{path} has no record of {steps} (cut short or edited)")
+        warnings.warn(f"{what}; resuming from the checkpoint of step {self.step} anyway: the run's metrics and loss "
+                      "curve have a gap there", stacklevel=3)
 
     def _continue_schedule(self, saved: TrainConfig) -> None:
         """A resumed run keeps its schedule whatever ``--steps`` now says: the cycles it had (by default one

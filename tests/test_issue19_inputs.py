@@ -1117,3 +1117,255 @@ def test_fresh_refuses_to_delete_files_the_study_did_not_write(tmp_path):
     again.write_manifest({"digest": "d2", "study_format": 4})
     assert json.loads(again.manifest_path.read_text())["study"] == "bias"
     again.close()
+
+
+# ------------------------------------------------------------------ round 3 (hostile review, training side)
+
+CKPT = ["--ckpt-every", "1", "--eval-every", "1", "--warmup", "0"]
+
+
+def _one_line_error(rc, err, *needles):
+    assert rc == 2 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("seco-lab train: error: "), err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_a_run_whose_config_json_was_deleted_is_recovered_from_its_checkpoints(tmp_path, capsys, monkeypatch):
+    """A44/A39/A43: with config.json deleted, --resume said "start it without --resume", a plain start "pass
+    --overwrite", and --overwrite then deleted the checkpoints -- the run's only copy.  Now --resume continues
+    from the newest checkpoint (rewriting config.json from the experiment it records) and --overwrite refuses."""
+    from seco_lab import config
+
+    monkeypatch.setattr(config, "_WARNED", set())
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, *CKPT)
+    assert rc == 0, err
+    saved = (run / "config.json").read_text()
+    (run / "config.json").unlink()
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, *CKPT)
+    _one_line_error(rc, err, "holds checkpoints (steps 1, 2) but no config.json; pass --resume")
+    assert "--overwrite" not in err
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, *CKPT, "--overwrite")
+    _one_line_error(rc, err, "are the run's only copy of the experiment", "continue it with --resume", "yourself")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == checkpoints
+
+    with pytest.warns(UserWarning) as seen:
+        rc, out, err = run_cli(capsys, "train", "--run-dir", str(run), "--resume", "--steps", "3", "--no-progress",
+                               "--device", "cpu")
+    assert rc == 0 and "resuming" in out and "from step 2 of 3" in out, err
+    warned = [str(w.message) for w in seen if "config.json is missing" in str(w.message)]
+    assert len(warned) == 1 and "checkpoint step_000002.pt" in warned[0], warned
+    import json
+
+    assert json.loads((run / "config.json").read_text()) == {**json.loads(saved), "steps": 3,
+                                                             "lr_cycles": [[0, 2]]}
+
+
+def test_a_run_with_no_config_json_and_no_readable_checkpoint_is_refused(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / ".seco-lab-run").write_text("{}\n")
+    (run / "checkpoints" / "step_000002.pt").write_bytes(b"junk")
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), "--resume", "--no-progress", "--device", "cpu")
+    _one_line_error(rc, err, "none of its checkpoints records the run's experiment", "restore config.json")
+    assert (run / "checkpoints" / "step_000002.pt").read_bytes() == b"junk"
+
+
+HF = ["--steps", "2", "--seq-len", "64", "--chunk-size", "16", "--batch-size", "2", "--warmup", "0", "--no-progress",
+      "--device", "cpu", "--hf-model", "llama"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("num_hidden_layers=-1", "--hf-override num_hidden_layers=-1: num_hidden_layers is a size or count and must be "
+                             "an integer >= 1"),
+    ("num_hidden_layers=0", "num_hidden_layers=0: num_hidden_layers is a size or count"),
+    ("hidden_size=-8", "hidden_size=-8: hidden_size is a size or count and must be an integer >= 1"),
+    ("num_attention_heads=0", "num_attention_heads=0: num_attention_heads is a size"),
+    ("intermediate_size=2.5", "intermediate_size=2.5: intermediate_size is a size or count"),
+    ("vocab_size=0", "vocab_size=0: vocab_size is a size"),
+    ("hidden_size=30", "hidden_size=30 must be divisible by num_attention_heads=4"),
+    ("num_key_value_heads=3", "num_attention_heads=4 must be divisible by num_key_value_heads=3"),
+])
+def test_hf_override_sizes_are_range_checked(tmp_path, capsys, override, message):
+    """B55/B54/E84/B22/B56/B57: num_hidden_layers=0 or -1 trained a model without layers (exit 0),
+    hidden_size=-8 was a traceback, num_attention_heads=0 'integer division or modulo by zero'."""
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *HF, "--hf-override", override)
+    _one_line_error(rc, err, message)
+    assert not run.exists()
+
+
+def test_build_hf_model_range_checks_its_overrides():
+    """The API checks what the command line checks (both go through build_hf_model)."""
+    from seco_lab.hf import build_hf_model
+
+    with pytest.raises(ValueError, match="num_hidden_layers=0: num_hidden_layers is a size or count"):
+        build_hf_model("llama", {"num_hidden_layers": 0})
+    with pytest.raises(ValueError, match="must be divisible by num_attention_heads=3"):
+        build_hf_model("qwen2", {"num_attention_heads": 3, "num_key_value_heads": 1})
+    assert build_hf_model("llama", {"num_hidden_layers": 1, "hidden_size": 8, "num_attention_heads": 2,
+                                    "num_key_value_heads": 1, "intermediate_size": 8}).config.num_hidden_layers == 1
+
+
+@pytest.mark.parametrize("flag", ["--steps", "--warmup", "--eval-every", "--ckpt-every", "--eval-batches",
+                                  "--stop-at", "--keep-checkpoints"])
+def test_step_counts_are_bounded(tmp_path, capsys, flag):
+    """B04/E54: --steps 99999999999999999999 was accepted and ran (for ever)."""
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, flag, "99999999999999999999")
+    _one_line_error(rc, err, f"{flag[2:].replace('-', '_')} must be <= 1000000000, got 99999999999999999999")
+    assert not run.exists()
+
+
+def test_stop_at_not_past_the_resumed_step_is_refused(tmp_path, capsys):
+    """A41/A42: --resume --stop-at 3 on a run at step 4 trained nothing and reported a normal stop."""
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, *CKPT, "--steps", "6", "--stop-at", "4")
+    assert rc == 0, err
+    before = (run / "metrics.jsonl").read_text()
+    for stop in ("3", "4"):
+        rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), "--resume", "--stop-at", stop, "--no-progress",
+                             "--device", "cpu")
+        _one_line_error(rc, err, f"--stop-at {stop} is not past the run's step 4", "pass a --stop-at above 4")
+    assert (run / "metrics.jsonl").read_text() == before
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        rc, out, err = run_cli(capsys, "train", "--run-dir", str(run), "--resume", "--stop-at", "5", "--no-progress",
+                               "--device", "cpu")
+    assert rc == 0 and "stopped at step 5 of 6" in out, err
+    assert not [w for w in seen if "gap" in str(w.message)]  # a whole metrics.jsonl: no warning (A29/A30)
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("delete", "metrics.jsonl is missing, so steps 1-4 have no record; resuming from the checkpoint of step 4"),
+    ("cut", "metrics.jsonl has no record of steps 3-4 (cut short or edited); resuming from the checkpoint of step 4"),
+])
+def test_resuming_over_a_metrics_gap_warns_once(tmp_path, capsys, damage, message):
+    """A29/A30: a resume whose metrics.jsonl was deleted, or ends before the checkpoint's step, left a silent gap."""
+    import json
+
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, *CKPT, "--steps", "6", "--stop-at", "4")
+    assert rc == 0, err
+    metrics = run / "metrics.jsonl"
+    if damage == "delete":
+        metrics.unlink()
+    else:
+        rows = [json.loads(ln) for ln in metrics.read_text().splitlines()]
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= 2))
+    with pytest.warns(UserWarning) as seen:
+        rc, out, err = run_cli(capsys, "train", "--run-dir", str(run), "--resume", "--no-progress", "--device", "cpu")
+    assert rc == 0 and "finished" in out, err
+    gaps = [str(w.message) for w in seen if "gap" in str(w.message)]
+    assert len(gaps) == 1 and message in gaps[0], gaps
+    assert [json.loads(ln)["step"] for ln in metrics.read_text().splitlines()][-2:] == [5, 6]
+
+
+def test_a_lora_rank_above_the_targeted_layers_is_refused(tmp_path, capsys):
+    """B26: --lora-r 100000 on 32-wide layers trained 12.8M adapter parameters that can do no more than rank 32."""
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *HF, "--lora", "--lora-r", "17")
+    _one_line_error(rc, err, "--lora-r 17 is above 16, the smallest dimension of the targeted layers",
+                    "(model.layers.0.self_attn.v_proj: 32 -> 16)", "pass --lora-r 16 or less")
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("targets", ["", ",", "q_proj,,"])
+def test_empty_lora_targets_are_refused_naming_the_flag(tmp_path, capsys, targets):
+    """B25: --lora-targets "" gave peft's 'No `target_modules` passed but also no `target_parameters` found'."""
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *HF, "--lora", "--lora-targets", targets)
+    if targets == "q_proj,,":  # empty names between commas are dropped; q_proj remains
+        assert rc == 0, err
+        return
+    _one_line_error(rc, err, "--lora-targets '' names no module", "e.g. --lora-targets q_proj,v_proj")
+    assert not run.exists()
+
+
+def test_add_lora_refuses_empty_targets_and_a_rank_above_the_layers():
+    from seco_lab.hf import add_lora, build_hf_model
+
+    model = build_hf_model("llama", {"num_hidden_layers": 1})
+    with pytest.raises(ValueError, match="names no module"):
+        add_lora(model, targets=[""])
+    with pytest.raises(ValueError, match="--lora-r 33 is above 32"):
+        add_lora(model, r=33, targets=["q_proj"])
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_a_config_that_is_no_regular_file_is_named_so(tmp_path, capsys, kind):
+    """B45/B46: --config /dev/zero or a FIFO said 'config file not found'."""
+    import os
+
+    if kind == "device":
+        config = "/dev/zero"
+    else:
+        config = str(tmp_path / "fifo.toml")
+        os.mkfifo(config)
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, "--config", config)
+    _one_line_error(rc, err, f"config file {config} is not a regular file", "name a JSON or TOML file")
+    assert not run.exists()
+
+
+def test_a_config_file_setting_the_flags_contradict_names_the_file(tmp_path, capsys):
+    """B42: budget = 1 in the config file with --mode seco said 'drop --budget' to a user who gave no --budget."""
+    config = tmp_path / "c.toml"
+    config.write_text('mode = "spaco"\nbudget = 1\n')
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, "--config", str(config), "--mode", "seco")
+    _one_line_error(rc, err, "budget applies to --mode spaco only (mode is seco); drop --budget (--budget is "
+                             f"`budget` in config file {config}: change it there)")
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_a_protected_run_dir_never_suggests_overwrite(tmp_path, capsys, overwrite):
+    """A11: --run-dir / said 'pass --overwrite (replace it) or --resume'."""
+    rc, _, err = run_cli(capsys, "train", "--run-dir", "/", *FAST, *overwrite)
+    _one_line_error(rc, err, "run directory / is the filesystem root and not empty", "a directory of its own")
+    assert "--overwrite" not in err
+
+
+def test_overwrite_through_a_symlink_to_a_user_folder_does_not_suggest_its_target(tmp_path, capsys):
+    """A06: the hint for a symlink to a user folder was 'pass --run-dir TARGET to replace that run'."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    link = tmp_path / "link"
+    link.symlink_to(user)
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(link), *FAST, "--overwrite")
+    _one_line_error(rc, err, f"is a symlink to {user}, which is not a seco-lab run directory, so nothing is replaced")
+    assert "to replace that run" not in err and (user / "notes.txt").read_text() == "mine"
+
+
+def test_more_stop_signals_while_stopping_are_ignored_with_one_line(tmp_path, capfd, monkeypatch):
+    """A22: three SIGINTs 20 ms apart ended in a raw KeyboardInterrupt traceback, the checkpoint not written.
+    Now the first stops the run after its step and checkpoint; the others are ignored, with one line."""
+    import os
+    import signal
+
+    from seco_lab.train import Trainer
+
+    one_step = Trainer._one_step
+
+    def step_under_signals(self, stop):
+        if self.step == 0:
+            for signum in (signal.SIGINT, signal.SIGINT, signal.SIGTERM):
+                os.kill(os.getpid(), signum)
+        return one_step(self, stop)
+
+    monkeypatch.setattr(Trainer, "_one_step", step_under_signals)
+    run = tmp_path / "run"
+    # capfd: the handler writes to the stderr file descriptor itself
+    rc, _, err = run_cli(capfd, "train", "--run-dir", str(run), *FAST, *CKPT, "--steps", "50", "--ckpt-every", "10")
+    assert rc == 130 and "Traceback" not in err, err
+    assert err.count("already stopping") == 1 and "already stopping (SIGINT ignored)" in err, err
+    assert "interrupted; checkpoint at step 1 saved" in err
+    assert (run / "checkpoints" / "step_000001.pt").is_file()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
