@@ -247,8 +247,8 @@ class StudyFolder:
         old = {} if fresh else stored
         if old and self._stored(old) != digest:
             raise DefinitionMismatch(
-                f"{self.root} holds results of a different {self.study or 'study'} definition (fingerprint "
-                f"{self._stored(old)} != {digest}); pass --fresh to discard them or --out to write elsewhere")
+                f"{self.root} holds results of a different study definition (fingerprint {self._stored(old)} != "
+                f"{digest}); pass --fresh to discard them or --out to write elsewhere")
         if fresh:  # only the cells' own files (and their temporaries): anything else in the folder stays
             ours, foreign = self._cell_files()
             if foreign:
