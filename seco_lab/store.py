@@ -250,12 +250,7 @@ class StudyFolder:
                 f"{self.root} holds results of a different study definition (fingerprint {self._stored(old)} != "
                 f"{digest}); pass --fresh to discard them or --out to write elsewhere")
         if fresh:  # only the cells' own files (and their temporaries): anything else in the folder stays
-            ours, foreign = self._cell_files()
-            if foreign:
-                raise StudyFolderError(f"{self.cells} holds files the study did not write ({', '.join(foreign[:5])}"
-                                       f"{' ...' if len(foreign) > 5 else ''}): --fresh would delete them; move "
-                                       "them out of the folder first, or pass another --out")
-            for f in ours:
+            for f in self._cell_files()[0]:
                 f.unlink()
         return old
 
@@ -275,8 +270,9 @@ class StudyFolder:
                                    f"report {owner} --results {self.root}` to read them)")
 
     def _cell_files(self) -> tuple[list[Path], list[str]]:
-        """(the files of the cells folder this study wrote, the names of any others).  Ours: temporaries,
-        each cell's record ``NAME.json`` (a JSON object) and the files ``NAME.*`` beside it."""
+        """(the files of the cells folder this study wrote, the names of any others -- a user's, which --fresh
+        keeps).  Ours: temporaries, each cell's record ``NAME.json`` (a JSON object) and the files ``NAME.*``
+        beside it; a file that merely has a cell's extension (a user's ``notes.json``) is not."""
         files = [f for f in self.cells.iterdir()]
         stems = set()
         for f in files:

@@ -1095,25 +1095,24 @@ def test_another_studys_folder_is_named_and_never_discarded(tmp_path, capsys):
     assert (ts / "study.json").read_bytes() == before and sorted(p.name for p in ts.iterdir()) == ["study.json"]
 
 
-def test_fresh_refuses_to_delete_files_the_study_did_not_write(tmp_path):
+def test_fresh_deletes_only_the_cells_the_study_wrote(tmp_path):
     """Campaign 3, C07: --fresh deleted a user's cells/zz_user.json (any *.json in cells/ was taken as a cell)."""
     import json
 
-    from seco_lab.store import StudyFolder, StudyFolderError
+    import pandas as pd
+
+    from seco_lab.store import StudyFolder
 
     folder = StudyFolder(tmp_path / "s", study="bias", key="digest")
     folder.open("d1")
     folder.write_manifest({"digest": "d1", "study_format": 4})
-    folder.write_cell("c0", {"x": 1}, {"results": __import__("pandas").DataFrame({"a": [1]})})
+    folder.write_cell("c0", {"x": 1}, {"results": pd.DataFrame({"a": [1]})})
     (folder.cells / "zz_user.json").write_text("u")
     folder.close()
-    with pytest.raises(StudyFolderError, match=r"files the study did not write \(zz_user.json\)"):
-        StudyFolder(tmp_path / "s", study="bias", key="digest").open("d2", fresh=True)
-    assert sorted(p.name for p in folder.cells.iterdir()) == ["c0.json", "c0.results.csv", "zz_user.json"]
-    (folder.cells / "zz_user.json").unlink()
     again = StudyFolder(tmp_path / "s", study="bias", key="digest")
-    again.open("d2", fresh=True)  # only the study's own cell files go
-    assert list(folder.cells.iterdir()) == []
+    again.open("d2", fresh=True)
+    assert [p.name for p in folder.cells.iterdir()] == ["zz_user.json"]
+    assert (folder.cells / "zz_user.json").read_text() == "u"
     again.write_manifest({"digest": "d2", "study_format": 4})
     assert json.loads(again.manifest_path.read_text())["study"] == "bias"
     again.close()
