@@ -1368,3 +1368,25 @@ def test_more_stop_signals_while_stopping_are_ignored_with_one_line(tmp_path, ca
     assert "interrupted; checkpoint at step 1 saved" in err
     assert (run / "checkpoints" / "step_000001.pt").is_file()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
+
+
+@pytest.mark.parametrize("metric, value", [("mc_covered", 7.0), ("rel_var", -1.0), ("mc_cost", -0.5),
+                                           ("noise_to_signal", -3.0)])
+def test_impossible_values_in_the_bias_results_are_refused(tmp_path, metric, value):
+    """Campaign 3, C36/C38/C39: a coverage of 7 ('700.0%'), a negative variance or cost went into the report."""
+    import shutil
+    from pathlib import Path
+
+    import pandas as pd
+
+    from seco_lab.report.bias_summary import load_bias
+    from seco_lab.report.markdown import MissingResultsError
+
+    root = Path(__file__).resolve().parents[1]
+    folder = tmp_path / "b"
+    shutil.copytree(root / "reports/bias_study", folder, ignore=shutil.ignore_patterns("cells"))
+    df = pd.read_csv(folder / "results.csv")
+    df.loc[df.index[df.metric == metric][0], "value"] = value
+    df.to_csv(folder / "results.csv", index=False)
+    with pytest.raises(MissingResultsError, match=rf"impossible value\(s\) \(e.g. {metric} = {value:g}"):
+        load_bias(folder)

@@ -72,6 +72,7 @@ def load_bias(folder: Path) -> BiasStudy:
                                 key=tuple(SORT_KEYS[name.removesuffix(".csv")]))
 
     res = read("results.csv", RESULT_COLUMNS, lambda d: d.metric == "mc_covered")
+    check_ranges(folder / "results.csv", res)
     cells = res.pivot_table(index=["L", "k", "t", "seed", "scheme"], columns="metric", values="value",
                             dropna=False).reset_index()
     if "rel_bias" not in cells.columns:
@@ -86,6 +87,7 @@ def load_bias(folder: Path) -> BiasStudy:
     expect_cells(folder / "results.csv", cells, [(L, k, t, seed, s) for L, k, seed in cfg.groups()
                                                   for t in cfg.budgets[k] for s in labels])
     paper = read("paper.csv", RESULT_COLUMNS) if cfg.paper_groups() else pd.DataFrame(columns=list(RESULT_COLUMNS))
+    check_ranges(folder / "paper.csv", paper)
     if cfg.paper_groups():
         expect_cells(folder / "paper.csv", paper[paper.metric == "rel_bias"],
                      [(L, k, t, seed, s) for L, k, seed in cfg.paper_groups() for t in cfg.paper_budgets
@@ -109,6 +111,26 @@ def load_bias(folder: Path) -> BiasStudy:
                                       f"(e.g. L={L}, k={k}, seed={seed}, t={t}, {check}): the study is incomplete or "
                                       f"mixed; rerun {PRODUCE_BIAS}")
     return BiasStudy(cells, checks, groups, read("convergence.csv", CONVERGENCE_COLUMNS), meta, paper)
+
+
+#: metrics that are norms, variances, errors, costs or weights: never below 0; and those that are fractions
+NONNEGATIVE = ("rel_bias", "rel_var", "rel_mse", "mc_rel_var", "mc_rel_sq_err", "mc_rel_sq_bias_se", "mc_cost",
+               "noise_to_signal", "best_scale_mse", "best_scale_residual", "per_tensor_residual", "direction_bias",
+               "scale")
+AT_MOST_ONE = ("mc_covered", "best_scale_mse")
+
+
+def check_ranges(path: Path, results: pd.DataFrame) -> None:
+    """Refuse values no computation gives (a negative variance, a coverage above 1, a weight below 0): a table
+    edited by hand or damaged is not reported as if it were a result."""
+    nonneg = results.metric.isin(NONNEGATIVE) | results.metric.str.fullmatch(r"w_p\d+")
+    bad = results[(nonneg & (results.value < 0)) | (results.metric.isin(AT_MOST_ONE) & (results.value > 1))
+                  | ((results.metric == "mc_covered") & ~results.value.isin([0.0, 1.0]) & results.value.notna())]
+    if len(bad):
+        r = bad.iloc[0]
+        raise MissingResultsError(f"{path} holds {len(bad)} impossible value(s) (e.g. {r.metric} = {r.value:g} at "
+                                  f"L={r.L}, k={r.k}, t={r.t}, seed={r.seed}, {r.scheme}): the table was edited or "
+                                  f"damaged; rerun {PRODUCE_BIAS}")
 
 
 def expected_checks(cfg: StudyConfig) -> set[tuple]:
