@@ -1390,3 +1390,23 @@ def test_impossible_values_in_the_bias_results_are_refused(tmp_path, metric, val
     df.to_csv(folder / "results.csv", index=False)
     with pytest.raises(MissingResultsError, match=rf"impossible value\(s\) \(e.g. {metric} = {value:g}"):
         load_bias(folder)
+
+
+def test_a_training_report_on_another_studys_record_is_refused(tmp_path):
+    """Campaign 3, C40: a bias study's study.json in a training-study folder gave KeyError: 'design'."""
+    import shutil
+    from pathlib import Path
+
+    from seco_lab.report.markdown import MissingResultsError
+    from seco_lab.train_study.stored import load
+
+    root = Path(__file__).resolve().parents[1]
+    folder = tmp_path / "t"
+    folder.mkdir()
+    for name in ("results.csv.gz", "runs.csv"):
+        shutil.copy(root / "reports/training_study" / name, folder / name)
+    shutil.copy(root / "reports/bias_study/study.json", folder / "study.json")
+    with pytest.raises(MissingResultsError, match="study.json is the bias study's, not the training study's"):
+        load(folder)
+    shutil.copy(root / "reports/training_study/study.json", folder / "study.json")
+    load(folder)  # the training study's own record reads

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..report.markdown import MissingResultsError, read_json_table, read_results_csv, require
+from ..store import study_owner
 
 __all__ = ["FINAL_METRICS", "PRODUCE_TRAIN", "RESULT_COLUMNS", "RUN_COLUMNS", "load"]
 
@@ -26,6 +27,11 @@ def load(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     folder = Path(folder)
     require(folder, ("results.csv.gz", "runs.csv", "study.json"), PRODUCE_TRAIN)
     study = read_json_table(folder / "study.json", PRODUCE_TRAIN)
+    owner = study_owner(study)
+    if owner != "train":
+        whose = f"the {owner} study's" if owner else "not a seco-lab study's record"
+        raise MissingResultsError(f"{folder}/study.json is {whose}, not the training study's: pass the folder "
+                                  f"`seco-lab study train` wrote with --results (or run {PRODUCE_TRAIN})")
     runs = read_results_csv(folder / "runs.csv", RUN_COLUMNS, PRODUCE_TRAIN,
                             text_columns=("run_id", "arm", "optimizer"), key=("run_id",), more_columns=True)
     done = study.get("runs_done", study.get("runs_total"))
