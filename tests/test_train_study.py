@@ -246,7 +246,7 @@ def test_quick_study_end_to_end(tmp_path):
 def test_resume_refuses_a_different_study(tmp_path, capsys):
     out = tmp_path / "s"
     (out).mkdir()
-    (out / "study.json").write_text(json.dumps({"fingerprint": "something-else"}))
+    (out / "study.json").write_text(json.dumps({"study": "train", "fingerprint": "something-else"}))
     with pytest.raises(SystemExit) as e:
         study_main(["train", "--quick", "--jobs", "1", "--out", str(out)])
     assert e.value.code == 2 and "different study definition" in capsys.readouterr().err
