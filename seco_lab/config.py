@@ -19,15 +19,22 @@ from .field_types import check_fields
 from .schemes import SCHEME_NAMES, get_scheme
 from .tiny_config import TinyConfig
 
-__all__ = ["ATTENTION", "DATA", "DTYPE_NAMES", "GATHER_POLICIES", "HF_ARCHITECTURES", "MODES", "SHARD_MODES",
-           "TEXT_VOCAB", "RunControl", "TrainConfig", "check_fields", "flag_of", "load_config_file", "parse_device",
-           "tiny_config_from_dict", "warn_once"]
+__all__ = ["ATTENTION", "DATA", "DTYPE_NAMES", "GATHER_POLICIES", "HF_ARCHITECTURE_DEFAULTS", "HF_ARCHITECTURES",
+           "MODES", "SHARD_MODES", "TEXT_VOCAB", "RunControl", "TrainConfig", "check_fields", "flag_of",
+           "load_config_file", "parse_device", "tiny_config_from_dict", "warn_once"]
 
 MODES = ("dense", "seco", "spaco")
 DATA = ("synthetic", "text")
 DTYPE_NAMES = ("float32", "float64", "bfloat16")  # torch dtypes of the same names: DTYPES (imported on use)
 ATTENTION = ("eager", "sdpa", "eager_exact")
-HF_ARCHITECTURES = ("llama", "qwen2")
+#: the named HF architectures (random weights): small configs for tests and studies; any field can be overridden
+HF_ARCHITECTURE_DEFAULTS = {
+    "llama": dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=2048),
+    "qwen2": dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=2048, use_sliding_window=False),
+}
+HF_ARCHITECTURES = tuple(HF_ARCHITECTURE_DEFAULTS)
 TEXT_VOCAB = 256  # byte-level text: one token per byte value
 SHARD_MODES = ("none", "fsdp")
 GATHER_POLICIES = ("step", "chunk")  # seco_lab.sharding documents each

@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .config import HF_ARCHITECTURE_DEFAULTS
 from .protocol import ChunkCache, ChunkOutput
 
 __all__ = ["ARCHITECTURES", "HFChunkModel", "add_lora", "build_hf_model", "config_record", "exact_float64",
@@ -212,13 +213,7 @@ class HFChunkModel(nn.Module):
         return ChunkOutput(loss, cache)
 
 
-ARCHITECTURES = {
-    # small random-weight configs for tests and studies; override any field
-    "llama": dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=2048),
-    "qwen2": dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=2048, use_sliding_window=False),
-}
+ARCHITECTURES = HF_ARCHITECTURE_DEFAULTS  # small random-weight configs for tests and studies; override any field
 
 
 #: config fields of the named architectures that are sizes or counts: integers >= 1 (0 or less builds a model

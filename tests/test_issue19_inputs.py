@@ -1410,3 +1410,29 @@ def test_a_training_report_on_another_studys_record_is_refused(tmp_path):
         load(folder)
     shutil.copy(root / "reports/training_study/study.json", folder / "study.json")
     load(folder)  # the training study's own record reads
+
+
+@pytest.mark.parametrize("name, overrides", [
+    ("llama", {}), ("qwen2", {}),
+    ("llama", {"tie_word_embeddings": True, "hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 3}),
+    ("qwen2", {"tie_word_embeddings": True, "hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 3}),
+    ("llama", {"head_dim": 16, "num_hidden_layers": 3, "intermediate_size": 40}),
+])
+def test_the_hf_parameter_count_equals_the_built_models(name, overrides):
+    """The memory estimate of a named HF architecture counts its parameters exactly, without building it."""
+    from seco_lab.hf import build_hf_model
+    from seco_lab.memory_estimate import hf_parameter_count
+
+    model = build_hf_model(name, overrides)
+    assert hf_parameter_count(name, overrides) == sum(p.numel() for p in model.parameters())
+
+
+def test_an_hf_model_that_cannot_fit_in_memory_is_refused_up_front(tmp_path, capsys):
+    """Campaign 3, B61: --hf-override sizes of ~100 GB had no guard (the tiny model's path had one)."""
+    run = tmp_path / "r"
+    rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), "--hf-model", "llama", "--hf-override",
+                         "hidden_size=16384", "--hf-override", "intermediate_size=65536", "--hf-override",
+                         "num_hidden_layers=8", "--hf-override", "num_attention_heads=128", "--hf-override",
+                         "num_key_value_heads=128", "--steps", "2", "--seq-len", "64", "--chunk-size", "16")
+    assert rc == 2 and "this run needs at least" in err and "--hf-override sizes" in err, err
+    assert not run.exists()
