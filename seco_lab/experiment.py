@@ -19,6 +19,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -28,9 +29,10 @@ from . import sharded_checkpoint
 from .config import RunControl, TrainConfig, warn_once
 from .run_dir import RunDir, RunDirError, checkpoint_steps, read_config, read_metrics, safe_load
 
-__all__ = ["SCHEDULE_FIELDS", "check_checkpoint", "check_nothing_to_resume", "config_differences", "continued_cycles",
-           "experiment_fingerprint", "experiment_from_record", "experiment_record", "load_newest_checkpoint",
-           "numpy_rng_state", "read_experiment", "recover_record", "set_numpy_rng_state"]
+__all__ = ["SCHEDULE_FIELDS", "metrics_gap", "warn_metrics_gap", "check_checkpoint", "check_nothing_to_resume",
+           "config_differences", "continued_cycles", "experiment_fingerprint", "experiment_from_record",
+           "experiment_record", "load_newest_checkpoint", "numpy_rng_state", "read_experiment", "recover_record",
+           "set_numpy_rng_state"]
 
 #: fields that may change when a run is resumed: its length, and the schedule cycles an extension adds
 SCHEDULE_FIELDS = ("steps", "lr_cycles")
@@ -180,3 +182,32 @@ def continued_cycles(saved: TrainConfig, steps: int, step: int, rewarm: bool) ->
                               f"run's {saved.steps}")
         cycles = [x for x in cycles if x[0] < step] + [[step, steps]]
     return cycles if cycles != [[0, steps]] else []
+
+
+def metrics_gap(logged_steps, step: int) -> str:
+    """``"steps 3-4, 7"``: the steps in 1..``step`` with no record among ``logged_steps`` ("" when none)."""
+    logged = set(logged_steps)
+    missing = [s for s in range(1, step + 1) if s not in logged]
+    if not missing:
+        return ""
+    spans, start = [], missing[0]
+    for prev, s in zip(missing, [*missing[1:], None]):
+        if s != prev + 1:
+            spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = s
+    return f"step{'s' if len(missing) > 1 else ''} {', '.join(spans[:5])}{', ...' if len(spans) > 5 else ''}"
+
+
+def warn_metrics_gap(run_dir: RunDir, step: int) -> None:
+    """Warn when ``metrics.jsonl`` lacks steps the checkpoint of ``step`` has trained (the file deleted, or cut
+    short): the resumed run logs from the next step on, so its curve would have a silent hole."""
+    if step == 0:
+        return
+    steps = metrics_gap((r.get("step") for r in read_metrics(run_dir.path) if isinstance(r, dict)), step)
+    if not steps:
+        return
+    path = run_dir.metrics_path
+    what = (f"{path} is missing, so {steps} have no record" if not path.exists() else
+            f"{path} has no record of {steps} (cut short or edited)")
+    warnings.warn(f"{what}; resuming from the checkpoint of step {step} anyway: the run's metrics and loss curve "
+                  "have a gap there", stacklevel=4)

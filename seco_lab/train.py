@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 import signal
 import time
-import warnings
 
 import numpy as np
 import torch
@@ -55,6 +54,7 @@ from .experiment import (
     numpy_rng_state,
     read_experiment,
     set_numpy_rng_state,
+    warn_metrics_gap,
 )
 from .launch import catch_stop_signals, init_distributed_from_env
 from .metric_log import MetricLogger
@@ -204,32 +204,11 @@ class Trainer:
             self.step = int(state["step"])
         self._continue_schedule(saved)
         if self.rank == 0:
-            self._warn_metrics_gap()
+            warn_metrics_gap(self.run_dir, self.step)
             # metrics logged after the checkpoint belong to the part of the run redone now
             self.run_dir.truncate_metrics(self.step if state is not None else -1)
             if recovered or (saved.steps, saved.lr_cycles) != (self.cfg.steps, self.cfg.lr_cycles):
                 self.run_dir.write_config(experiment_record(self.cfg, self.model))
-
-    def _warn_metrics_gap(self) -> None:
-        """Warn when ``metrics.jsonl`` lacks steps the checkpoint has trained (the file deleted, or cut short):
-        the resumed run logs from the next step on, so its curve would have a silent hole."""
-        if self.step == 0:
-            return
-        logged = {r.get("step") for r in read_metrics(self.run_dir.path) if isinstance(r, dict)}
-        missing = [s for s in range(1, self.step + 1) if s not in logged]
-        if not missing:
-            return
-        spans, start = [], missing[0]
-        for prev, s in zip(missing, [*missing[1:], None]):
-            if s != prev + 1:
-                spans.append(f"{start}" if start == prev else f"{start}-{prev}")
-                start = s
-        steps = f"step{'s' if len(missing) > 1 else ''} {', '.join(spans[:5])}{', ...' if len(spans) > 5 else ''}"
-        path = self.run_dir.metrics_path
-        what = (f"{path} is missing, so {steps} have no record" if not path.exists() else
-                f"{path} has no record of {steps} (cut short or edited)")
-        warnings.warn(f"{what}; resuming from the checkpoint of step {self.step} anyway: the run's metrics and loss "
-                      "curve have a gap there", stacklevel=3)
 
     def _continue_schedule(self, saved: TrainConfig) -> None:
         """A resumed run keeps its schedule whatever ``--steps`` now says: the cycles it had (by default one
