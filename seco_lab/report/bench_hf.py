@@ -163,6 +163,8 @@ def chunk_targets(summary: pd.DataFrame, results: pd.DataFrame, before: str, aft
                 continue
             prior = b[col].get(idx, np.nan) if col in b else np.nan
             lim = limit if limit is not None else prior * 1.03
+            if not np.isfinite(lim):  # a target relative to 'before' where no before was measured: no verdict
+                continue
             rows.append({"target": target, "where": f"{layers} layers, {n} tokens, chunk {c}"
                          f"{', LoRA' if lora else ', full'}", "before": prior, "after": val, "limit": lim,
                          "met (after)": "met" if (val <= lim if less else val >= lim) else "not met"})
