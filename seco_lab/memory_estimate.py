@@ -48,7 +48,7 @@ def training_memory_bytes(cfg) -> int:
         params = m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2) + m.n_layers * block + m.d_model
         total += 4 * params * b + 2 * m.n_layers * micro * n * d_kv * b + 3 * micro * c * m.vocab_size * b
         total += 16 * m.n_layers * micro * c * max(m.d_model, m.d_ff) * b
-    elif cfg.hf_model in HF_ARCHITECTURE_DEFAULTS:
+    elif cfg.hf_model in HF_ARCHITECTURE_DEFAULTS and _sizes_valid(cfg.hf_model, cfg.hf_overrides or {}):
         h = {**HF_ARCHITECTURE_DEFAULTS[cfg.hf_model], **(cfg.hf_overrides or {})}
         hd = h.get("head_dim") or h["hidden_size"] // h["num_attention_heads"]
         d_kv = h["num_key_value_heads"] * hd
@@ -57,6 +57,15 @@ def training_memory_bytes(cfg) -> int:
         total += 2 * L * micro * n * d_kv * b + 3 * micro * c * V * b
         total += 16 * L * micro * c * max(h["hidden_size"], h["intermediate_size"]) * b
     return total
+
+
+def _sizes_valid(name: str, overrides: dict) -> bool:
+    """The sizes the estimate reads are integers >= 1 (else the model's own checks refuse them, with their
+    message: the estimate does not get in their way)."""
+    c = {**HF_ARCHITECTURE_DEFAULTS[name], **overrides}
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads") + (("head_dim",) if c.get("head_dim") is not None else ())
+    return all(isinstance(c.get(k), int) and not isinstance(c.get(k), bool) and c[k] >= 1 for k in keys)
 
 
 def hf_parameter_count(name: str, overrides: dict) -> int:

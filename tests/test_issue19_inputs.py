@@ -942,6 +942,7 @@ def interrupt_when_running():
     os.killpg(os.getpgid(0), signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background launch ignores it)
     threading.Thread(target=interrupt_when_running, daemon=True).start()
     try:
         run_cells(work, range(4), jobs=2, progress=False)
@@ -1360,6 +1361,8 @@ def test_more_stop_signals_while_stopping_are_ignored_with_one_line(tmp_path, ca
         return one_step(self, stop)
 
     monkeypatch.setattr(Trainer, "_one_step", step_under_signals)
+    before = signal.getsignal(signal.SIGINT)  # default_int_handler; SIG_IGN under a background (&) launch
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever launched the tests
     run = tmp_path / "run"
     # capfd: the handler writes to the stderr file descriptor itself
     rc, _, err = run_cli(capfd, "train", "--run-dir", str(run), *FAST, *CKPT, "--steps", "50", "--ckpt-every", "10")
@@ -1367,7 +1370,10 @@ def test_more_stop_signals_while_stopping_are_ignored_with_one_line(tmp_path, ca
     assert err.count("already stopping") == 1 and "already stopping (SIGINT ignored)" in err, err
     assert "interrupted; checkpoint at step 1 saved" in err
     assert (run / "checkpoints" / "step_000001.pt").is_file()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
+    try:
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.mark.parametrize("metric, value", [("mc_covered", 7.0), ("rel_var", -1.0), ("mc_cost", -0.5),
