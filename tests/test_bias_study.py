@@ -358,3 +358,48 @@ def test_matched_scale_metrics_are_stored_and_consistent(quick_study):
     x2 = (cos / pc.scale) ** 2
     np.testing.assert_allclose(pc.noise_to_signal, pc.mc_rel_var / x2, rtol=1e-8)
     np.testing.assert_allclose(pc.best_scale_mse, 1 - cos**2 * x2 / (x2 + pc.mc_rel_var), rtol=1e-8, atol=1e-14)
+
+
+def test_a_rerun_keeps_the_stored_tables_it_reproduces_up_to_rounding(tmp_path, capsys):
+    """A fresh clone recomputes the committed study (its cells are not committed), maybe on a CPU whose kernels
+    round differently: stored tables reproduced up to float rounding stay byte for byte, and so does the record
+    of the run that produced them; a real difference is written, and named."""
+    cfg = replace(QUICK, depths=(1,), chunk_counts=(4,), seeds=(0,), draws=100, paper_cells=())
+    run_study(cfg, tmp_path, progress=False)
+    files = ["study.json", *(f"{name}.csv" for name in ("results", "paper", "checks", "groups", "convergence"))]
+    computed = (tmp_path / "results.csv").read_bytes()
+
+    def rerun_with_stored_values_scaled_by(factor):
+        df = pd.read_csv(tmp_path / "results.csv")
+        row = int(np.flatnonzero(df["value"].abs() > 1e-3)[0])
+        df.loc[row, "value"] *= factor  # the stored value as another machine's kernels would have left it
+        df.to_csv(tmp_path / "results.csv", index=False)
+        before = {f: (tmp_path / f).read_bytes() for f in files}
+        for f in (tmp_path / "cells").iterdir():  # a fresh clone: the tables and study.json, no cells
+            f.unlink()
+        capsys.readouterr()
+        run_study(cfg, tmp_path, progress=False)
+        return before, capsys.readouterr().out
+
+    before, out = rerun_with_stored_values_scaled_by(1 + 3e-14)
+    assert {f: (tmp_path / f).read_bytes() for f in files} == before, "a reproduced table was rewritten"
+    assert "reproduces the stored tables" in out and before["results.csv"] != computed
+
+    before, out = rerun_with_stored_values_scaled_by(1 + 1e-6)
+    assert "WARNING: the rerun does not reproduce the stored results" in out
+    assert (tmp_path / "results.csv").read_bytes() == computed, "the rerun's values replace a changed table"
+    assert (tmp_path / "study.json").read_bytes() != before["study.json"]  # the record of this run
+
+
+def test_table_difference_is_none_for_anything_but_float_rounding():
+    from seco_lab.rerun_tables import table_difference
+
+    a = pd.DataFrame({"scheme": ["paper", "capped"], "t": [1, 2], "value": [0.5, float("nan")]})
+    assert table_difference(a, a.copy()) == 0.0
+    assert 0 < table_difference(a, a.assign(value=[0.5 * (1 + 2e-10), float("nan")])) <= 1
+    assert table_difference(a, a.assign(value=[0.5 * (1 + 1e-8), float("nan")])) > 1
+    assert table_difference(a, a.assign(value=[0.5, 0.0])) is None  # NaN only where NaN
+    assert table_difference(a, a.assign(scheme=["paper", "released"])) is None
+    assert table_difference(a, a.assign(t=[1, 3])) is None
+    assert table_difference(a, a.iloc[:1]) is None
+    assert table_difference(a, a[["t", "scheme", "value"]]) is None

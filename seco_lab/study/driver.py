@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..store import DefinitionMismatch, StudyFolder, atomic_write_csv, software_versions
+from ..rerun_tables import write_tables
+from ..store import DefinitionMismatch, StudyFolder, atomic_write, software_versions
 from ..study_runner import run_cells, worker_count
 from .definition import (
     CHECK_COLUMNS,
@@ -130,7 +131,8 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, fresh: bool = False, p
     """Compute every missing group of ``cfg`` into ``out`` and gather the tables; returns the manifest."""
     out = Path(out)
     folder = study_folder(out)
-    folder.open(cfg.digest(), fresh)
+    stored_record = folder.manifest_path.read_bytes() if folder.manifest_path.is_file() else b""
+    old = folder.open(cfg.digest(), fresh)
     manifest = {"digest": cfg.digest(), "study_format": STUDY_FORMAT, "config": cfg.to_json(),
                 "software": software_versions(), "status": "running"}
     folder.write_manifest(manifest)
@@ -150,8 +152,9 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, fresh: bool = False, p
         span = spans.setdefault(t["kind"], [t["started"], t["finished"]])
         span[:] = [min(span[0], t["started"]), max(span[1], t["finished"])]
 
-    for name, df in gather(cfg, out).items():
-        atomic_write_csv(out / f"{name}.csv", df)
+    # a rerun of a complete study (a fresh clone recomputes the committed one) keeps the stored tables, and the
+    # record of the run that produced them, when it reproduces them up to float rounding (rerun_tables)
+    check = write_tables(out, gather(cfg, out), compare=bool(old))
     summary = timing_summary(cfg, out)
     draws = sum(summary["draws_by_kind"].values())
     compute = sum(summary["worker_seconds_by_part"].values())
@@ -162,10 +165,13 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, fresh: bool = False, p
         **summary,
         "chain_draws_per_second_per_worker": summary["draws_by_kind"][CHAIN] / chain_seconds if chain_seconds else None,
     })
-    folder.write_manifest(manifest)
+    if check.kept and old.get("status") == "complete":
+        atomic_write(folder.manifest_path, stored_record)
+    else:
+        folder.write_manifest(manifest)
     rate = f"{len(todo)} groups" if todo else "nothing to compute"
     print(f"done in {wall:.1f} s wall ({rate}; {compute:.0f} s of worker time, of which "
-          f"{compute - chain_seconds:.0f} s at the paper's settings)", flush=True)
+          f"{compute - chain_seconds:.0f} s at the paper's settings); {check.summary()}", flush=True)
     return manifest
 
 
