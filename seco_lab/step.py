@@ -1,11 +1,11 @@
 """The pieces of one optimizer step, as plain functions.
 
-* :func:`chunk_grads` -- the gradient of one micro-batch with the configured engine.
+* :func:`chunk_grads`, :func:`mode_grads` -- the gradient of one micro-batch with the configured engine.
 * :func:`allreduce_mean` -- the mean over micro-batches and ranks of the gradient (one
   flat buffer in the parameters' dtype) and of the step's statistics (float64, so a
   bfloat16 run still logs its loss with 16 significant digits).
-* :func:`lr_factor`, :func:`schedule_factor` -- the learning-rate schedule (warm-up + cosine, and its
-  cycles when a run is extended), functions of plain numbers.
+* :func:`scheduled_lr`, :func:`lr_factor`, :func:`schedule_factor` -- the learning-rate schedule (warm-up
+  + cosine, and its cycles when a run is extended), functions of plain numbers.
 """
 
 from __future__ import annotations
@@ -17,24 +17,31 @@ import torch
 import torch.distributed as dist
 
 from .data import Batch
-from .engine import dense_grad, forward_loss, seco_grad
+from .engine import dense_grad, forward_loss, seco_grad, truncated_grad
 from .estimators import spaco_grad
 
-__all__ = ["allreduce_mean", "chunk_grads", "lr_factor", "schedule_factor"]
+__all__ = ["allreduce_mean", "chunk_grads", "lr_factor", "mode_grads", "schedule_factor", "scheduled_lr"]
+
+
+def scheduled_lr(step: int, lr: float, warmup: int, steps: int, min_lr_ratio: float) -> float:
+    """The learning rate of ``step``: linear warm-up, then cosine decay,
+
+        lr(s) = lr * (s + 1) / W                                        for s < W
+        lr(s) = lr * (r + (1 - r) * (1 + cos(pi * min(1, (s - W) / max(1, S - W)))) / 2)   otherwise
+
+    with W = ``warmup``, S = ``steps``, r = ``min_lr_ratio``; lr(S) = lr * r.  The trainer's factor is
+    ``lr_factor`` = this at lr = 1 (bit for bit); the training study calls it with its rate.
+    """
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
 def lr_factor(step: int, warmup: int, steps: int, min_lr_ratio: float) -> float:
-    """Linear warm-up, then cosine decay:
-
-        f(s) = (s + 1) / W                                         for s < W
-        f(s) = r + (1 - r) * (1 + cos(pi * min(1, (s - W) / max(1, S - W)))) / 2   otherwise
-
-    with W = ``warmup``, S = ``steps``, r = ``min_lr_ratio``; f(S) = r.
-    """
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    """The schedule's factor f(s) = :func:`scheduled_lr` at lr = 1 (the trainer's ``LambdaLR`` multiplies it by
+    the base rate)."""
+    return scheduled_lr(step, 1.0, warmup, steps, min_lr_ratio)
 
 
 def schedule_factor(step: int, warmup: int, steps: int, min_lr_ratio: float, cycles=()) -> float:
@@ -64,22 +71,36 @@ def chunk_grads(model, batch: Batch, cfg, generator: np.random.Generator | None,
     ``cfg`` is a :class:`~seco_lab.config.TrainConfig`; ``generator`` draws the SpaCO chunk
     subset (unused by ``dense`` and ``seco``); ``scheme`` defaults to ``cfg.build_scheme()``.
     """
-    tok, tgt = batch.tokens, batch.targets
-    k = cfg.num_chunks
-    if cfg.mode == "dense":
-        loss, grads = dense_grad(model, tok, tgt)
-        return loss, grads, {"chunks": k}
-    if cfg.mode == "seco":
-        loss, grads = seco_grad(model, tok, tgt, chunk_size=cfg.chunk_size)
-        return loss, grads, {"chunks": k}
-    scheme = scheme or cfg.build_scheme()
-    subset = scheme.sampler.draw(k, cfg.budget, generator)
+    if cfg.mode == "spaco":
+        scheme = scheme or cfg.build_scheme()
+    loss, grads, chunks = mode_grads(model, batch.tokens, batch.targets, cfg.mode, cfg.chunk_size, scheme,
+                                     cfg.budget, generator)
+    return loss, grads, {"chunks": chunks}
+
+
+def mode_grads(model, tokens, targets, mode: str, chunk_size: int, scheme=None, budget: int | None = None,
+               generator: np.random.Generator | None = None):
+    """``(loss, grads, chunks backpropagated)`` of one batch under ``mode``: 'dense', 'seco', 'truncated'
+    (SeCO without the relay: the within-chunk gradient) or 'spaco' (``scheme`` at ``budget``, the subset
+    drawn by ``generator``; an empty Bernoulli draw gives the forward loss and a zero gradient).  The
+    trainer and the training study share it."""
+    k = tokens.shape[1] // chunk_size
+    if mode == "dense":
+        loss, grads = dense_grad(model, tokens, targets)
+        return loss, grads, k
+    if mode in ("seco", "truncated"):
+        engine = seco_grad if mode == "seco" else truncated_grad
+        loss, grads = engine(model, tokens, targets, chunk_size=chunk_size)
+        return loss, grads, k
+    if mode != "spaco" or scheme is None:
+        raise ValueError(f"mode {mode!r}: use 'dense', 'seco', 'truncated', or 'spaco' with a scheme")
+    subset = scheme.sampler.draw(k, budget, generator)
     if subset:
-        loss, grads = spaco_grad(model, tok, tgt, cfg.chunk_size, scheme, cfg.budget, subset=subset)
-    else:  # an empty Bernoulli draw: forward only, zero gradient
-        loss = forward_loss(model, tok, tgt, cfg.chunk_size)
+        loss, grads = spaco_grad(model, tokens, targets, chunk_size, scheme, budget, subset=subset)
+    else:
+        loss = forward_loss(model, tokens, targets, chunk_size)
         grads = {n: torch.zeros_like(p) for n, p in model.named_parameters() if p.requires_grad}
-    return loss, grads, {"chunks": len(subset)}
+    return loss, grads, len(subset)
 
 
 def allreduce_mean(params, stats: dict[str, float], count: int, world: int) -> tuple[dict[str, float], int]:

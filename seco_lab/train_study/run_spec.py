@@ -4,11 +4,11 @@ the study's shared :class:`TrainSettings` (task, model, schedule, held-out sets,
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 from seco_lab import get_scheme
 from seco_lab.equal_compute import chunk_passes
+from seco_lab.step import scheduled_lr
 
 from .task import RecallTask
 
@@ -118,11 +118,9 @@ class TrainSettings:
         return d
 
     def lr_at(self, step: int, lr: float, steps: int | None = None) -> float:
-        """Linear warm-up over ``warmup`` steps, then cosine decay to ``lr * min_lr_ratio``; a run of
+        """The trainer's schedule (:func:`seco_lab.step.scheduled_lr`: linear warm-up over ``warmup`` steps, then
+        cosine decay to ``lr * min_lr_ratio``); a run of
         ``steps`` != self.steps keeps the shape (warm-up scaled by steps / self.steps)."""
         steps = self.steps if steps is None else steps
         warmup = self.warmup if steps == self.steps else max(1, round(self.warmup * steps / self.steps))
-        if step < warmup:
-            return lr * (step + 1) / warmup
-        frac = (step - warmup) / max(steps - warmup, 1)
-        return lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+        return scheduled_lr(step, lr, warmup, steps, self.min_lr_ratio)

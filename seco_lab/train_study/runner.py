@@ -43,16 +43,12 @@ from seco_lab import (
     TinyConfig,
     TinyTransformer,
     accumulate_grads,
-    dense_grad,
     flatten,
-    forward_loss,
     get_scheme,
     hop_strata,
-    seco_grad,
-    spaco_grad,
-    truncated_grad,
 )
 from seco_lab.equal_compute import best_scale_mse, step_variance
+from seco_lab.step import mode_grads
 from seco_lab.strata_stats import StrataGram, bias_metrics
 
 from .run_spec import MODES, NEW_SETTINGS, OPTIMIZERS, Arm, RunSpec, TrainSettings  # noqa: F401 (re-export)
@@ -70,27 +66,24 @@ def make_optimizer(name: str, params, lr: float, settings: TrainSettings) -> tor
 
 
 def gradient(model, arm: Arm, batch: RecallBatch, chunk_size: int, micro_batch: int, seed: int, step: int):
-    """(training loss, gradient dict, backpropagated chunks) of one optimizer step for ``arm``."""
-    if arm.mode == "dense":
-        loss, grads = dense_grad(model, batch.tokens, batch.targets)
-        return float(loss), grads, batch.tokens.shape[1] / chunk_size
-    if arm.mode in ("seco", "truncated"):
-        engine = seco_grad if arm.mode == "seco" else truncated_grad
-        loss, grads = engine(model, batch.tokens, batch.targets, chunk_size)
-        return float(loss), grads, batch.tokens.shape[1] / chunk_size
+    """(training loss, gradient dict, backpropagated chunks) of one optimizer step for ``arm``: the trainer's
+    :func:`seco_lab.step.mode_grads` on the whole batch, or for SpaCO on each micro-batch (one draw each, from
+    ``[seed, step, micro-batch, 7]``), averaged weighted by size."""
+    if arm.mode != "spaco":
+        loss, grads, chunks = mode_grads(model, batch.tokens, batch.targets, arm.mode, chunk_size)
+        return float(loss), grads, float(chunks)
     total, losses, chunks = None, [], 0.0
     scheme = get_scheme(arm.scheme)
-    n, k = batch.tokens.shape[0], batch.tokens.shape[1] // chunk_size
+    n = batch.tokens.shape[0]
     for m, size in enumerate(micro_batches(n, micro_batch)):
         mb = batch.rows(slice(m * micro_batch, m * micro_batch + size))
-        subset = scheme.sampler.draw(k, arm.budget, np.random.default_rng([seed, step, m, 7]))
+        loss, g, drawn = mode_grads(model, mb.tokens, mb.targets, "spaco", chunk_size, scheme, arm.budget,
+                                    np.random.default_rng([seed, step, m, 7]))
         share = size / n
-        chunks += share * len(subset)
-        if not subset:  # an empty Bernoulli draw: the estimate is zero, the loss still counts
-            losses.append(share * float(forward_loss(model, mb.tokens, mb.targets, chunk_size)))
-            continue
-        loss, g = spaco_grad(model, mb.tokens, mb.targets, chunk_size, scheme, arm.budget, subset=subset)
+        chunks += share * drawn
         losses.append(share * float(loss))
+        if not drawn:  # an empty Bernoulli draw: the estimate is zero, the loss still counts
+            continue
         # the micro-batch estimates are means over their own tokens; average them weighted by size
         total = {n_: share * g_ for n_, g_ in g.items()} if total is None else \
             {n_: total[n_] + share * g[n_] for n_ in total}
