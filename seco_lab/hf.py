@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -265,6 +266,9 @@ def build_hf_model(name_or_path: str, overrides: dict | None = None, attn_implem
     """A causal LM: a named architecture with random weights (``llama``, ``qwen2``) or a local checkpoint
     directory.  (Pretrained models shipped by a package or as ``.gguf`` files are built on this by
     :mod:`seco_lab.pretrained`; :func:`seco_lab.pretrained.build_causal_lm` takes any of the three.)"""
+    if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
+        raise ValueError(f"name_or_path must name an architecture ({', '.join(ARCHITECTURES)}) or a local checkpoint "
+                         f"directory, got {name_or_path!r}")
     transformers = _require_transformers()
     if attn_implementation not in SUPPORTED_ATTENTION:
         raise ValueError(f"attention implementation {attn_implementation!r}: use one of {SUPPORTED_ATTENTION}")
