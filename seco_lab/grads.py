@@ -8,7 +8,7 @@ unflatten back, and add into ``.grad`` for an optimizer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -24,11 +24,21 @@ def named_grads(params: Sequence[tuple[str, torch.Tensor]], grads: Sequence[torc
 
 def flatten(grads: GradDict) -> torch.Tensor:
     """One vector: the parameters' gradients concatenated in dictionary order."""
+    _check_grad_dict(grads, "flatten")
     return torch.cat([g.reshape(-1) for g in grads.values()])
+
+
+def _check_grad_dict(grads, what: str) -> None:
+    if not isinstance(grads, Mapping) or not all(isinstance(g, torch.Tensor) for g in grads.values()):
+        raise TypeError(f"{what}: expected a dict of gradient tensors by parameter name (e.g. what seco_grad "
+                        f"returns), got {type(grads).__name__}")
+    if not grads:
+        raise ValueError(f"{what}: the gradient dict is empty (no trainable parameters?)")
 
 
 def unflatten(vec: torch.Tensor, like: GradDict) -> GradDict:
     """Inverse of :func:`flatten`: views of ``vec`` shaped like ``like``."""
+    _check_grad_dict(like, "unflatten's like")
     total = sum(g.numel() for g in like.values())
     if vec.dim() != 1 or vec.numel() != total:
         raise ValueError(f"unflatten: expected a vector of {total} elements, got shape {tuple(vec.shape)}")
@@ -50,6 +60,10 @@ def accumulate_grads(model, grads: GradDict, scale: float = 1.0) -> None:
         raise KeyError(f"accumulate_grads: the model has no parameters named {sorted(missing)}")
     for name, g in grads.items():
         p = params[name]
+        if not isinstance(g, torch.Tensor) or g.shape != p.shape or (p.grad is None and g.dtype != p.dtype):
+            got = f"{tuple(g.shape)} {g.dtype}" if isinstance(g, torch.Tensor) else type(g).__name__
+            raise ValueError(f"accumulate_grads: the gradient of {name} must be a tensor of {tuple(p.shape)} "
+                             f"{p.dtype} (the parameter's), got {got}")
         if p.grad is None:
             p.grad = g if scale == 1.0 else g * scale
         else:

@@ -23,7 +23,7 @@ import pandas as pd
 
 from .store import atomic_write_csv
 
-__all__ = ["ATOL", "RTOL", "TableCheck", "table_difference", "write_tables"]
+__all__ = ["ATOL", "RTOL", "TableCheck", "table_difference", "values_close", "write_tables"]
 
 RTOL, ATOL = 1e-9, 1e-12
 
@@ -36,9 +36,8 @@ def table_difference(stored: pd.DataFrame, new: pd.DataFrame) -> float | None:
     worst = 0.0
     for col in new.columns:
         a, b = stored[col], new[col]
-        if pd.api.types.is_float_dtype(a) or pd.api.types.is_float_dtype(b):
-            if not (pd.api.types.is_numeric_dtype(a) and pd.api.types.is_numeric_dtype(b)):
-                return None
+        numeric = pd.api.types.is_numeric_dtype(a) and pd.api.types.is_numeric_dtype(b)
+        if numeric and (pd.api.types.is_float_dtype(a) or pd.api.types.is_float_dtype(b)):
             a, b = a.to_numpy(np.float64), b.to_numpy(np.float64)
             if not np.array_equal(np.isnan(a), np.isnan(b)) or not np.array_equal(a[np.isinf(a)], b[np.isinf(b)]):
                 return None
@@ -48,9 +47,29 @@ def table_difference(stored: pd.DataFrame, new: pd.DataFrame) -> float | None:
                 scale = RTOL * np.maximum(np.abs(a), np.abs(b)) + ATOL * np.abs(a).max()
                 diff = np.abs(a - b)
                 worst = max(worst, float(np.max(np.where(diff == 0, 0.0, diff / np.where(scale > 0, scale, 1e-300)))))
-        elif not a.astype(str).equals(b.astype(str)):
+        elif not _text(a).equals(_text(b)):
             return None
     return worst
+
+
+def values_close(a, b) -> bool:
+    """JSON-like values equal but for float rounding (the same tolerance: RTOL relative plus ATOL absolute)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(values_close(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(values_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        if isinstance(a, bool) or isinstance(b, bool) or not all(isinstance(v, (int, float)) for v in (a, b)):
+            return False
+        if np.isnan(a) or np.isnan(b):
+            return bool(np.isnan(a) and np.isnan(b))
+        return a == b or abs(a - b) <= RTOL * max(abs(a), abs(b)) + ATOL
+    return type(a) is type(b) and a == b
+
+
+def _text(column: pd.Series) -> pd.Series:
+    """A non-float column as its CSV text (an empty field reads back as NaN; None and "" write as one)."""
+    return column.astype(object).where(column.notna(), "").astype(str).reset_index(drop=True)
 
 
 @dataclass

@@ -88,15 +88,23 @@ def check_path_given(path) -> Path:
     return Path(text)
 
 
+#: what a run's config.json (``TrainConfig.to_dict``) always records
+RUN_RECORD_KEYS = frozenset({"mode", "steps", "seq_len", "chunk_size", "seed", "lr"})
+
+
 def is_run(path: Path) -> bool:
-    """A directory this tool created: the marker, or (older runs) a config.json recording a run's mode."""
+    """A directory this tool created: the marker, or (older runs, written before it) a config.json that is a
+    run's record: a training mode of this tool, the keys every run records, and no key a run does not write."""
     if (path / MARKER_NAME).is_file():
         return True
     try:
         d = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(d, dict) and "mode" in d and "steps" in d
+    from .config import MODES, RunControl, TrainConfig
+
+    known = {*TrainConfig.__dataclass_fields__, *RunControl.__dataclass_fields__}
+    return isinstance(d, dict) and d.get("mode") in MODES and RUN_RECORD_KEYS <= d.keys() and d.keys() <= known
 
 
 def check_replaceable(path: Path) -> None:
@@ -135,6 +143,9 @@ def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
     if path.exists() and not path.is_dir():
         raise RunDirError(f"run directory {path} is a file; choose another --run-dir")
     parent = next((p for p in [path, *path.parents] if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise RunDirError(f"run directory {path}: {parent} is a file, so no directory can be made under it; choose "
+                          "another --run-dir")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise RunDirError(f"run directory {path}: {parent} is not writable; choose another --run-dir")
     if resume:

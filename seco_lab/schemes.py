@@ -90,8 +90,10 @@ class Scheme:
         k, t = num_chunks, budget
         check_max_hops(max_hops)
         rho = self.sampler.rate(k, t)
-        c0 = Fraction(self.direct(k, t, rho))
-        raw = [Fraction(self.hop(q, k, t, rho)) for q in range(1, max_hops + 1)]
+        # a user's factor function may return anything: each value is checked like a constant factor
+        c0 = check_factor(self.direct(k, t, rho), f"scheme {self.name!r}: direct(k={k}, t={t}, rho) returned, but c_0")
+        raw = [check_factor(self.hop(q, k, t, rho), f"scheme {self.name!r}: hop(q={q}, k={k}, t={t}, rho) returned, "
+                            "but c_q") for q in range(1, max_hops + 1)]
         if self.cap is None:
             return [c0] + raw
         if self.cap_on == "hop":

@@ -18,6 +18,7 @@ from scipy import stats
 from seco_lab import TinyConfig, TinyTransformer, dense_grad, flatten, get_scheme, spaco_grad
 from seco_lab.studies import study_main
 from seco_lab.train_study import Arm, RecallTask, detectable_difference, paired_difference, quick_config, t_interval
+from seco_lab.train_study.extensions import extension_plan
 from seco_lab.train_study.report import load, render, summarize
 from seco_lab.train_study.runner import gradient, probe
 from seco_lab.train_study.summary import select_lr
@@ -166,7 +167,7 @@ def test_lr_selection_uses_validation_and_avoids_divergence():
 # ----------------------------------------------------------------------------- end to end
 
 
-def test_quick_study_end_to_end(tmp_path):
+def test_quick_study_end_to_end(tmp_path, capsys):
     """``--quick`` from a fresh folder: tidy results, every arm trained, resume skips finished runs,
     and the report renders."""
     out = tmp_path / "study"
@@ -241,6 +242,10 @@ def test_quick_study_end_to_end(tmp_path):
         assert heading in md
     assert "largest |Δ test far-token loss| = 0.000000" in md  # a replay reproduces its main-study run
     assert len(list((tmp_path / "figs2").glob("*.png"))) == 5 + 3
+    # a tier with no cells (--quick has one rate per optimizer: no lr neighbours) is said so, not an error
+    assert not dict((t, c) for t, _, c in extension_plan(cfg, out, 2))["lr-neighbours"].cells
+    assert study_main(["train", "--quick", "--jobs", "1", "--out", str(out), "--part", "lr-neighbours"]) == 0
+    assert "nothing to run" in capsys.readouterr().out
 
 
 def test_resume_refuses_a_different_study(tmp_path, capsys):

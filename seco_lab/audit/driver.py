@@ -1,8 +1,8 @@
 """Run an audit (resumable, unit by unit) and gather its tables; the ``seco-lab audit`` command.
 
-    seco-lab audit [--quick | --committed] [--out DIR] [--model M] [--params lora|full] [--texts [KIND:]PATH ...]
-                   [--length N] [--chunk-size C] [--budgets T ...] [--schemes S ...] [--max-hops P]
-                   [--num-sequences N] [--mc-draws N] [--mc-budgets T ...] [--data-sequences N] ...
+    seco-lab audit [--quick | --committed] [--out DIR] [--tables-only] [--model M] [--params lora|full]
+                   [--texts [KIND:]PATH ...] [--length N] [--chunk-size C] [--budgets T ...] [--schemes S ...]
+                   [--max-hops P] [--num-sequences N] [--mc-draws N] [--mc-budgets T ...] [--data-sequences N] ...
 
 Every unit (``measure``; their order: ``plan``) is one JSON file under OUT/units, written atomically and
 skipped when present, so an interrupted run resumes where it stopped.  After every unit the tables are
@@ -30,10 +30,10 @@ from . import measure
 from .config import COMMITTED, DEFAULT, QUICK, STAGES, AuditConfig
 from .plan import data_name, plan_units, sequence_sets
 from .sources import SequenceSpec
-from .tables import write_results
+from .tables import check_units, load_units, write_results
 
 __all__ = ["run_audit", "main", "build_parser", "add_arguments", "run_from_args", "config_from_args",
-           "check_audit_out", "AUDIT_FILES", "DEFAULT_OUT"]
+           "check_audit_out", "rewrite_tables", "AUDIT_FILES", "DEFAULT_OUT"]
 
 DEFAULT_OUT = Path("audit-results")
 
@@ -66,6 +66,17 @@ AUDIT_FILES = frozenset({"config.json", "sequences.json", "audit.json", "recomme
                          "bias.csv", "mc.csv", "cost.csv", "data.csv", "equal_compute.csv", "report.md",
                          "cross_gram.json", "data_gram.json",
                          ".gitignore", "units", "vectors", LOCK_NAME})
+
+
+def rewrite_tables(out: str | Path) -> Path:
+    """``seco-lab audit --tables-only``: every table of an existing audit folder, from its stored units (a
+    table edited, damaged or deleted is written again); no unit is computed."""
+    out = check_audit_out(out)
+    if not (out / "config.json").is_file():
+        raise ValueError(f"{out} holds no audit (no config.json): --tables-only rewrites the tables of an audit "
+                         "folder; run the audit first")
+    with locked(out, "seco-lab audit", "wait for it to finish, or pass another --out"):
+        return write_results(out)
 
 
 def check_audit_out(out: str | Path) -> Path:
@@ -124,6 +135,9 @@ def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
                        {f: getattr(s, f) for f in s.__dataclass_fields__} for n, s in names.items()})
     units = plan_units(cfg)
     todo = [(stem, job) for stem, job in units if not unit_done(out / "units" / f"{stem}.json")]
+    check_units(cfg, load_units(out), out)  # a unit copied from another audit is refused, named
+    if len(todo) < len(units):
+        write_results(out)  # the tables follow the settings just written to config.json
     for stem, job in (bar := tqdm(todo, desc="audit units", disable=not progress)):
         bar.set_postfix_str(stem)
         c, w = time.process_time(), time.perf_counter()
@@ -134,7 +148,7 @@ def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
             _restore_vectors(cfg, out, "strata", names)  # the cross-sequence Gram needs every sequence's rows
             res = measure.strata_unit(cfg, job[1], out / "vectors" / f"strata-{job[1].name}.pt")
         elif kind == "cost":
-            res = measure.cost_unit(cfg, job[1])
+            res = measure.cost_unit(cfg, job[1], progress)
         elif kind == "mc":
             _strata_vectors(cfg, out, job[1])
             res = measure.mc_unit(cfg, job[1], job[2], job[3], out / "vectors" / f"strata-{job[1].name}.pt",
@@ -146,8 +160,9 @@ def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
                 _strata_vectors(cfg, out, spec)
             _restore_vectors(cfg, out, "data", names)
             res = measure.data_unit(cfg, spec, out / "vectors" / f"data-{data_name(cfg, spec)}.pt", sv)
-        res.update(unit=stem, stage=kind, unit_cpu_s=time.process_time() - c, unit_wall_s=time.perf_counter() - w,
-                   threads=cfg.threads, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        res.update(unit=stem, stage=kind, digest=cfg.digest(), unit_cpu_s=time.process_time() - c,
+                   unit_wall_s=time.perf_counter() - w, threads=cfg.threads,
+                   finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         store.atomic_write_json(out / "units" / f"{stem}.json", res)
         write_results(out)
     return write_results(out)
@@ -200,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, default=None, help=f"results folder (default: ./{DEFAULT_OUT})")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--report", type=Path, default=None, help="also write the Markdown report here")
+    ap.add_argument("--tables-only", action="store_true",
+                    help="rewrite the tables (and the report) of --out from its stored units; compute nothing")
     add_arguments(ap)
     return ap
 
@@ -262,8 +279,10 @@ def main(argv=None) -> int:
     ns = ap.parse_args(argv)
     out = ns.out or (Path("audit-quick") if ns.quick else DEFAULT_OUT)
     try:
-        cfg = config_from_args(ns)
-        run_audit(cfg, out, progress=not ns.no_progress)
+        if ns.tables_only:
+            rewrite_tables(out)
+        else:
+            run_audit(config_from_args(ns), out, progress=not ns.no_progress)
         from ..report.audit import write_report
 
         report = write_report(out, ns.report or out / "report.md")

@@ -165,7 +165,7 @@ def restore_strata_vectors(cfg: AuditConfig, spec: SequenceSpec, vectors: Path, 
     return diff
 
 
-def cost_unit(cfg: AuditConfig, spec: SequenceSpec) -> dict:
+def cost_unit(cfg: AuditConfig, spec: SequenceSpec, progress: bool = True) -> dict:
     """CPU seconds of a forward, a SeCO step and each (scheme, t) step on random draws (seeded)."""
     model = build_model(cfg)
     tok, tgt = sequence_tokens(cfg, spec)
@@ -180,7 +180,7 @@ def cost_unit(cfg: AuditConfig, spec: SequenceSpec) -> dict:
     timed("forward", lambda: forward_loss(model, tok, tgt, cfg.chunk_size))
     timed("seco", lambda: seco_grad(model, tok, tgt, cfg.chunk_size))
     jobs = [(t, name, d) for t in cfg.budgets for name in cfg.schemes for d in range(cfg.cost_draws)]
-    for t, name, d in tqdm(jobs, desc=f"cost {spec.name}", leave=False):
+    for t, name, d in tqdm(jobs, desc=f"cost {spec.name}", leave=False, disable=not progress):
         scheme = get_scheme(name)
         rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 3, spec.index, t, d]))
         subset = scheme.sampler.draw(k, t, rng)

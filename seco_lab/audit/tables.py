@@ -34,8 +34,8 @@ from .stats import (
     weights_with_remainder,
 )
 
-__all__ = ["write_results", "load_units", "cross_gram", "scheme_cost", "strata_tables", "mc_table", "cost_table",
-           "equal_compute_table", "recommend", "summary"]
+__all__ = ["check_units", "derive_results", "write_results", "load_units", "cross_gram", "scheme_cost",
+           "strata_tables", "mc_table", "cost_table", "equal_compute_table", "recommend", "summary"]
 
 
 def load_units(out: Path) -> dict[str, dict]:
@@ -50,15 +50,36 @@ def load_units(out: Path) -> dict[str, dict]:
     return {k: v for k, v in units.items() if isinstance(v, dict)}
 
 
-def cross_gram(out: Path, prefix: str, names: list[str], stored: Path) -> tuple[list[str], np.ndarray] | None:
-    """Gram of the stored flat vectors ``prefix-NAME.pt`` (recomputed when all are present, else the stored one)."""
+def check_units(cfg: AuditConfig, units: dict[str, dict], out: Path) -> None:
+    """Refuse a unit another audit wrote (copied into this folder): its recorded digest, or for a unit stored
+    before units carried one, its chunk count or P, differs from this audit's."""
+    k = {"exact": -(-cfg.exact_length // cfg.exact_chunk_size), "strata": -(-cfg.length // cfg.chunk_size)}
+    for stem, unit in units.items():
+        stage = unit.get("stage")
+        found = [("digest", unit["digest"], cfg.digest())] if "digest" in unit else []
+        found += [("unit", unit.get("unit", stem), stem)]
+        if stage in k:
+            found += [("num_chunks", unit.get("num_chunks"), k[stage]),
+                      ("max_hops", unit.get("max_hops"), cfg.max_hops)]
+        for key, have, want in found:
+            if have != want:
+                raise ValueError(f"{out}/units/{stem}.json is not a unit of this audit ({key} {have!r}, this audit's "
+                                 f"{want!r}): it was copied from another audit's folder; move it away (this audit "
+                                 "computes it again), or pass the folder it belongs to")
+
+
+def cross_gram(out: Path, prefix: str, names: list[str], stored: Path,
+               write: bool = True) -> tuple[list[str], np.ndarray] | None:
+    """Gram of the stored flat vectors ``prefix-NAME.pt`` (recomputed when all are present, and then stored
+    unless ``write`` is False; else the stored one)."""
     paths = [out / "vectors" / f"{prefix}-{n}.pt" for n in names]
     if names and all(p.is_file() for p in paths):
         V = [torch.load(p) for p in paths]
         rows = torch.cat([v.reshape(-1, v.shape[-1]) for v in V])
         gram = measure.gram_of(rows)
         r = len(V[0]) if V[0].dim() == 2 else 1
-        store.atomic_write_json(stored, {"names": names, "rows_per_sequence": r, "gram": gram.tolist()})
+        if write:
+            store.atomic_write_json(stored, {"names": names, "rows_per_sequence": r, "gram": gram.tolist()})
         return names, gram.reshape(len(names), r, len(names), r) if r > 1 else gram
     if stored.is_file():
         d = json.loads(stored.read_text())
@@ -74,33 +95,41 @@ def scheme_cost(cost_rows: pd.DataFrame) -> dict[tuple[int, str], float]:
     return {(int(t), s): float(v) for (t, s), v in sp.groupby(["t", "scheme"])["cpu_s"].mean().items()}
 
 
-def write_results(out: str | Path) -> Path:
-    """All tables from the stored units (atomic writes); safe to call at any point of a run."""
+def derive_results(out: str | Path, write_grams: bool = False) -> dict[str, pd.DataFrame | dict]:
+    """Every table of the audit, computed from its stored units (and cross-sequence Grams): file name -> a
+    DataFrame (``*.csv``) or a dict (``recommendation.json``, ``audit.json``).  Nothing is written unless
+    ``write_grams`` (then the Grams recomputed from the flat vectors are stored)."""
     out = Path(out)
     cfg = AuditConfig.from_json(json.loads((out / "config.json").read_text())["config"])
     units = load_units(out)
+    check_units(cfg, units, out)
     specs = json.loads((out / "sequences.json").read_text()) if (out / "sequences.json").exists() else {}
     strata_units = {u["sequence"]: u for u in units.values() if u["stage"] == "strata"}
     schemes = {n: get_scheme(n) for n in cfg.schemes}
     prof, bias = strata_tables(cfg, strata_units, specs, schemes)
-    store.atomic_write_csv(out / "strata.csv", prof)
-    store.atomic_write_csv(out / "bias.csv", bias)
     mc, samp_var = mc_table(cfg, units, schemes)
-    store.atomic_write_csv(out / "mc.csv", mc)
     cost = cost_table(cfg, units, strata_units)
-    store.atomic_write_csv(out / "cost.csv", cost)
     dnames = sorted(u["sequence"] for u in units.values() if u["stage"] == "data")
-    data = cross_gram(out, "data", dnames, out / "data_gram.json") if len(dnames) >= 2 else None
+    data = cross_gram(out, "data", dnames, out / "data_gram.json", write_grams) if len(dnames) >= 2 else None
     noise = data_noise(data[1]) if data else {}
-    store.atomic_write_csv(out / "data.csv", pd.DataFrame([{"metric": a, "value": b} for a, b in noise.items()],
-                                                          columns=["metric", "value"]))
     snames = sorted(strata_units)
-    cross = cross_gram(out, "strata", snames, out / "cross_gram.json") if len(snames) >= 2 else None
+    cross = cross_gram(out, "strata", snames, out / "cross_gram.json", write_grams) if len(snames) >= 2 else None
     eq = equal_compute_table(cfg, schemes, samp_var, cost, cross, data)
-    store.atomic_write_csv(out / "equal_compute.csv", eq)
     rec = {str(t): recommend(eq[eq.t == t], cfg.batch_sizes) for t in (sorted(set(eq.t)) if len(eq) else [])}
-    store.atomic_write_json(out / "recommendation.json", rec)
-    store.atomic_write_json(out / "audit.json", summary(cfg, units, out))
+    data_table = pd.DataFrame([{"metric": a, "value": b} for a, b in noise.items()], columns=["metric", "value"])
+    return {"strata.csv": prof, "bias.csv": bias, "mc.csv": mc, "cost.csv": cost,
+            "data.csv": data_table,
+            "equal_compute.csv": eq, "recommendation.json": rec, "audit.json": summary(cfg, units, out)}
+
+
+def write_results(out: str | Path) -> Path:
+    """All tables from the stored units (atomic writes); safe to call at any point of a run."""
+    out = Path(out)
+    for name, value in derive_results(out, write_grams=True).items():
+        if name.endswith(".csv"):
+            store.atomic_write_csv(out / name, value)
+        else:
+            store.atomic_write_json(out / name, value)
     return out
 
 

@@ -220,7 +220,47 @@ def write_report(results: str | Path, out_md: str | Path, root: str | Path = Pat
     if not (results / "audit.json").is_file():
         raise MissingResultsError(f"{results} lacks audit.json: run {PRODUCE} first, or pass the folder "
                                   "an audit wrote")
+    verify_tables(results)
     return write_markdown(render(results, out_md, Path(root)), out_md)
+
+
+#: what audit.json holds that a rerun changes (the software and the command line): not compared
+VOLATILE = ("versions", "command")
+
+
+def verify_tables(results: Path) -> None:
+    """The stored tables are what the stored units give (``seco_lab.audit.tables.derive_results``), up to float
+    rounding: a table edited, truncated, damaged, deleted or copied from elsewhere is refused, naming it."""
+    from ..audit.tables import derive_results
+    from ..rerun_tables import table_difference, values_close
+
+    fix = (f"rewrite the tables from the finished units with `seco-lab audit --tables-only --out {results}` "
+           "(nothing is computed)")
+    try:
+        derived = derive_results(results)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise MissingResultsError(f"{results} holds no readable audit (config.json, sequences.json or a unit: "
+                                  f"{type(e).__name__}: {e}); rerun {PRODUCE}, or pass the folder an audit "
+                                  "wrote") from None
+    for name, want in derived.items():
+        path = results / name
+        try:
+            if name.endswith(".csv") and path.read_text() == want.to_csv(index=False):
+                continue  # byte for byte what the units give (an empty table included)
+            have = pd.read_csv(path) if name.endswith(".csv") else json.loads(path.read_text())
+        except FileNotFoundError:
+            raise MissingResultsError(f"{path} is missing: {fix}") from None
+        except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as e:  # EmptyDataError is a ValueError
+            raise MissingResultsError(f"{path} is not readable ({type(e).__name__}): {fix}") from None
+        if name.endswith(".csv"):
+            d = table_difference(have, want)
+            same = d is not None and d <= 1
+        else:
+            keep = (lambda v: {k: x for k, x in v.items() if k not in VOLATILE}) if name == "audit.json" else dict
+            same = isinstance(have, dict) and values_close(keep(have), keep(want))
+        if not same:
+            raise MissingResultsError(f"{path} does not match the audit's stored units (edited, damaged, or from "
+                                      f"another folder): {fix}")
 
 
 def audit_report(results: str | Path = DEFAULT_DIR, out_md: str | Path = Path("reports/audit.md")) -> Path:

@@ -23,7 +23,7 @@ from ..study.definition import (
     StudyConfig,
 )
 from ..study.driver import SORT_KEYS  # the columns that identify a row of each table
-from .bias_paper import summarize_paper
+from .bias_paper import PAPER_METRICS, summarize_paper
 from .figures import scheme_order
 from .markdown import MissingResultsError, read_json_table, read_results_csv, require
 
@@ -38,6 +38,10 @@ STUDY_FILES = ("results.csv", "paper.csv", "checks.csv", "groups.csv", "converge
 
 
 MATCHED_SCALE = ("noise_to_signal", "best_scale_mse")  # added in study format 4
+#: the metrics every cell of results.csv carries (besides its weights w_p0..w_pL and MATCHED_SCALE from format 4)
+RESULT_METRICS = ("rel_bias", "rel_var", "rel_mse", "mc_rel_sq_bias", "mc_rel_sq_bias_ci_low", "mc_rel_sq_bias_ci_high",
+                  "mc_rel_sq_bias_se", "mc_rel_var", "mc_covered", "mc_cost", "best_scale_residual",
+                  "per_tensor_residual", "direction_bias")
 
 @dataclass
 class BiasStudy:
@@ -73,6 +77,8 @@ def load_bias(folder: Path) -> BiasStudy:
 
     res = read("results.csv", RESULT_COLUMNS, lambda d: d.metric == "mc_covered")
     check_ranges(folder / "results.csv", res)
+    expect_metrics(folder / "results.csv", res,
+                   {*RESULT_METRICS, *(MATCHED_SCALE if meta.get("study_format", 0) >= 4 else ())})
     cells = res.pivot_table(index=["L", "k", "t", "seed", "scheme"], columns="metric", values="value",
                             dropna=False).reset_index()
     if "rel_bias" not in cells.columns:
@@ -88,6 +94,7 @@ def load_bias(folder: Path) -> BiasStudy:
                                                   for t in cfg.budgets[k] for s in labels])
     paper = read("paper.csv", RESULT_COLUMNS) if cfg.paper_groups() else pd.DataFrame(columns=list(RESULT_COLUMNS))
     check_ranges(folder / "paper.csv", paper)
+    expect_metrics(folder / "paper.csv", paper, set(PAPER_METRICS))
     if cfg.paper_groups():
         expect_cells(folder / "paper.csv", paper[paper.metric == "rel_bias"],
                      [(L, k, t, seed, s) for L, k, seed in cfg.paper_groups() for t in cfg.paper_budgets
@@ -149,6 +156,21 @@ def expected_checks(cfg: StudyConfig) -> set[tuple]:
                 out.add((L, k, seed, t, "enumerated_vs_analytic"))
     out |= {(L, k, seed, 0, "paper_strata_sum_vs_dense") for L, k, seed in cfg.paper_groups()}
     return out
+
+
+def expect_metrics(path: Path, table: pd.DataFrame, required: set[str]) -> None:
+    """Every (L, k, t, seed, scheme) cell of a long results table carries every metric: the ``required`` ones,
+    every other metric some cell has, and its weights w_p0..w_pL; else refuse, naming the first gap."""
+    weight = table.metric.str.fullmatch(r"w_p\d+")
+    base = set(required) | set(table.metric[~weight])
+    lacking = []
+    for (L, k, t, seed, scheme), metrics in table.groupby(["L", "k", "t", "seed", "scheme"]).metric:
+        want = base | {f"w_p{p}" for p in range(int(L) + 1)}
+        lacking += [(int(L), int(k), int(t), int(seed), scheme, m) for m in sorted(want - set(metrics))]
+    if lacking:
+        L, k, t, seed, scheme, m = lacking[0]
+        raise MissingResultsError(f"{path} lacks {len(lacking)} (cell, metric) rows (e.g. {m} at L={L}, k={k}, t={t}, "
+                                  f"seed={seed}, {scheme}): the results are incomplete or mixed; rerun {PRODUCE_BIAS}")
 
 
 def expect_cells(path: Path, cells: pd.DataFrame, expected: list[tuple]) -> None:

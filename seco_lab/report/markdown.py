@@ -11,8 +11,8 @@ import pandas as pd
 
 from ..store import atomic_write
 
-__all__ = ["MissingResultsError", "fmt", "generated_note", "read_json_table", "read_results_csv", "require", "table",
-           "write_markdown"]
+__all__ = ["MissingResultsError", "check_bounds", "fmt", "generated_note", "read_json_table", "read_results_csv",
+           "require", "table", "write_markdown"]
 
 
 class MissingResultsError(FileNotFoundError):
@@ -90,6 +90,17 @@ def read_results_csv(path: Path, columns: tuple[str, ...], produce: str, text_co
                                       f"earlier row (first: row {row + 2}, {first}): repeated or conflicting results "
                                       f"(two studies joined?); rerun {produce}")
     return df
+
+
+def check_bounds(path: Path, df: pd.DataFrame, bounds: dict[str, tuple[float, float]], produce: str) -> None:
+    """Refuse values no computation gives (a negative norm ratio, a 1 - cos above 2, ...): ``bounds`` maps a
+    column to its closed range; a table edited by hand or damaged is not reported as if it were a result."""
+    for col, (lo, hi) in bounds.items():
+        bad = df[(df[col] < lo) | (df[col] > hi)]
+        if len(bad):
+            raise MissingResultsError(f"{path} holds {len(bad)} impossible value(s) of {col} (e.g. "
+                                      f"{bad[col].iloc[0]:g} on line {bad.index[0] + 2}; it lies in [{lo:g}, {hi:g}]): "
+                                      f"the table was edited or damaged; rerun {produce}")
 
 
 def fmt(x, digits: int = 3) -> str:

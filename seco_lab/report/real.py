@@ -4,12 +4,21 @@ stored by :mod:`seco_lab.real_study` (``seco-lab study real``).  ``summarize`` r
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
 
 from ..studies import STUDIES
-from .markdown import MissingResultsError, generated_note, read_json_table, read_results_csv, require, write_markdown
+from .markdown import (
+    MissingResultsError,
+    check_bounds,
+    generated_note,
+    read_json_table,
+    read_results_csv,
+    require,
+    write_markdown,
+)
 
 __all__ = ["real_report", "render", "summarize"]
 
@@ -44,6 +53,9 @@ def load_real(out_dir: str | Path = DEFAULT_DIR) -> tuple[dict, pd.DataFrame, pd
                               key=("params", "p"))
     table = read_results_csv(out_dir / "results.csv", RESULT_COLUMNS, PRODUCE_REAL, text_columns=("params", "scheme"),
                              key=("params", "budget", "scheme"))
+    check_bounds(out_dir / "strata.csv", strata, {"norm_ratio": (0, math.inf)}, PRODUCE_REAL)
+    check_bounds(out_dir / "results.csv", table, {"rel_bias": (0, math.inf), "direction_bias": (0, 2),
+                                                  "best_scale_residual": (0, 1), "t_over_k": (0, 1)}, PRODUCE_REAL)
     budgets = sorted({max(1, round(f * k)) for f in fractions})
     for path, have, want, what in (
             (out_dir / "strata.csv", set(zip(strata.params, strata.p.astype(int))),

@@ -50,6 +50,9 @@ def run_from_args(args) -> int:
     unions = folder_configs(cfg, out, n_layers)
     if not args.collect_only:
         for tier, sub, tier_cfg in tiers:
+            if not tier_cfg.cells:  # e.g. lr-neighbours under --quick: one rate per optimizer, no neighbour
+                print(json.dumps({"part": tier, "status": "nothing to run (the tier has no cells here)"}), flush=True)
+                continue
             if tier in ("equal-compute", "second"):
                 write_costs(tier_cfg, out / sub, reps=2 if args.quick else 7)
             _print_meta(tier, run_study(tier_cfg, out / sub, jobs=jobs, fresh=args.fresh, progress=args.progress))

@@ -37,7 +37,8 @@ def load(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     done = study.get("runs_done", study.get("runs_total"))
     if isinstance(done, int) and len(runs) != done:
         raise MissingResultsError(f"{folder}/runs.csv has {len(runs)} runs, but study.json records {done}: the table "
-                                  f"is incomplete or mixed; rerun {PRODUCE_TRAIN} (or with --collect)")
+                                  f"is incomplete or mixed; rerun {PRODUCE_TRAIN} (or assemble the finished runs with "
+                                  "`seco-lab study train --collect-only`)")
     diverged = set(runs.run_id[runs["diverged"].astype(str) == "True"]) if "diverged" in runs else set()
 
     def unusable(d):  # rows whose NaN or inf is a measurement, not damage
