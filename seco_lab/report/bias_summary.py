@@ -100,14 +100,8 @@ def load_bias(folder: Path) -> BiasStudy:
                      [(L, k, t, seed, s) for L, k, seed in cfg.paper_groups() for t in cfg.paper_budgets
                       for s in labels])
     checks, groups = read("checks.csv", CHECK_COLUMNS), read("groups.csv", GROUP_COLUMNS)
-    every_group = cfg.groups() + cfg.paper_groups()
     for name, df in (("checks.csv", checks), ("groups.csv", groups)):
-        have = set(map(tuple, df[list(GROUP_KEY)].astype(int).itertuples(index=False)))
-        lacking = [g for g in every_group if g not in have]
-        if lacking:
-            raise MissingResultsError(f"{folder}/{name} lacks {len(lacking)} of {len(every_group)} groups (e.g. "
-                                      f"L={lacking[0][0]}, k={lacking[0][1]}, seed={lacking[0][2]}): the study is "
-                                      f"incomplete; rerun {PRODUCE_BIAS}")
+        expect_groups(folder / name, df, cfg.groups() + cfg.paper_groups())
     have = set(zip(*(checks[c].astype(int) for c in ("L", "k", "seed", "t")), checks.check))
     want = expected_checks(cfg)
     for gap, what in ((sorted(want - have), "lacks"), (sorted(have - want), "has checks outside the study's "
@@ -156,6 +150,16 @@ def expected_checks(cfg: StudyConfig) -> set[tuple]:
                 out.add((L, k, seed, t, "enumerated_vs_analytic"))
     out |= {(L, k, seed, 0, "paper_strata_sum_vs_dense") for L, k, seed in cfg.paper_groups()}
     return out
+
+
+def expect_groups(path: Path, df: pd.DataFrame, every_group: list[tuple]) -> None:
+    """Every (L, k, seed) group of the study has rows in ``df``; else refuse, naming the first missing."""
+    have = set(map(tuple, df[list(GROUP_KEY)].astype(int).itertuples(index=False)))
+    lacking = [g for g in every_group if g not in have]
+    if lacking:
+        raise MissingResultsError(f"{path} lacks {len(lacking)} of {len(every_group)} groups (e.g. L={lacking[0][0]}, "
+                                  f"k={lacking[0][1]}, seed={lacking[0][2]}): the study is incomplete; rerun "
+                                  f"{PRODUCE_BIAS}")
 
 
 def expect_metrics(path: Path, table: pd.DataFrame, required: set[str]) -> None:
