@@ -12,7 +12,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["LOCK_NAME", "FolderBusy", "hold_lock", "release_lock", "locked"]
+__all__ = ["LOCK_NAME", "FolderBusy", "hold_lock", "is_own_lock", "release_lock", "locked"]
 
 LOCK_NAME = ".lock"
 
@@ -21,10 +21,26 @@ class FolderBusy(RuntimeError):
     """Another live process holds the folder's lock."""
 
 
+def is_own_lock(path: Path) -> bool:
+    """``path`` is a lock file this module writes (empty, or a pid): a user's ``.lock`` holding anything else is
+    the user's file, never truncated."""
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 32:
+            return False
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return text == "" or text.isdigit()
+
+
 def hold_lock(folder: Path, user: str, hint: str):
     """Take the lock of ``folder`` (an existing folder); return the open lock file, to pass to
     :func:`release_lock`.  Raises :class:`FolderBusy` naming the owner's pid when it is held."""
-    f = open(Path(folder) / LOCK_NAME, "a+")
+    path = Path(folder) / LOCK_NAME
+    if (path.exists() or path.is_symlink()) and not is_own_lock(path):
+        raise FolderBusy(f"{path} is not a seco-lab lock file (it holds other data): it is left alone; move it "
+                         "away, or choose another folder")
+    f = open(path, "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

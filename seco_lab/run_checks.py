@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from .folder_lock import LOCK_NAME
+from .folder_lock import LOCK_NAME, is_own_lock
 from .store import protected_paths
 
 __all__ = ["CHECKPOINTS_TREE", "DCP_TREE", "FILE", "MARKER_NAME", "RUN_TREE", "RunDirError", "check_path_given",
@@ -168,7 +168,8 @@ def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
 
 
 def run_contents(path: Path) -> list[Path]:
-    return [p for p in path.iterdir() if p.name != LOCK_NAME]
+    """What a run directory holds besides its lock file (a user's own ``.lock`` counts)."""
+    return [p for p in path.iterdir() if not (p.name == LOCK_NAME and is_own_lock(p))]
 
 
 def checkpoint_steps(run_dir) -> list[int]:

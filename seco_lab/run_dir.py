@@ -144,9 +144,12 @@ class RunDir:
             out = atomic_write(self.checkpoints / f"step_{state['step']:06d}.pt", lambda f: torch.save(state, f))
             atomic_write(self.checkpoints / "latest", out.name)
         except (OSError, RuntimeError) as e:  # disk full (torch reports it as a RuntimeError), a folder in the way
+            earlier = [s for s in checkpoint_steps(self.path) if s < state["step"]]
+            then = (f"resume with --resume (from step {max(earlier)})" if earlier else "start the run again with "
+                    "--overwrite (no earlier checkpoint was saved to resume from)")
             raise RunDirError(f"cannot save the checkpoint of step {state['step']} in {self.checkpoints}: "
                               f"{getattr(e, 'strerror', None) or str(e).splitlines()[0]}; free disk space (or "
-                              "remove what is in the way) and resume with --resume") from None
+                              f"remove what is in the way) and {then}") from None
         return out
 
     def point_latest(self, name: str) -> None:

@@ -71,8 +71,10 @@ def atomic_write_json(path: str | Path, obj, indent: int = 2) -> Path:
     return atomic_write(path, json.dumps(obj, indent=indent) + "\n")
 
 
-#: a temporary file of :func:`atomic_write`: ``NAME.tmp<pid>``
-TEMP_FILE = r".+\.tmp\d+"
+#: a temporary file :func:`atomic_write` leaves in a study folder when killed: ``NAME.tmp<pid>`` for a NAME a
+#: study writes there (``*.json``, ``*.csv``, ``*.csv.gz``, ``*.md``, ``.gitignore``); a user's ``draft.tmp2`` is
+#: not one, and is neither counted as the study's nor removed
+TEMP_FILE = r"[^/]*\.(json|csv|csv\.gz|md|gitignore)\.tmp\d+"
 #: the files a study writes for a cell: ``NAME.json`` and its tables ``NAME.TABLE.csv[.gz]`` / ``NAME.csv``
 CELL_FILE = r"[^/]+\.(json|csv|csv\.gz)"
 
@@ -214,10 +216,11 @@ class StudyFolder:
         check_study_out(self.root)
         if not self.root.is_dir() or self.manifest_path.exists():
             return
-        from .folder_lock import LOCK_NAME
+        from .folder_lock import LOCK_NAME, is_own_lock
 
         foreign = [p for p in sorted(self.root.iterdir())
-                   if not (p.name == LOCK_NAME or re.fullmatch(TEMP_FILE, p.name) or p.name in self.keeps
+                   if not (p.name == LOCK_NAME and is_own_lock(p) or re.fullmatch(TEMP_FILE, p.name)
+                           or p.name in self.keeps
                            or p == self.cells and p.is_dir() and not p.is_symlink() and not any(p.iterdir()))]
         if foreign:
             names = ", ".join(p.name for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")

@@ -14,6 +14,7 @@ does not depend on which other files exist.  Batches are deterministic from
 from __future__ import annotations
 
 import codecs
+import warnings
 import zlib
 from pathlib import Path
 
@@ -117,15 +118,25 @@ class TokenCorpus:
             streams[split].extend(ids + ([eos] if eos is not None else []))
             self.split_files[split].append(name)
         n = seq_len + 1
-        pools = {}
-        for split, ids in streams.items():
-            stream = np.asarray(ids[: budget[split]], dtype=np.int64)
-            if len(stream) < n:
-                raise ValueError(
-                    f"the {split} split of the text under {', '.join(map(str, paths or default_text_paths()))} has "
-                    f"{len(stream):,} tokens ({len(self.split_files[split])} files): too few for one sequence of "
-                    f"{seq_len} tokens; add files, raise holdout/max_tokens or shorten seq_len")
-            pools[split] = torch.as_tensor(stream[: len(stream) // n * n].reshape(-1, n))
+        self.held_out_by = "file"  # "position" when the files are too few to hold out whole ones
+        where = ", ".join(map(str, paths or default_text_paths()))
+        streams = {split: np.asarray(ids[: budget[split]], dtype=np.int64) for split, ids in streams.items()}
+        if min(len(v) for v in streams.values()) < n:
+            # too few files for a split by file (one file, or none fell into the held-out share): hold out the
+            # text's last sequences instead, as the byte corpus does, and say so
+            stream = np.concatenate([streams["train"], streams["val"]])
+            n_seq = len(stream) // n
+            n_val = max(1, int(round(n_seq * holdout)))
+            if n_seq - n_val < 1:
+                raise ValueError(f"the text under {where} has {len(stream):,} tokens: too few for sequences of "
+                                 f"{seq_len} tokens with a held-out split (need at least {2 * n:,}); add text or "
+                                 "shorten --seq-len")
+            warnings.warn(f"the {len(files)} text file(s) under {where} are too few to hold out whole files: the "
+                          f"last {n_val} of {n_seq} sequences are held out instead", stacklevel=2)
+            streams = {"train": stream[: (n_seq - n_val) * n], "val": stream[(n_seq - n_val) * n: n_seq * n]}
+            self.split_files = {"train": [*self.split_files["train"], *self.split_files["val"]], "val": []}
+            self.held_out_by = "position"
+        pools = {split: torch.as_tensor(v[: len(v) // n * n].reshape(-1, n)) for split, v in streams.items()}
         self.train, self.val = pools["train"], pools["val"]
         self.seq_len, self.seed, self.holdout = seq_len, seed, holdout
         self.vocab_size = len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.vocab_size

@@ -117,7 +117,7 @@ def test_token_corpus_is_deterministic_split_by_file_and_in_vocabulary(tokenizer
 
 def test_token_corpus_errors_say_what_to_do(tokenizer, tmp_path):
     (tmp_path / "a.py").write_text("x = 1\n")
-    with pytest.raises(ValueError, match="too few for one sequence"):
+    with pytest.raises(ValueError, match="too few for sequences of 64 tokens with a held-out split .* --seq-len"):
         TokenCorpus(64, tokenizer, paths=[tmp_path], holdout=0.5, max_tokens=1000)
     with pytest.raises(FileNotFoundError, match="not found"):
         TokenCorpus(64, tokenizer, paths=[tmp_path / "missing"])

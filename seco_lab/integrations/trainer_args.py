@@ -48,7 +48,9 @@ class SeCOArguments:
         if self.subset is not None:
             if self.mode != "spaco":
                 raise ValueError("subset fixes SpaCO's chunk set; it needs mode='spaco'")
-            object.__setattr__(self, "subset", tuple(int(j) for j in self.subset))
+            if isinstance(self.subset, (str, bytes)) or not hasattr(self.subset, "__iter__"):
+                raise TypeError(f"subset must be a sequence of chunk indices, e.g. (0, 2), got {self.subset!r}")
+            object.__setattr__(self, "subset", tuple(as_int(j, "a subset's chunk index", 0) for j in self.subset))
 
     def to_dict(self) -> dict:
         out = asdict(self)
