@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.installed
 # disk); with one, pip's default build.  Override: make install TORCH='torch==X'.
 TORCH   ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
 JOBS    ?= 2
-# The registered studies (seco_lab.studies), those with a --quick mode, and per-study worker counts.
+# The registered studies (seco_lab.studies.registry), those with a --quick mode, and per-study worker counts.
 STUDIES       := bias train real audit
 QUICK_STUDIES := bias train audit
 JOBS_real     := 1
@@ -36,7 +36,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check seco_lab experiments tests
 
 # Every study pairs up: `make NAME-study` = `seco-lab study NAME` + `seco-lab report NAME`, for each NAME of
-# the registry (seco_lab.studies); `make NAME-study-quick` the same with --quick.  The real study computes one
+# the registry (seco_lab.studies.registry); `make NAME-study-quick` the same with --quick.  The real study computes one
 # cell at a time (each needs GiBs): JOBS_real.
 $(addsuffix -study,$(STUDIES)): %-study: $(STAMP)
 	$(BIN)/seco-lab study $* --jobs $(or $(JOBS_$*),$(JOBS))

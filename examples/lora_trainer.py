@@ -9,7 +9,7 @@ chunk-wise backward).
 The text is Python's own ``pydoc_data/topics.py`` (the language reference, ~750 KB; any text
 files or folders via ``--text``), tokenized and packed into rows of ``--seq-len`` tokens by
 ``seco_lab.integrations.transformers.pack_dataset``.  The model is the offline SmolLM2-135M
-(``seco_lab.pretrained``), with peft LoRA adapters on q_proj and v_proj.
+(``seco_lab.models.pretrained``), with peft LoRA adapters on q_proj and v_proj.
 
 ``--compare-memory`` trains the stock Trainer and SeCOTrainer on the same batches, each in a fresh
 process, and writes ``memory.json`` (peak resident set of each) into ``--output-dir``; the table it
@@ -70,9 +70,9 @@ def train(args: argparse.Namespace) -> dict:
     import torch
     from transformers import Trainer, TrainingArguments, default_data_collator
 
-    from seco_lab.hf import add_lora
     from seco_lab.integrations.transformers import SeCOArguments, SeCOTrainer, pack_dataset
-    from seco_lab.pretrained import build_causal_lm, load_tokenizer
+    from seco_lab.models.hf import add_lora
+    from seco_lab.models.pretrained import build_causal_lm, load_tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)

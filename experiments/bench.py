@@ -93,7 +93,7 @@ def step(cfg: BenchConfig, m: dict, model, tokens, targets) -> None:
     import torch
 
     from seco_lab import dense_grad, seco_grad, spaco_grad
-    from seco_lab.engine import cache_leaves, checked_batch
+    from seco_lab.core.engine import cache_leaves, checked_batch
 
     if m["method"] == "forward":
         with torch.no_grad():

@@ -47,8 +47,8 @@ def child(spec: dict) -> None:
     import torch
 
     from seco_lab.config import RunControl, TrainConfig
-    from seco_lab.sharding import count_collectives
-    from seco_lab.train import Trainer, init_distributed_from_env
+    from seco_lab.training.sharding import count_collectives
+    from seco_lab.training.trainer import Trainer, init_distributed_from_env
 
     torch.set_num_threads(1)
     init_distributed_from_env()

@@ -7,7 +7,7 @@ falling-factorial), with and without LoRA, as sequences grow.
 
 Model: SmolLM2-135M's shape (hidden 576, 9 heads / 3 KV heads, MLP 1536, vocab 49152,
 tied embeddings) with random weights, ``--layers`` decoder layers, float32, batch 1,
-transformers' sdpa attention (SeCO/SpaCO run it through :class:`seco_lab.hf.HFChunkModel`).
+transformers' sdpa attention (SeCO/SpaCO run it through :class:`seco_lab.models.hf.HFChunkModel`).
 SeCO and SpaCO run at every ``--chunk-sizes`` value; SpaCO (t/k = 1/ratio) visits a uniformly random
 set of t chunks, a fresh seeded draw each time, and its time is the mean over ``--draws`` draws.
 HF full = ``model(ids, labels=ids).loss.backward()``.  Time: one process per (length, lora)
@@ -98,7 +98,7 @@ def build(cfg: HFBenchConfig, n: int, lora: bool):
     """(raw HF model, chunk adapter, tokens, targets) with SmolLM2-135M's shape and random weights."""
     import torch
 
-    from seco_lab.hf import HFChunkModel, add_lora, build_hf_model
+    from seco_lab.models.hf import HFChunkModel, add_lora, build_hf_model
 
     torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     over = {**SMOLLM2_135M, "num_hidden_layers": cfg.n_layers, "hidden_size": cfg.hidden_size,
@@ -120,7 +120,7 @@ def step(cfg: HFBenchConfig, m: dict, model, adapter, tokens, targets, draw: int
     import torch
 
     from seco_lab import seco_grad, spaco_grad
-    from seco_lab.engine import cache_leaves, checked_batch
+    from seco_lab.core.engine import cache_leaves, checked_batch
 
     name = m["method"]
     if name == "forward":

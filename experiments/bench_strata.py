@@ -3,7 +3,7 @@
     python -m experiments.bench_strata [--before REV] [--length 2048] [--chunk-size 64] [--max-hops 6]
                                        [--rounds 1] [--parallel] [--out reports/bench]
 
-Model: SmolLM2-135M (Q4_1-dequantized, ``seco_lab.pretrained``) with LoRA r = 8, alpha = 16 on q/v
+Model: SmolLM2-135M (Q4_1-dequantized, ``seco_lab.models.pretrained``) with LoRA r = 8, alpha = 16 on q/v
 (A and B random), float32, on ``--length`` tokens of ``pydoc_data/topics.py`` in chunks of
 ``--chunk-size``.  One fresh single-threaded process per (revision, round), revisions alternating
 within each round (``--parallel``: at the same time).  In each process a warm-up SeCO step, then
@@ -36,8 +36,8 @@ def child(job: dict) -> dict:
 
     import seco_lab
     from seco_lab import hop_strata, seco_grad
-    from seco_lab.hf import HFChunkModel
-    from seco_lab.real_study import RealStudyConfig, load_model, window
+    from seco_lab.models.hf import HFChunkModel
+    from seco_lab.studies.real import RealStudyConfig, load_model, window
 
     torch.set_num_threads(1)
     cfg = RealStudyConfig(text_file=job["text_file"])

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from seco_lab import seco_grad
-from seco_lab.hf import HFChunkModel, add_lora, build_hf_model
+from seco_lab.models.hf import HFChunkModel, add_lora, build_hf_model
 
 
 def main():

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from seco_lab.data import KeyValueTask
-from seco_lab.schemes import SCHEME_NAMES
+from seco_lab.data.sources import KeyValueTask
+from seco_lab.estimators.schemes import SCHEME_NAMES
 from seco_lab.store import atomic_write_csv, atomic_write_json, software_versions
-from seco_lab.train import RunControl, TrainConfig, Trainer, read_metrics
+from seco_lab.training.trainer import RunControl, TrainConfig, Trainer, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,16 +11,17 @@ from importlib import import_module as _import_module
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "dense_grad": "engine", "forward_loss": "engine", "seco_grad": "engine", "seco_step": "engine",
-    "truncated_grad": "engine",
-    "Expectation": "enumeration", "enumerate_expectation": "enumeration",
-    "ChainBasis": "estimators", "HopStrata": "estimators", "chain_basis": "estimators", "hop_strata": "estimators",
-    "spaco_grad": "estimators",
-    "GradDict": "grads", "accumulate_grads": "grads", "flatten": "grads", "unflatten": "grads",
-    "TinyConfig": "tiny_config", "TinyTransformer": "model",
-    "ChunkModel": "protocol", "ChunkOutput": "protocol",
-    "SCHEME_NAMES": "schemes", "Sampler": "schemes", "Scheme": "schemes", "get_scheme": "schemes",
-    "make_scheme": "schemes",
+    "dense_grad": "core.engine", "forward_loss": "core.engine", "seco_grad": "core.engine", "seco_step": "core.engine",
+    "truncated_grad": "core.engine",
+    "Expectation": "stats.enumeration", "enumerate_expectation": "stats.enumeration",
+    "ChainBasis": "estimators.spaco", "HopStrata": "estimators.spaco", "chain_basis": "estimators.spaco",
+    "hop_strata": "estimators.spaco", "spaco_grad": "estimators.spaco",
+    "GradDict": "core.grads", "accumulate_grads": "core.grads", "flatten": "core.grads", "unflatten": "core.grads",
+    "TinyConfig": "models.tiny_config",
+    "TinyTransformer": "models.tiny",
+    "ChunkModel": "core.protocol", "ChunkOutput": "core.protocol",
+    "SCHEME_NAMES": "estimators.schemes", "Sampler": "estimators.schemes", "Scheme": "estimators.schemes",
+    "get_scheme": "estimators.schemes", "make_scheme": "estimators.schemes",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -9,7 +9,7 @@ verification of the SpaCO gradient estimators.
     seco-lab report bias                                 (reports from stored results)
     seco-lab audit [--quick] --model M --texts DIR ...   (audit an estimator on your model and text)
 
-The studies and reports are those of ``seco_lab.studies``.
+The studies and reports are those of ``seco_lab.studies.registry``.
 
 Settings come from the defaults (or, with --resume, the run's saved config), then the
 config file, then the flags given.  Launch under ``torchrun --nproc_per_node N`` for
@@ -40,9 +40,9 @@ from .config import (
     tiny_config_from_dict,
 )
 from .field_types import unwrap_optional
-from .memory_estimate import check_fits_in_memory
-from .studies import STUDIES, report_main, study_main
-from .tiny_config import TinyConfig
+from .models.tiny_config import TinyConfig
+from .studies.registry import STUDIES, report_main, study_main
+from .training.memory_estimate import check_fits_in_memory
 
 __all__ = ["fail", "main", "resolve_train_config"]
 
@@ -163,9 +163,9 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
     run = RunControl(**run).validate()
     base = {}
     if run.resume:
-        from .experiment import read_experiment
-        from .run_dir import checkpoint_steps
-        from .train import experiment_from_record
+        from .training.experiment import read_experiment
+        from .training.run_dir import checkpoint_steps
+        from .training.trainer import experiment_from_record
 
         path = Path(run.run_dir) / "config.json"
         if not path.is_file() and not checkpoint_steps(run.run_dir):
@@ -227,8 +227,8 @@ def train_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         cfg, run = resolve_train_config(vars(ns))
     except (ValueError, OSError) as e:
         return fail("train", e)
-    from .run_dir import RunDirError
-    from .train import Trainer, init_distributed_from_env
+    from .training.run_dir import RunDirError
+    from .training.trainer import Trainer, init_distributed_from_env
 
     try:
         init_distributed_from_env()
@@ -248,8 +248,8 @@ def train_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
     """Fit a prepared trainer, turning its ends into messages and exit statuses."""
     from .report.runs import plot_run
-    from .run_dir import RunDirError
-    from .train import NonFiniteLoss, TrainingInterrupted
+    from .training.run_dir import RunDirError
+    from .training.trainer import NonFiniteLoss, TrainingInterrupted
 
     lead = trainer.rank == 0
     if trainer.step >= cfg.steps:
@@ -343,7 +343,7 @@ def main(argv=None) -> int:
     if argv and argv[0] == "plot":
         return plot_main(argv[1:])
     if argv and argv[0] == "audit":
-        from .audit import main as audit_main
+        from .studies.audit import main as audit_main
 
         return audit_main(argv[1:])
     if argv and argv[0] == "train":

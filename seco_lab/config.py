@@ -1,5 +1,5 @@
 """Training configuration: what defines an experiment (:class:`TrainConfig`, with the
-tiny model as a :class:`~seco_lab.model.TinyConfig`) and how one run of it is driven
+tiny model as a :class:`~seco_lab.models.tiny.TinyConfig`) and how one run of it is driven
 (:class:`RunControl`: run directory, device, stop/resume/overwrite, progress bar).
 
 Every field carries its help text and CLI group in ``metadata``; the ``seco-lab train``
@@ -15,9 +15,9 @@ import warnings
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
+from .estimators.schemes import SCHEME_NAMES, get_scheme
 from .field_types import check_fields
-from .schemes import SCHEME_NAMES, get_scheme
-from .tiny_config import TinyConfig
+from .models.tiny_config import TinyConfig
 
 __all__ = ["ATTENTION", "DATA", "DTYPE_NAMES", "GATHER_POLICIES", "HF_ARCHITECTURE_DEFAULTS", "HF_ARCHITECTURES",
            "MODES", "SHARD_MODES", "TEXT_VOCAB", "RunControl", "TrainConfig", "check_fields", "flag_of",
@@ -37,7 +37,7 @@ HF_ARCHITECTURE_DEFAULTS = {
 HF_ARCHITECTURES = tuple(HF_ARCHITECTURE_DEFAULTS)
 TEXT_VOCAB = 256  # byte-level text: one token per byte value
 SHARD_MODES = ("none", "fsdp")
-GATHER_POLICIES = ("step", "chunk")  # seco_lab.sharding documents each
+GATHER_POLICIES = ("step", "chunk")  # seco_lab.training.sharding documents each
 MAX_STEPS = 10**9  # the bound of step counts (--steps, --warmup, --eval-every, ...): more would run for years
 
 

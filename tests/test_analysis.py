@@ -1,4 +1,4 @@
-"""seco_lab.analysis against brute force: every chain-space quadratic form equals the same
+"""seco_lab.stats.chain_space against brute force: every chain-space quadratic form equals the same
 statistic computed on explicit parameter-space vectors with plain loops."""
 
 import itertools
@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seco_lab import get_scheme
-from seco_lab.analysis import (
+from seco_lab.estimators.spaco import ChainBasis
+from seco_lab.stats.chain_space import (
     ChainSpace,
     Inclusion,
     MonteCarlo,
@@ -18,7 +19,6 @@ from seco_lab.analysis import (
     monte_carlo_stats,
     scheme_chain_weights,
 )
-from seco_lab.estimators import ChainBasis
 
 TOL = 1e-10
 

@@ -19,8 +19,8 @@ from seco_lab import (
     seco_grad,
     spaco_grad,
 )
-from seco_lab.model import rotary
-from seco_lab.protocol import ChunkOutput
+from seco_lab.core.protocol import ChunkOutput
+from seco_lab.models.tiny import rotary
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ def test_model_without_parameters_is_refused(problem):
 
 def test_chunk_forward_returning_a_tuple_is_refused(problem):
     _, tok, tgt = problem
-    with pytest.raises(TypeError, match=re.escape("must return seco_lab.protocol.ChunkOutput")):
+    with pytest.raises(TypeError, match=re.escape("must return seco_lab.core.protocol.ChunkOutput")):
         seco_grad(_TupleModel(), tok, tgt, chunk_size=4)
     assert ChunkOutput  # the type the message names exists
 

@@ -93,8 +93,8 @@ def test_the_circle_finder_finds_a_circle():
 
 def test_the_graph_sees_relative_and_deferred_imports():
     graph = import_graph()
-    assert "seco_lab.hf" in graph["seco_lab.pretrained"]  # a deferred (function-level) import
-    assert "seco_lab.store" in graph["seco_lab.study.driver"]  # a relative import two levels up
+    assert "seco_lab.models.hf" in graph["seco_lab.models.pretrained"]  # a deferred (function-level) import
+    assert "seco_lab.store" in graph["seco_lab.studies.bias.driver"]  # a relative import two levels up
 
 
 def test_no_import_circles_in_seco_lab():

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from seco_lab import dense_grad, enumerate_expectation, flatten, get_scheme, hop_strata
-from seco_lab.audit import (
+from seco_lab.studies.audit import (
     QUICK,
     AuditConfig,
     crossover_batch,
@@ -21,7 +21,7 @@ from seco_lab.audit import (
     load_sequence,
     run_audit,
 )
-from seco_lab.audit.measure import SAMPLER_CODES
+from seco_lab.studies.audit.measure import SAMPLER_CODES
 
 # k = 6 chunks of 4 tokens, L = 2 layers, P = L - 1: the remainder is exactly the stratum p = 2 (g(p) = 0 for
 # p > L), so every first-order number is exact and comparable with enumeration to rounding
@@ -183,8 +183,8 @@ def test_equal_compute_formula_matches_a_direct_simulation():
 def test_out_that_is_no_audit_folder_of_its_own_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     """issue 19: the audit's --out is guarded like a study's: a user's folder keeps its files untouched, and
     "", ~, the current directory and a file are refused; a folder in use by another audit is refused."""
-    from seco_lab.audit.driver import main
     from seco_lab.folder_lock import FolderBusy, locked
+    from seco_lab.studies.audit.driver import main
 
     user = tmp_path / "mine"
     user.mkdir()
@@ -300,7 +300,7 @@ def test_audit_settings_of_the_wrong_kind_are_refused(change, error, words):
 def test_run_audit_refuses_a_dict_and_a_foreign_config_json(tmp_path, capsys):
     """E71: a dict config failed with AttributeError after creating the folder; D09: a user's config.json
     gave KeyError 'config'; C77: `study audit` into a user's folder was a traceback."""
-    from seco_lab.studies import study_main
+    from seco_lab.studies.registry import study_main
 
     with pytest.raises(TypeError, match="cfg must be an AuditConfig"):
         run_audit({"length": 64}, tmp_path / "ra1", progress=False)

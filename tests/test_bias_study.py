@@ -17,8 +17,8 @@ from seco_lab import dense_grad, flatten, hop_strata
 from seco_lab.report import bias_report, load_bias, summarize_bias
 from seco_lab.report.bias_paper import PAPER_METRICS, paper_cells
 from seco_lab.report.markdown import fmt
-from seco_lab.strata_stats import StrataGram, bias_metrics
-from seco_lab.study import (
+from seco_lab.stats.strata import StrataGram, bias_metrics
+from seco_lab.studies.bias import (
     PAPER,
     QUICK,
     RESULT_COLUMNS,
@@ -31,7 +31,7 @@ from seco_lab.study import (
     run_study,
     seed_sequence,
 )
-from seco_lab.study_runner import KILL_HOOK
+from seco_lab.studies.runner import KILL_HOOK
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ("results", "checks", "groups", "convergence")
@@ -205,7 +205,7 @@ def test_an_hf_architecture_can_be_the_model_of_a_cell():
 
 
 def test_cli_help_lists_every_option_with_its_default(capsys):
-    from seco_lab.study import build_parser, main
+    from seco_lab.studies.bias import build_parser, main
 
     with pytest.raises(SystemExit) as e:
         main(["--help"])
@@ -218,7 +218,7 @@ def test_cli_help_lists_every_option_with_its_default(capsys):
 
 
 def test_cli_out_that_is_a_file_is_a_clear_error(tmp_path, capsys):
-    from seco_lab.study import main
+    from seco_lab.studies.bias import main
 
     (tmp_path / "f").write_text("")
     with pytest.raises(SystemExit) as e:
@@ -392,7 +392,7 @@ def test_a_rerun_keeps_the_stored_tables_it_reproduces_up_to_rounding(tmp_path, 
 
 
 def test_table_difference_is_none_for_anything_but_float_rounding():
-    from seco_lab.rerun_tables import table_difference
+    from seco_lab.studies.rerun_tables import table_difference
 
     a = pd.DataFrame({"scheme": ["paper", "capped"], "t": [1, 2], "value": [0.5, float("nan")]})
     assert table_difference(a, a.copy()) == 0.0

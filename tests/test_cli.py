@@ -14,9 +14,9 @@ import torch
 
 from seco_lab.cli import main as cli_main
 from seco_lab.cli import resolve_train_config
-from seco_lab.data import TextCorpus, read_text_bytes
+from seco_lab.data.sources import TextCorpus, read_text_bytes
 from seco_lab.report.runs import runs_figure
-from seco_lab.run_dir import read_metrics
+from seco_lab.training.run_dir import read_metrics
 
 RUN = ["--seq-len", "40", "--chunk-size", "8", "--batch-size", "2", "--eval-batches", "1", "--no-progress",
        "--device", "cpu"]

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from seco_lab.token_corpus import TokenCorpus, read_text
+from seco_lab.data.token_corpus import TokenCorpus, read_text
 
 
 class ByteTokenizer:
@@ -28,7 +28,7 @@ def test_token_corpus_refuses_a_fifo_instead_of_blocking(tmp_path):
     os.mkfifo(fifo)
     code = textwrap.dedent(f"""
         from test_corpus_bounds import ByteTokenizer
-        from seco_lab.token_corpus import TokenCorpus
+        from seco_lab.data.token_corpus import TokenCorpus
         try:
             TokenCorpus(8, ByteTokenizer(), paths=[{str(fifo)!r}])
         except ValueError as e:

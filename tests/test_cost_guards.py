@@ -11,10 +11,11 @@ import pytest
 import torch
 from helpers import random_batch, tiny_model
 
-from seco_lab import checks, study_runner
-from seco_lab.estimators import chain_basis, hop_strata
-from seco_lab.schemes import get_scheme
-from seco_lab.study_runner import worker_count
+from seco_lab.core import checks
+from seco_lab.estimators.schemes import get_scheme
+from seco_lab.estimators.spaco import chain_basis, hop_strata
+from seco_lab.studies import runner as study_runner
+from seco_lab.studies.runner import worker_count
 
 
 def test_workers_are_capped_at_the_work_and_the_usable_cores(monkeypatch):

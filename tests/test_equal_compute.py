@@ -17,8 +17,8 @@ import torch
 from scipy import optimize
 
 from seco_lab import flatten, hop_strata, spaco_grad, truncated_grad
-from seco_lab.engine import dense_grad
-from seco_lab.equal_compute import (
+from seco_lab.core.engine import dense_grad
+from seco_lab.stats.equal_compute import (
     best_scale_mse,
     chunk_passes,
     crossover_batch,
@@ -27,9 +27,9 @@ from seco_lab.equal_compute import (
     noise_to_signal,
     step_variance,
 )
-from seco_lab.train_study import Arm, RecallTask
-from seco_lab.train_study.extensions import near_rates
-from seco_lab.train_study.runner import gradient, micro_batches, noise_probe
+from seco_lab.studies.train import Arm, RecallTask
+from seco_lab.studies.train.extensions import near_rates
+from seco_lab.studies.train.runner import gradient, micro_batches, noise_probe
 from tests.helpers import rel_err, tiny_model
 
 # ----------------------------------------------------------------------------- explicit vectors
@@ -225,9 +225,9 @@ def test_noise_probe_against_group_gradients(arm):
 
 
 def test_matched_scale_metrics_against_explicit_draws():
-    """seco_lab.analysis.matched_scale (the bias study's columns) against explicit estimator vectors: the exact
+    """seco_lab.stats.chain_space.matched_scale (the bias study's columns) against explicit estimator vectors: the exact
     noise-to-signal and the best-scale MSE found by a 1-d minimiser over the draws' distribution."""
-    from seco_lab.analysis import matched_scale
+    from seco_lab.stats.chain_space import matched_scale
 
     rng = np.random.default_rng(7)
     g = rng.normal(size=5)

@@ -24,7 +24,7 @@ from seco_lab import (
     seco_grad,
     spaco_grad,
 )
-from seco_lab.schemes import Sampler
+from seco_lab.estimators.schemes import Sampler
 
 TOL = 1e-12
 
@@ -142,8 +142,8 @@ def test_one_stratified_pass_gives_every_scheme_and_the_chain_basis_agrees(probl
 def test_relay_buffers_per_scheme(monkeypatch, problems, name, labels):
     """Constant-factor schemes relay through one buffer (one label); hop-dependent ones keep one
     buffer per hop count -- counted on the labels the real sweep uses, not on a predicate."""
-    import seco_lab.engine as engine
-    import seco_lab.estimators as est
+    import seco_lab.core.engine as engine
+    import seco_lab.estimators.spaco as est
 
     seen = set()
     real_sweep = engine.backward_sweep

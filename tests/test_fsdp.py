@@ -6,7 +6,7 @@ single-process references are computed here.  What is checked:
 * exactness (float64, <= 1e-10 relative on the parameters after 3 optimizer steps) for SeCO,
   SpaCO with t = k (constant relay) and SpaCO on a fixed subset with a hop-dependent scheme,
   with both gather policies and gradient accumulation, for the tiny model and a tiny HF Llama + LoRA;
-* the collectives of every optimizer step against seco_lab.sharding's documented counts;
+* the collectives of every optimizer step against seco_lab.training.sharding's documented counts;
 * sharded checkpoints: stop + resume = uninterrupted, bit for bit; a 2-rank checkpoint continued
   in one process (no process group, unsharded) = the 2-rank continuation to <= 1e-10; a replicated
   run's ``.pt`` checkpoint continued with --shard fsdp = the replicated continuation to <= 1e-10.
@@ -25,10 +25,10 @@ import torch.multiprocessing as mp
 from helpers import rel_err
 
 from seco_lab.config import RunControl, TrainConfig
-from seco_lab.run_dir import checkpoint_steps, read_metrics
-from seco_lab.schemes import Sampler
-from seco_lab.sharding import ShardingError, count_collectives
-from seco_lab.train import Trainer
+from seco_lab.estimators.schemes import Sampler
+from seco_lab.training.run_dir import checkpoint_steps, read_metrics
+from seco_lab.training.sharding import ShardingError, count_collectives
+from seco_lab.training.trainer import Trainer
 
 TINY = dict(d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=32, vocab_size=17)
 K = 4  # seq_len 32, chunk_size 8
@@ -141,7 +141,7 @@ def groups_of(hf: bool) -> tuple[int, int]:
 
 
 def expected_counts(spec, work: dict, hf=False) -> dict:
-    """seco_lab.sharding's documented collectives per optimizer step; ``work``: the step's engine
+    """seco_lab.training.sharding's documented collectives per optimizer step; ``work``: the step's engine
     chunk forwards F and backward passes B (``chunk``: one all-gather per group for each)."""
     g, g_t = groups_of(hf)
     gathers = g if spec["run"]["fsdp_gather"] == "step" else g * (work["forward"] + work["backward"])
@@ -169,7 +169,7 @@ def check_against_single_process(jobs, root, hf=False):
         ).items()})
         assert moved > 1e-6, f"{spec['name']}: the parameters did not move; the comparison proves nothing"
         # every rank does the one process's chunk forwards; a sharded model runs each chunk graph's
-        # products fused (seco_lab.engine._products), so a hop-dependent relay may take fewer backward calls
+        # products fused (seco_lab.core.engine._products), so a hop-dependent relay may take fewer backward calls
         assert [w["forward"] for w in got["work"]] == [w["forward"] for w in ref["work"]], spec["name"]
         assert all(g["backward"] <= r["backward"] for g, r in zip(got["work"], ref["work"])), spec["name"]
         if spec["subset"] is None:  # SeCO and constant relay: the work itself is fixed

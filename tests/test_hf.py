@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from helpers import rel_err
 
 from seco_lab import dense_grad, enumerate_expectation, flatten, get_scheme, hop_strata, seco_grad
-from seco_lab.hf import HFChunkModel, add_lora, build_hf_model
-from seco_lab.train import RunControl, TrainConfig, Trainer
+from seco_lab.models.hf import HFChunkModel, add_lora, build_hf_model
+from seco_lab.training.trainer import RunControl, TrainConfig, Trainer
 
 TOL = 1e-10
 VOCAB = 64
@@ -112,8 +112,8 @@ def test_cache_leaves_hold_the_kv_cache_once():
     """Pass 1's leaves are views of their c positions in one buffer per layer and key/value: adjacent (a
     chunk reads its prefix as one view) and, all together, exactly the KV cache's bytes -- no leaf keeps
     a copy of its prefix alive."""
-    from seco_lab.engine import cache_leaves, checked_batch
-    from seco_lab.hf_attention import adjacent_view
+    from seco_lab.core.engine import cache_leaves, checked_batch
+    from seco_lab.models.hf_attention import adjacent_view
 
     adapter = HFChunkModel(build_hf_model("llama", attn_implementation="sdpa", dtype=torch.float64))
     tok, tgt = tokens(batch=2, length=21)
@@ -180,7 +180,7 @@ def test_chunk_forward_copies_nothing_of_the_prefix():
     (cat, copy, clone, ...) in a chunk's forward with and without a graph and in its backward, and the bytes
     its graph saves for backward (outside the leaves and the parameters), are the same for chunk 1 as for
     chunk 5 (counted, not timed).  Concatenating [prefix, own] in every layer fails this."""
-    from seco_lab.engine import cache_leaves, prepare
+    from seco_lab.core.engine import cache_leaves, prepare
 
     adapter = HFChunkModel(build_hf_model("llama", attn_implementation="sdpa", dtype=torch.float64))
     tok, tgt = tokens(batch=1, length=24)
@@ -238,7 +238,7 @@ def test_chunk_attention_equals_explicit_softmax(kv_heads):
     every prefix leaf."""
     from transformers import LlamaConfig
 
-    from seco_lab.hf_attention import ChunkCausal, PrefixLayer, chunk_sdpa_attention, chunk_sdpa_mask
+    from seco_lab.models.hf_attention import ChunkCausal, PrefixLayer, chunk_sdpa_attention, chunk_sdpa_mask
 
     g = torch.Generator().manual_seed(3)
     heads, c, sizes, d = 6, 5, (3, 4), 4

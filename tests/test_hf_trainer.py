@@ -20,8 +20,8 @@ from trainer_case import (
 from transformers import TrainerCallback
 
 from seco_lab import spaco_grad
-from seco_lab.hf import HFChunkModel
 from seco_lab.integrations.transformers import SeCOArguments, chunk_targets
+from seco_lab.models.hf import HFChunkModel
 
 TOL = 1e-10
 
@@ -162,7 +162,7 @@ def test_unsupported_trainer_features_are_refused(tmp_path, overrides, message):
 
 
 def test_a_model_the_engine_cannot_drive_is_refused_at_construction(tmp_path):
-    from seco_lab.hf import build_hf_model
+    from seco_lab.models.hf import build_hf_model
 
     model = build_hf_model("qwen2", {"use_sliding_window": True, "sliding_window": 8}, dtype=torch.float64)
     with pytest.raises(ValueError, match="sliding"):

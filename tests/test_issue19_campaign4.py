@@ -7,7 +7,7 @@ import pytest
 @pytest.mark.parametrize("name", ["", "   "])
 def test_build_hf_model_refuses_an_empty_name_before_asking_the_hub(name):
     """``Path("")`` is the current directory: an empty name used to reach transformers' Hub lookup."""
-    from seco_lab.hf import build_hf_model
+    from seco_lab.models.hf import build_hf_model
 
     with pytest.raises(ValueError, match="must name an architecture .* or a local checkpoint directory"):
         build_hf_model(name)
@@ -17,7 +17,7 @@ def test_the_readme_names_build_hf_models_arguments_as_they_are():
     import inspect
     from pathlib import Path
 
-    from seco_lab.hf import build_hf_model
+    from seco_lab.models.hf import build_hf_model
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     shown = readme.split("`build_hf_model(", 1)[1].split(")`", 1)[0]
@@ -73,7 +73,7 @@ def test_the_real_report_refuses_impossible_values(tmp_path, capsys, table, colu
 
     import pandas as pd
 
-    from seco_lab.studies import report_main
+    from seco_lab.studies.registry import report_main
 
     folder = tmp_path / "r"
     shutil.copytree(ROOT / "reports/real_study/k16x16", folder)
@@ -92,7 +92,7 @@ def test_the_real_report_refuses_impossible_values(tmp_path, capsys, table, colu
 def tiny_audit(tmp_path_factory):
     from dataclasses import replace
 
-    from seco_lab.audit import AuditConfig, run_audit
+    from seco_lab.studies.audit import AuditConfig, run_audit
 
     cfg = AuditConfig(model="tiny", params="full", dtype="float64", length=16, chunk_size=4, budgets=(2,),
                       max_hops=1, num_sequences=2, mc_sequences=1, mc_budgets=(2,), mc_draws=8, cost_sequences=1,
@@ -229,7 +229,7 @@ def test_a_run_written_before_the_marker_is_still_recognised_by_its_full_record(
     from test_issue19_inputs import FAST
 
     from seco_lab.cli import main
-    from seco_lab.run_dir import MARKER_NAME
+    from seco_lab.training.run_dir import MARKER_NAME
 
     run = tmp_path / "run"
     assert main(["train", *FAST, "--run-dir", str(run)]) == 0
@@ -298,8 +298,8 @@ def test_a_token_corpus_of_one_file_holds_out_its_last_sequences(tmp_path):
 
     import torch
 
-    from seco_lab.pretrained import load_tokenizer
-    from seco_lab.token_corpus import TokenCorpus, held_out
+    from seco_lab.data.token_corpus import TokenCorpus, held_out
+    from seco_lab.models.pretrained import load_tokenizer
 
     tokenizer = load_tokenizer("smollm2-135m")
     text = (Path(sysconfig.get_paths()["stdlib"]) / "argparse.py").read_text()
@@ -379,7 +379,7 @@ def test_a_users_own_lock_file_is_never_truncated(tmp_path, capsys):
 
 def test_a_full_disk_at_the_first_checkpoint_gives_advice_that_works(tmp_path, monkeypatch):
     """C4 d13b: 'free disk space ... resume with --resume' although no checkpoint existed to resume from."""
-    from seco_lab import run_dir as rd
+    from seco_lab.training import run_dir as rd
 
     run = rd.RunDir(tmp_path / "r")
     run.open(resume=False, overwrite=False)

@@ -66,7 +66,7 @@ def _byte_bpe_tokenizer(text: str):
 
 @pytest.fixture(scope="module")
 def checkpoint_dirs(tmp_path_factory):
-    from seco_lab.hf import build_hf_model
+    from seco_lab.models.hf import build_hf_model
 
     root = tmp_path_factory.mktemp("ckpt")
     corpus = root / "corpus"
@@ -86,9 +86,9 @@ def checkpoint_dirs(tmp_path_factory):
 
 def test_a_checkpoint_directory_reads_text_through_its_own_tokenizer(checkpoint_dirs):
     """Before: --hf-model DIR --data text packed raw bytes as token ids (SmolLM2: eval loss 6.95 for 4.54)."""
-    from seco_lab.builders import build_data
     from seco_lab.config import TrainConfig
-    from seco_lab.token_corpus import TokenCorpus, encode_text
+    from seco_lab.data.token_corpus import TokenCorpus, encode_text
+    from seco_lab.training.builders import build_data
 
     corpus, _, with_tok, tokenizer = checkpoint_dirs
     cfg = TrainConfig(data="text", hf_model=str(with_tok), text_paths=[str(corpus)], seq_len=32, chunk_size=16,
@@ -141,7 +141,7 @@ def _api_cases():
         seco_step,
         spaco_grad,
     )
-    from seco_lab.data import KeyValueTask, TextCorpus
+    from seco_lab.data.sources import KeyValueTask, TextCorpus
 
     cfg = TinyConfig(vocab_size=17, d_model=16, n_layers=2, n_heads=4, d_ff=16)
     return [
@@ -153,7 +153,7 @@ def _api_cases():
         ("seed=1.7", lambda m, x, y: TinyTransformer(cfg, seed=1.7), "seed must be an integer"),
         ("seed=True", lambda m, x, y: TinyTransformer(cfg, seed=True), "seed must be an integer"),
         ("tie_embeddings='no'", lambda m, x, y: TinyConfig(tie_embeddings="no"), "must be True or False"),
-        ("HFChunkModel(TinyTransformer)", lambda m, x, y: __import__("seco_lab.hf").hf.HFChunkModel(m),
+        ("HFChunkModel(TinyTransformer)", lambda m, x, y: __import__("seco_lab.models.hf").models.hf.HFChunkModel(m),
          "HFChunkModel drives a transformers causal LM"),
         ("TextCorpus(0)", lambda m, x, y: TextCorpus(0), "seq_len must be an integer >= 1"),
         ("batch('test')", lambda m, x, y: KeyValueTask(16).batch("test", 0, 2), "split must be 'train' or 'val'"),
@@ -188,14 +188,14 @@ def test_api_refuses_with_a_message(tiny, case):
 
 
 def test_build_hf_model_refuses_unknown_config_keys():
-    from seco_lab.hf import build_hf_model
+    from seco_lab.models.hf import build_hf_model
 
     with pytest.raises(ValueError, match="llama has no config field"):
         build_hf_model("llama", {"foo": 1})
 
 
 def test_text_corpus_takes_one_path_as_a_string(tmp_path):
-    from seco_lab.data import TextCorpus
+    from seco_lab.data.sources import TextCorpus
 
     f = tmp_path / "a.txt"
     f.write_text("hello world " * 100)
@@ -207,7 +207,7 @@ def test_chain_weights_beyond_float_range_on_zero_strata_give_a_finite_estimate(
     shallow model, so the estimate is sum_p W(p) g(p) over the first ones (before: OverflowError)."""
     import torch
 
-    from seco_lab.estimators import HopStrata
+    from seco_lab.estimators.spaco import HopStrata
 
     g = [{"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([0.5, -1.0])}]
     strata = HopStrata(torch.tensor(0.0), g + [{"w": torch.zeros(2)} for _ in range(254)], 256, None)
@@ -221,7 +221,7 @@ def test_chain_weights_beyond_float_range_on_zero_strata_give_a_finite_estimate(
 
 @pytest.mark.parametrize("bad", [dict(n_layers="1"), dict(n_layers=1.0), dict(seed=True)])
 def test_load_cell_refuses_non_integer_coordinates(tmp_path, bad):
-    from seco_lab.study import load_cell
+    from seco_lab.studies.bias import load_cell
 
     args = {"n_layers": 1, "num_chunks": 4, "seed": 0, **bad}
     with pytest.raises(TypeError, match="must be an integer"):
@@ -250,7 +250,7 @@ def test_the_memory_estimate_counts_parameters_exactly():
     """The parameter term of the estimate equals the model's own count (the rest is data and activations)."""
     from seco_lab import TinyTransformer
     from seco_lab.config import TrainConfig
-    from seco_lab.memory_estimate import training_memory_bytes
+    from seco_lab.training.memory_estimate import training_memory_bytes
 
     for model in (dict(vocab_size=50, d_model=16, n_heads=4, n_kv_heads=2, d_ff=24, n_layers=3),
                   dict(vocab_size=64, d_model=8, n_heads=2, d_ff=8, n_layers=1, tie_embeddings=True)):
@@ -278,7 +278,7 @@ def test_a_config_json_that_is_a_list_is_a_clear_error(tmp_path, capsys):
 
 
 def test_a_text_head_followed_by_nuls_is_skipped_as_binary(tmp_path):
-    from seco_lab.data import TextCorpus
+    from seco_lab.data.sources import TextCorpus
 
     f = tmp_path / "head.txt"
     with open(f, "wb") as fh:  # 4 KiB of text, then 16 MiB of NUL bytes (sparse)
@@ -444,7 +444,7 @@ def test_a_check_over_no_cells_is_not_reported_as_yes():
 
 
 def test_report_on_a_missing_folder_says_so_not_cannot_write(tmp_path, capsys):
-    from seco_lab.studies import report_main
+    from seco_lab.studies.registry import report_main
 
     for name in ("training", "bias"):
         rc = report_main([name, "--results", str(tmp_path / "nope"), "--out", str(tmp_path / "r.md")])
@@ -481,7 +481,7 @@ def test_a_finished_group_is_done_only_while_its_tables_match_its_record(tmp_pat
 
 def test_a_second_bias_study_into_the_same_folder_is_refused(tmp_path, capsys):
     from seco_lab.folder_lock import hold_lock, release_lock
-    from seco_lab.studies import study_main
+    from seco_lab.studies.registry import study_main
 
     out = tmp_path / "study"
     out.mkdir()
@@ -517,7 +517,7 @@ def test_saving_a_lora_adapter_makes_no_network_lookup(tmp_path, monkeypatch):
     import peft.utils.save_and_load
 
     from seco_lab.config import RunControl, TrainConfig
-    from seco_lab.train import Trainer
+    from seco_lab.training.trainer import Trainer
 
     def no_network(*args, **kwargs):
         raise AssertionError(f"network lookup attempted: {args}")
@@ -550,8 +550,8 @@ def _state(step=4):
 def test_a_full_disk_during_a_checkpoint_is_an_error_and_leaves_no_tmp(tmp_path, monkeypatch):
     import errno
 
-    import seco_lab.run_dir as run_dir_module
-    from seco_lab.run_dir import RunDir, RunDirError
+    import seco_lab.training.run_dir as run_dir_module
+    from seco_lab.training.run_dir import RunDir, RunDirError
 
     def full_disk(obj, f, *args, **kwargs):
         f.write(b"\0" * 1000)  # part of the file, then the disk is full
@@ -568,7 +568,7 @@ def test_a_full_disk_during_a_checkpoint_is_an_error_and_leaves_no_tmp(tmp_path,
 
 
 def test_a_folder_named_latest_is_an_error_not_a_traceback(tmp_path):
-    from seco_lab.run_dir import RunDir, RunDirError
+    from seco_lab.training.run_dir import RunDir, RunDirError
 
     rd = RunDir(tmp_path / "run").open(resume=False, overwrite=False)
     try:
@@ -595,7 +595,7 @@ def _user_folder(root):
 @pytest.mark.parametrize("fresh", [[], ["--fresh"]])
 def test_a_study_never_writes_into_a_users_folder(tmp_path, capsys, fresh):
     """Campaign Y15/Y18: a folder without study.json but with results.csv was overwritten (--fresh: its cells too)."""
-    from seco_lab.studies import study_main
+    from seco_lab.studies.registry import study_main
 
     files = _user_folder(tmp_path / "mine")
     with pytest.raises(SystemExit) as e:
@@ -614,7 +614,7 @@ def test_a_study_never_writes_into_a_users_folder(tmp_path, capsys, fresh):
 ])
 def test_a_study_out_that_is_no_folder_of_its_own_is_refused(tmp_path, capsys, monkeypatch, out, message):
     """Campaign Y10/Y11: --out '' wrote the study into the cwd, --out / into the filesystem root."""
-    from seco_lab.studies import study_main
+    from seco_lab.studies.registry import study_main
 
     cwd = tmp_path / "work"
     cwd.mkdir()
@@ -653,7 +653,7 @@ def test_a_damaged_study_json_is_named_not_a_traceback(tmp_path):
 @pytest.mark.parametrize("name", ["results.csv", "study.json", "notes.txt"])
 def test_a_report_never_overwrites_the_results_it_reads(study_copy, capsys, name):
     """Campaign E13: report bias --out RESULTS/results.csv replaced the study's table with Markdown."""
-    from seco_lab.studies import report_main
+    from seco_lab.studies.registry import report_main
 
     before = {p.name: p.read_bytes() for p in study_copy.iterdir()}
     with pytest.raises(SystemExit) as e:
@@ -669,7 +669,7 @@ def test_a_report_never_overwrites_the_results_it_reads(study_copy, capsys, name
 def test_a_text_file_named_twice_is_read_once(tmp_path):
     """Campaign D18/D23: a file named twice (or named and inside a named folder) was read twice, so the
     held-out split was a copy of training text."""
-    from seco_lab.data import TextCorpus
+    from seco_lab.data.sources import TextCorpus
 
     (tmp_path / "ov").mkdir()
     good = tmp_path / "ov" / "good.txt"
@@ -690,7 +690,7 @@ def test_an_empty_text_path_is_refused(tmp_path, capsys):
 
 def test_a_binary_file_skipped_beside_text_is_named_in_a_warning(tmp_path):
     """Campaign D22: --text good.txt --text /bin/ls dropped the binary file without a word."""
-    from seco_lab.data import TextCorpus
+    from seco_lab.data.sources import TextCorpus
 
     good, blob = tmp_path / "good.txt", tmp_path / "blob.bin"
     good.write_text("hello world\n" * 500)
@@ -739,7 +739,7 @@ def _gz_rows(path, edit):
 
 
 def test_the_small_training_study_loads(train_copy):
-    from seco_lab.train_study.report import load
+    from seco_lab.studies.train.report import load
 
     results, runs, _ = load(train_copy)
     assert len(runs) == 12 and set(results.run_id) == set(runs.run_id)
@@ -808,7 +808,7 @@ def test_report_real_refuses_damaged_or_incomplete_results(real_copy, capsys, da
 
 def _assert_report_refuses(study, results, damage, message, capsys):
     """Damage a copy of a study's results: its report exits 2 with ``message``, no traceback, and writes nothing."""
-    from seco_lab.studies import report_main
+    from seco_lab.studies.registry import report_main
 
     damage(results)
     out = results.parent / "r.md"
@@ -836,8 +836,8 @@ def test_report_real_renders_the_committed_study(real_copy, tmp_path):
 ])
 def test_a_study_beyond_the_cost_guard_is_refused_up_front(tmp_path, capsys, monkeypatch, args, message):
     """Campaign Y08: --draws 10000000000 was accepted and ran until killed."""
-    import seco_lab.study.driver as driver
-    from seco_lab.studies import study_main
+    import seco_lab.studies.bias.driver as driver
+    from seco_lab.studies.registry import study_main
 
     def started(*a, **k):
         raise AssertionError("the study started")
@@ -852,8 +852,8 @@ def test_a_study_beyond_the_cost_guard_is_refused_up_front(tmp_path, capsys, mon
 def test_the_cost_guard_passes_the_default_study_and_yields_to_force():
     from dataclasses import replace
 
-    from seco_lab.study.definition import DEFAULT, QUICK
-    from seco_lab.study.driver import check_cost
+    from seco_lab.studies.bias.definition import DEFAULT, QUICK
+    from seco_lab.studies.bias.driver import check_cost
 
     assert check_cost(QUICK) < check_cost(DEFAULT) < 3600  # the studies the Makefile runs are far below the guard
     big = replace(DEFAULT, draws=10**7)
@@ -876,8 +876,8 @@ def test_the_cost_guard_passes_the_default_study_and_yields_to_force():
 def test_study_real_checks_its_options_before_loading_the_model(tmp_path, capsys, monkeypatch, args, message):
     """Campaign Y26-Y30: study real checked its options only inside the cells' processes (after loading the
     model and writing study.json), so each mistake was a worker's traceback."""
-    import seco_lab.real_study as real_study
-    from seco_lab.studies import study_main
+    import seco_lab.studies.real as real_study
+    from seco_lab.studies.registry import study_main
 
     def started(*a, **k):
         raise AssertionError("the study started")
@@ -891,8 +891,8 @@ def test_study_real_checks_its_options_before_loading_the_model(tmp_path, capsys
 
 def test_ctrl_c_during_a_study_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
     """Campaign G09: Ctrl-C during study bias --jobs 2 was a KeyboardInterrupt traceback."""
-    import seco_lab.study.driver as driver
-    from seco_lab.studies import study_main
+    import seco_lab.studies.bias.driver as driver
+    from seco_lab.studies.registry import study_main
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -910,7 +910,7 @@ def test_ctrl_c_stops_the_workers_at_once_without_a_traceback(capfd):
     """The pool's workers ignore SIGINT (the parent reports it once) and are stopped, not waited for."""
     import time
 
-    from seco_lab.study_runner import run_cells
+    from seco_lab.studies.runner import run_cells
 
     def stop(_):
         raise KeyboardInterrupt
@@ -926,7 +926,7 @@ def test_ctrl_c_stops_the_workers_at_once_without_a_traceback(capfd):
 _CTRL_C_SCRIPT = """
 import os, pathlib, signal, sys, threading, time
 from tqdm.auto import tqdm
-from seco_lab.study_runner import run_cells
+from seco_lab.studies.runner import run_cells
 
 HERE = pathlib.Path(sys.argv[1])
 
@@ -985,7 +985,7 @@ def test_more_train_mistakes_are_one_line_errors(tmp_path, capsys, args, message
 
 
 def test_the_seed_api_refuses_what_torch_cannot_take():
-    from seco_lab.checks import check_seed
+    from seco_lab.core.checks import check_seed
 
     assert check_seed(2**63 - 1) == 2**63 - 1
     with pytest.raises(ValueError, match=r"seed must be < 2\*\*63"):
@@ -994,7 +994,7 @@ def test_the_seed_api_refuses_what_torch_cannot_take():
 
 def test_a_huge_batch_is_refused_before_allocating(tmp_path):
     """Campaign A59: TextCorpus.batch('train', 0, 10**9) tried to allocate 7.5 GiB."""
-    from seco_lab.data import KeyValueTask, TextCorpus
+    from seco_lab.data.sources import KeyValueTask, TextCorpus
 
     good = tmp_path / "good.txt"
     good.write_text("hello world\n" * 500)
@@ -1007,7 +1007,7 @@ def test_a_huge_batch_is_refused_before_allocating(tmp_path):
 
 def test_load_cell_names_a_damaged_study_json(tmp_path):
     """Campaign A65: an empty study.json was a raw JSONDecodeError naming no file."""
-    from seco_lab.study.cell import load_cell
+    from seco_lab.studies.bias.cell import load_cell
 
     (tmp_path / "study.json").write_text("")
     with pytest.raises(ValueError, match="study.json cannot be read as JSON"):
@@ -1020,7 +1020,7 @@ def test_load_cell_names_a_damaged_study_json(tmp_path):
 def test_a_file_the_study_writes_before_its_record_does_not_make_the_folder_foreign(tmp_path):
     """The training study's extension tiers measure costs.csv before they open their folder (and keep it)."""
     from seco_lab.store import StudyFolderError
-    from seco_lab.train_study.study import study_folder
+    from seco_lab.studies.train.study import study_folder
 
     (tmp_path / "costs.csv").write_text("arm,cpu_s\n")
     folder = study_folder(tmp_path)
@@ -1062,7 +1062,7 @@ def _exit_status(main, argv) -> int:
 def test_a_user_folder_with_its_own_study_json_is_refused_even_with_fresh(tmp_path, capsys):
     """Campaign 3, C08/C09: a user's folder holding a study.json of its own was taken for a study of another
     definition, and the advised --fresh overwrote the user's study.json and results.csv."""
-    from seco_lab.studies import study_main
+    from seco_lab.studies.registry import study_main
 
     us = tmp_path / "us"
     us.mkdir()
@@ -1082,7 +1082,7 @@ def test_another_studys_folder_is_named_and_never_discarded(tmp_path, capsys):
     import shutil
     from pathlib import Path
 
-    from seco_lab.studies import study_main
+    from seco_lab.studies.registry import study_main
 
     root = Path(__file__).resolve().parents[1]
     ts = tmp_path / "ts"
@@ -1200,7 +1200,7 @@ def test_hf_override_sizes_are_range_checked(tmp_path, capsys, override, message
 
 def test_build_hf_model_range_checks_its_overrides():
     """The API checks what the command line checks (both go through build_hf_model)."""
-    from seco_lab.hf import build_hf_model
+    from seco_lab.models.hf import build_hf_model
 
     with pytest.raises(ValueError, match="num_hidden_layers=0: num_hidden_layers is a size or count"):
         build_hf_model("llama", {"num_hidden_layers": 0})
@@ -1288,7 +1288,7 @@ def test_empty_lora_targets_are_refused_naming_the_flag(tmp_path, capsys, target
 
 
 def test_add_lora_refuses_empty_targets_and_a_rank_above_the_layers():
-    from seco_lab.hf import add_lora, build_hf_model
+    from seco_lab.models.hf import add_lora, build_hf_model
 
     model = build_hf_model("llama", {"num_hidden_layers": 1})
     with pytest.raises(ValueError, match="names no module"):
@@ -1350,7 +1350,7 @@ def test_more_stop_signals_while_stopping_are_ignored_with_one_line(tmp_path, ca
     import os
     import signal
 
-    from seco_lab.train import Trainer
+    from seco_lab.training.trainer import Trainer
 
     one_step = Trainer._one_step
 
@@ -1404,7 +1404,7 @@ def test_a_training_report_on_another_studys_record_is_refused(tmp_path):
     from pathlib import Path
 
     from seco_lab.report.markdown import MissingResultsError
-    from seco_lab.train_study.stored import load
+    from seco_lab.studies.train.stored import load
 
     root = Path(__file__).resolve().parents[1]
     folder = tmp_path / "t"
@@ -1426,8 +1426,8 @@ def test_a_training_report_on_another_studys_record_is_refused(tmp_path):
 ])
 def test_the_hf_parameter_count_equals_the_built_models(name, overrides):
     """The memory estimate of a named HF architecture counts its parameters exactly, without building it."""
-    from seco_lab.hf import build_hf_model
-    from seco_lab.memory_estimate import hf_parameter_count
+    from seco_lab.models.hf import build_hf_model
+    from seco_lab.training.memory_estimate import hf_parameter_count
 
     model = build_hf_model(name, overrides)
     assert hf_parameter_count(name, overrides) == sum(p.numel() for p in model.parameters())

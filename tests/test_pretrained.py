@@ -1,7 +1,7 @@
 """The real pretrained SmolLM2-135M (GGUF, dequantized) and tokenized text, float64 exactness on real text.
 
 Marked ``real``: the first run on a fresh machine reads the GGUF file (~45 s) and
-caches the dequantized weights (see seco_lab.pretrained); later runs load them in seconds.
+caches the dequantized weights (see seco_lab.models.pretrained); later runs load them in seconds.
 """
 
 import sysconfig
@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from helpers import rel_err
 
 from seco_lab import flatten, hop_strata, seco_grad
-from seco_lab.hf import HFChunkModel, add_lora
-from seco_lab.pretrained import build_pretrained, gguf_path, load_tokenizer
-from seco_lab.token_corpus import TokenCorpus, file_tokens, held_out
+from seco_lab.data.token_corpus import TokenCorpus, file_tokens, held_out
+from seco_lab.models.hf import HFChunkModel, add_lora
+from seco_lab.models.pretrained import build_pretrained, gguf_path, load_tokenizer
 
 pytestmark = pytest.mark.real
 TOL = 1e-10
@@ -129,7 +129,7 @@ def test_gram_metrics_equal_direct_vector_computation():
     import numpy as np
 
     from seco_lab import get_scheme
-    from seco_lab.real_study import gram_metrics
+    from seco_lab.studies.real import gram_metrics
 
     rng = np.random.default_rng(0)
     S = rng.normal(size=(8, 50)) * np.geomspace(1, 1e-3, 8)[:, None]  # strata g(0..7) as rows

@@ -1,4 +1,4 @@
-"""The recomputation check of pass 2 (``seco_lab.checks.check_recomputed``): a rebuilt chunk whose cache
+"""The recomputation check of pass 2 (``seco_lab.core.checks.check_recomputed``): a rebuilt chunk whose cache
 differs from its first pass is an error naming the chunk, not a silently wrong gradient."""
 
 import pytest
@@ -6,8 +6,8 @@ import torch
 from helpers import rel_err, tiny_model
 
 from seco_lab import dense_grad, hop_strata, seco_grad, spaco_grad
-from seco_lab.checks import RecomputationError, recompute_check
-from seco_lab.protocol import ChunkOutput
+from seco_lab.core.checks import RecomputationError, recompute_check
+from seco_lab.core.protocol import ChunkOutput
 
 
 class Rebuilt:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from seco_lab.config import RunControl, TrainConfig
-from seco_lab.run_dir import RunDir, RunDirError, read_metrics
-from seco_lab.train import Trainer
+from seco_lab.training.run_dir import RunDir, RunDirError, read_metrics
+from seco_lab.training.trainer import Trainer
 
 TINY = dict(d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=16, vocab_size=17)
 CFG = TrainConfig(mode="seco", data="synthetic", seq_len=24, chunk_size=8, batch_size=2, steps=6, lr=1e-2, warmup=2,

@@ -13,11 +13,19 @@ import pytest
 import torch
 from test_run_dir import CFG, cli, final_state, run_for, same
 
-from seco_lab.builders import build_data, load_into
-from seco_lab.model import TinyConfig, TinyTransformer
-from seco_lab.run_dir import MARKER_NAME, RUN_TREE, RunDir, RunDirError, foreign_entries, read_metrics, remove_own
-from seco_lab.step import lr_factor, schedule_factor
-from seco_lab.train import Trainer, TrainingInterrupted
+from seco_lab.models.tiny import TinyConfig, TinyTransformer
+from seco_lab.training.builders import build_data, load_into
+from seco_lab.training.run_dir import (
+    MARKER_NAME,
+    RUN_TREE,
+    RunDir,
+    RunDirError,
+    foreign_entries,
+    read_metrics,
+    remove_own,
+)
+from seco_lab.training.step import lr_factor, schedule_factor
+from seco_lab.training.trainer import Trainer, TrainingInterrupted
 
 TINY_ARGS = ["--seq-len", "24", "--chunk-size", "8", "--batch-size", "2", "--eval-batches", "1", "--no-progress",
              "--device", "cpu", "--d-model", "16", "--d-ff", "16", "--n-layers", "1", "--n-heads", "2",

@@ -6,7 +6,7 @@ import torch
 from helpers import random_batch, tiny_model
 
 from seco_lab import SCHEME_NAMES, dense_grad, flatten, get_scheme, hop_strata, spaco_grad
-from seco_lab.strata_stats import StrataGram, bias_metrics, jackknife_sq_norm, strata_monte_carlo
+from seco_lab.stats.strata import StrataGram, bias_metrics, jackknife_sq_norm, strata_monte_carlo
 
 TOL = 1e-10
 

@@ -1,5 +1,5 @@
 """The study store, the study runner and the registry of studies (``seco_lab.store``,
-``seco_lab.study_runner``, ``seco_lab.studies``)."""
+``seco_lab.studies.runner``, ``seco_lab.studies.registry``)."""
 
 import json
 import os
@@ -18,8 +18,8 @@ from seco_lab.store import (
     fingerprint,
     software_versions,
 )
-from seco_lab.studies import STUDIES, report_main, resolve, study_main
-from seco_lab.study_runner import run_cells, worker_count
+from seco_lab.studies.registry import STUDIES, report_main, resolve, study_main
+from seco_lab.studies.runner import run_cells, worker_count
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -170,7 +170,7 @@ def test_study_command_refuses_a_report_only_name(capsys):
 
 def test_the_real_study_defaults_resume_the_committed_folder():
     """The default folder of `seco-lab study real` holds cells of the default definition (no drift)."""
-    from seco_lab.real_study import RealStudyConfig, study_folder
+    from seco_lab.studies.real import RealStudyConfig, study_folder
 
     folder = study_folder(ROOT / STUDIES["real"].results)
     assert folder.stored_fingerprint() == fingerprint(RealStudyConfig().definition())

@@ -12,10 +12,10 @@ import torch.multiprocessing as mp
 from helpers import rel_err
 
 from seco_lab.config import RunControl, TrainConfig
-from seco_lab.run_dir import read_metrics
-from seco_lab.schemes import SCHEME_NAMES, get_scheme
-from seco_lab.step import allreduce_mean, lr_factor
-from seco_lab.train import NonFiniteLoss, Trainer
+from seco_lab.estimators.schemes import SCHEME_NAMES, get_scheme
+from seco_lab.training.run_dir import read_metrics
+from seco_lab.training.step import allreduce_mean, lr_factor
+from seco_lab.training.trainer import NonFiniteLoss, Trainer
 
 TINY = dict(d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=32, vocab_size=17)
 

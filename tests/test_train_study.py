@@ -16,12 +16,12 @@ import torch
 from scipy import stats
 
 from seco_lab import TinyConfig, TinyTransformer, dense_grad, flatten, get_scheme, spaco_grad
-from seco_lab.studies import study_main
-from seco_lab.train_study import Arm, RecallTask, detectable_difference, paired_difference, quick_config, t_interval
-from seco_lab.train_study.extensions import extension_plan
-from seco_lab.train_study.report import load, render, summarize
-from seco_lab.train_study.runner import gradient, probe
-from seco_lab.train_study.summary import select_lr
+from seco_lab.studies.registry import study_main
+from seco_lab.studies.train import Arm, RecallTask, detectable_difference, paired_difference, quick_config, t_interval
+from seco_lab.studies.train.extensions import extension_plan
+from seco_lab.studies.train.report import load, render, summarize
+from seco_lab.studies.train.runner import gradient, probe
+from seco_lab.studies.train.summary import select_lr
 
 # ----------------------------------------------------------------------------- task
 

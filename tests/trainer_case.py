@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer, TrainingArguments
 
-from seco_lab.hf import add_lora, build_hf_model
 from seco_lab.integrations.transformers import SeCOArguments, SeCOTrainer
+from seco_lab.models.hf import add_lora, build_hf_model
 
 VOCAB = 64
 PAD = 0

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..checks import as_int
+from ..core.checks import as_int
 
 __all__ = ["pack_dataset"]
 

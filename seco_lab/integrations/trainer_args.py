@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..checks import as_int, check_chunk_size
-from ..schemes import get_scheme
+from ..core.checks import as_int, check_chunk_size
+from ..estimators.schemes import get_scheme
 
 __all__ = ["KNOWN_INPUTS", "MODES", "SETTINGS_FILE", "SeCOArguments", "chunk_targets"]
 

@@ -55,11 +55,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..checks import ceil_div, check_subset
-from ..engine import forward_loss, seco_step
-from ..estimators import spaco_grad
-from ..hf import HFChunkModel
-from ..schemes import get_scheme
+from ..core.checks import ceil_div, check_subset
+from ..core.engine import forward_loss, seco_step
+from ..estimators.schemes import get_scheme
+from ..estimators.spaco import spaco_grad
+from ..models.hf import HFChunkModel
 from .packing import _text_files, pack_dataset  # noqa: F401 (re-export: defined here before)
 from .trainer_args import KNOWN_INPUTS, MODES, SETTINGS_FILE, SeCOArguments, chunk_targets  # noqa: F401
 from .trainer_callbacks import SeCOStateCallback

@@ -1,5 +1,5 @@
 import sys
 
-from ..studies import report_main as main
+from ..studies.registry import report_main as main
 
 sys.exit(main())

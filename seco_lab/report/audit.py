@@ -229,10 +229,10 @@ VOLATILE = ("versions", "command")
 
 
 def verify_tables(results: Path) -> None:
-    """The stored tables are what the stored units give (``seco_lab.audit.tables.derive_results``), up to float
+    """The stored tables are what the stored units give (``seco_lab.studies.audit.tables.derive_results``), up to float
     rounding: a table edited, truncated, damaged, deleted or copied from elsewhere is refused, naming it."""
-    from ..audit.tables import derive_results
-    from ..rerun_tables import table_difference, values_close
+    from ..studies.audit.tables import derive_results
+    from ..studies.rerun_tables import table_difference, values_close
 
     fix = (f"rewrite the tables from the finished units with `seco-lab audit --tables-only --out {results}` "
            "(nothing is computed)")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..study.definition import BERNOULLI, FALLING_FACTORIAL, PAPER_CAPPED_2
+from ..studies.bias.definition import BERNOULLI, FALLING_FACTORIAL, PAPER_CAPPED_2
 from . import bias_figures as figs
 from .bias_guide import guidance_section, paper_settings_section, real_lm_section, scheme_definitions_section
 from .bias_summary import COVERAGE_BAND, PRODUCE_BIAS, UNBIASED_TOL, load_bias, summarize_bias
@@ -118,8 +118,8 @@ def settings_section(meta: dict) -> list[str]:
             f"- Monte Carlo: {cfg['draws']:,} draws per cell and sampler. Seeds: every random stream is "
             f"`numpy.random.SeedSequence([{cfg['base_seed']}, L, k, seed, purpose, ...])` with one purpose each for "
             "the model's weights, the tokens, the Monte Carlo draws (extended by t and the sampler) and the engine "
-            "check (`seco_lab.study.definition`); `seco_lab.study.load_cell(folder, L, k, seed)` rebuilds any "
-            "group's model and data. Exact covariance by enumeration where the number of subsets is ≤ "
+            "check (`seco_lab.studies.bias.definition`); `seco_lab.studies.bias.load_cell(folder, L, k, seed)` "
+            "rebuilds any group's model and data. Exact covariance by enumeration where the number of subsets is ≤ "
             f"{cfg['max_enumerated_subsets']:,}, and by the pair-inclusion formula everywhere.\n"
             f"- Paper-settings groups: (L, k) ∈ {{{', '.join(f'({a}, {b})' for a, b in cfg['paper_cells'])}}}, budgets "
             f"t ∈ {{{', '.join(map(str, cfg['paper_budgets']))}}}, seeds {cfg['paper_seeds']}; {cfg['paper_draws']} "
@@ -130,7 +130,7 @@ def settings_section(meta: dict) -> list[str]:
             + cost_by_part(timing) + "\n"
             f"- Software: Python {sw['python']}, torch {sw['torch']}, numpy {sw['numpy']}, scipy {sw['scipy']}, "
             f"pandas {sw['pandas']}, matplotlib {sw['matplotlib']}; {sw['platform']}, {sw['cpus']} CPUs.\n"
-            f"- Study definition digest `{meta['digest']}` (`seco_lab.study`).\n"]
+            f"- Study definition digest `{meta['digest']}` (`seco_lab.studies.bias`).\n"]
 
 
 PART_NAMES = {"chain_basis_grid": "chain-basis grid (k ≤ 16)", "paper_exact": "paper settings, exact strata",

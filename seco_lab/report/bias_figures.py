@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..study.definition import PAPER, SCHEMES
+from ..studies.bias.definition import PAPER, SCHEMES
 from .bias_summary import UNBIASED_TOL
 from .figures import new_figure, save_figure, scheme_marker, scheme_offset, scheme_order, scheme_style
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..studies import STUDIES
-from ..study.definition import (
+from ..studies.bias.definition import (
     BERNOULLI,
     FALLING_FACTORIAL,
     PAPER,
@@ -17,6 +16,7 @@ from ..study.definition import (
     RELEASED,
     RELEASED_UNBIASED,
 )
+from ..studies.registry import STUDIES
 from .bias_paper import PAPER_METRICS, UNBIASED_TOL, scheme_definitions
 from .markdown import fmt, table
 
@@ -33,7 +33,7 @@ def paper_settings_section(p: dict, cfg: dict, timing: dict, figure: str | None)
           f"(d_model {cfg['model']['d_model']}, chunks of {cfg['chunk_size']} tokens) with L ∈ "
           f"{{{', '.join(map(str, p['depths']))}}} layers, mean over seeds {p['seeds']}. Bias, direction and "
           "residuals are **exact**: E ĝ = Σ_p w(p) g(p) from one stratified pass with P = L "
-          "(`seco_lab.strata_stats.bias_metrics`). Variance is **Monte Carlo**: "
+          "(`seco_lab.stats.strata.bias_metrics`). Variance is **Monte Carlo**: "
           f"N = {cfg['paper_draws']} draws per (t, sampler), each one stratified sparse sweep shared by every scheme "
           "of that sampler (`strata_monte_carlo`); MSE = exact bias² + Monte Carlo variance.\n",
           "Columns: relative bias ‖E ĝ − g‖/‖g‖; direction bias 1 − cos(E ĝ, g); best-scale residual "

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..schemes import get_scheme
-from ..study.definition import (
+from ..estimators.schemes import get_scheme
+from ..studies.bias.definition import (
     BERNOULLI,
     FALLING_FACTORIAL,
     PAPER,

@@ -9,8 +9,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..studies import STUDIES
-from ..study.definition import (
+from ..studies.bias.definition import (
     BERNOULLI,
     CHECK_COLUMNS,
     CONVERGENCE_COLUMNS,
@@ -22,7 +21,8 @@ from ..study.definition import (
     RESULT_COLUMNS,
     StudyConfig,
 )
-from ..study.driver import SORT_KEYS  # the columns that identify a row of each table
+from ..studies.bias.driver import SORT_KEYS  # the columns that identify a row of each table
+from ..studies.registry import STUDIES
 from .bias_paper import PAPER_METRICS, summarize_paper
 from .figures import scheme_order
 from .markdown import MissingResultsError, read_json_table, read_results_csv, require
@@ -136,7 +136,7 @@ def check_ranges(path: Path, results: pd.DataFrame) -> None:
 
 def expected_checks(cfg: StudyConfig) -> set[tuple]:
     """Every (L, k, seed, t, check) row a complete study of ``cfg`` has in checks.csv (as the groups write
-    them: ``seco_lab.study.group.run_group`` and ``seco_lab.study.paper``)."""
+    them: ``seco_lab.studies.bias.group.run_group`` and ``seco_lab.studies.bias.paper``)."""
     samplers = {}
     for variant in cfg.schemes:
         sampler = variant.build().sampler

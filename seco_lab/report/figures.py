@@ -8,7 +8,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from ..store import atomic_write
-from ..study.definition import (
+from ..studies.bias.definition import (
     BERNOULLI,
     FALLING_FACTORIAL,
     PAPER,

@@ -1,5 +1,5 @@
 """The pretrained-LM report: SmolLM2-135M's hop strata and each scheme's exact bias, from the cells
-stored by :mod:`seco_lab.real_study` (``seco-lab study real``).  ``summarize`` reads the scheme table back;
+stored by :mod:`seco_lab.studies.real` (``seco-lab study real``).  ``summarize`` reads the scheme table back;
 ``render`` writes the Markdown section; ``real_report`` the whole report file."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..studies import STUDIES
+from ..studies.registry import STUDIES
 from .markdown import (
     MissingResultsError,
     check_bounds,
@@ -36,7 +36,7 @@ def load_real(out_dir: str | Path = DEFAULT_DIR) -> tuple[dict, pd.DataFrame, pd
     columns, holds finite numbers and no repeated row, and every gradient ``study.json`` lists has its
     strata p = 0 .. k-1 and a row per (budget, scheme) of the study's definition -- the message names
     what is missing."""
-    from ..schemes import SCHEME_NAMES
+    from ..estimators.schemes import SCHEME_NAMES
 
     out_dir = Path(out_dir)
     require(out_dir, ("study.json", "strata.csv", "results.csv"), PRODUCE_REAL)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from ..run_dir import read_config, read_metrics
+from ..training.run_dir import read_config, read_metrics
 from .figures import save_figure
 
 __all__ = ["LABEL_KEYS", "LOSSES", "plot_run", "plot_runs", "run_label", "runs_figure"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..studies import STUDIES
+from ..studies.registry import STUDIES
 from .figures import new_figure, save_figure
 from .markdown import generated_note, require, table, write_markdown
 

@@ -1,0 +1,322 @@
+"""One validator per concept, shared by every public function.
+
+Each raises ``ValueError``/``TypeError`` with a message that names the argument,
+what was given and what is allowed -- never a silent coercion (``2.5`` is not a
+chunk size, ``(1.7, 3.2)`` is not a subset).  The engines' inputs (:func:`checked_batch`:
+model, tokens, targets, chunk size) and outputs (:func:`checked_chunk`) are checked here too,
+and so is every rebuilt chunk (:func:`check_recomputed`): SeCO's pass 2 trusts that
+rebuilding chunk j reproduces its pass-1 cache m_j exactly, which holds for a deterministic
+model; like ``torch.utils.checkpoint`` the rebuilt cache's metadata (shape, dtype, device)
+is compared with the first pass by default, and :func:`recompute_check` ("checksum") adds a
+comparison of each tensor's float64 sum,
+
+    |sum(rebuilt) - sum(first)| <= 64 * eps(dtype) * sum(|first|),
+
+so a forward that is not reproducible (active dropout in a model without a ``deterministic``
+attribute) is caught with an error that names the chunk instead of a silently wrong gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # torch is imported by the functions that need it: the CLI's argument checks stay torch-free
+    import torch
+
+    from .protocol import ChunkOutput
+
+__all__ = ["MAX_WEIGHT_ENTRIES", "MEMORY_GUARD_BYTES", "RECOMPUTE_CHECKS", "ChunkedBatch", "RecomputationError",
+           "as_bool", "as_float", "as_int", "as_token_matrix", "ceil_div", "check_seed", "guard_memory",
+           "check_budget", "check_chunk_size", "check_max_hops", "check_model", "check_recomputed", "check_rng",
+           "check_subset", "checked_batch", "checked_chunk", "recompute_check"]
+
+
+def as_int(value, what: str, minimum: int | None = None) -> int:
+    """``value`` as a Python int; bools, floats, strings and tensors of other kinds are refused."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)):
+        raise TypeError(f"{what} must be an integer, got {value!r} ({type(value).__name__})")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{what} must be an integer >= {minimum}, got {value}")
+    return value
+
+
+def ceil_div(a: int, b: int) -> int:
+    """ceil(a / b) for positive integers: the number of chunks of size b covering a tokens."""
+    return -(-a // b)
+
+
+def check_chunk_size(chunk_size) -> int:
+    try:
+        return as_int(chunk_size, "chunk_size", 1)
+    except (TypeError, ValueError):
+        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}") from None
+
+
+def check_budget(num_chunks, budget) -> tuple[int, int]:
+    """k >= 1 chunks and a budget 1 <= t <= k (the mean budget for Bernoulli sampling)."""
+    k = as_int(num_chunks, "number of chunks k", 1)
+    t = as_int(budget, "budget t", None)
+    if t < 1:
+        raise ValueError(f"budget t must be >= 1, got t={t}")
+    if t > k:
+        raise ValueError(f"budget t={t} exceeds the number of chunks k={k}")
+    return k, t
+
+
+def check_max_hops(max_hops) -> int:
+    """P >= 0: the deepest hop stratum kept (a chain of p hops crosses p KV caches)."""
+    try:
+        return as_int(max_hops, "max_hops P", 0)
+    except (TypeError, ValueError):
+        raise ValueError(f"max_hops P must be an integer >= 0, got {max_hops!r}") from None
+
+
+def check_subset(subset, num_chunks: int, size: int | None = None) -> tuple[int, ...]:
+    """A drawn chunk set I: distinct integer indices in [0, k), sorted; exactly ``size`` of them if given."""
+    if isinstance(subset, (str, bytes)) or not hasattr(subset, "__iter__"):
+        raise TypeError(f"subset must be a sequence of chunk indices, got {subset!r}")
+    items = list(subset)
+    for j in items:
+        if isinstance(j, bool) or not isinstance(j, (numbers.Integral, np.integer)):
+            raise TypeError(f"subset {tuple(items)} holds {j!r}: chunk indices must be integers")
+    s = tuple(sorted(int(j) for j in items))
+    if len(set(s)) != len(s):
+        raise ValueError(f"subset {tuple(items)} repeats a chunk")
+    if s and (s[0] < 0 or s[-1] >= num_chunks):
+        raise ValueError(f"subset {tuple(items)} has chunk indices outside [0, {num_chunks})")
+    if size is not None and len(s) != size:
+        raise ValueError(f"the sampler draws exactly t={size} chunks; the subset has {len(s)}")
+    return s
+
+
+def check_rng(generator) -> np.random.Generator:
+    """A numpy Generator (used as is), an int seed or None (fresh entropy)."""
+    if isinstance(generator, np.random.Generator):
+        return generator
+    if generator is None:
+        return np.random.default_rng()
+    if isinstance(generator, (numbers.Integral, np.integer)) and not isinstance(generator, bool):
+        return np.random.default_rng(check_seed(generator, "generator seed"))
+    raise TypeError(
+        f"generator must be a numpy.random.Generator, an int seed or None, got {type(generator).__module__}."
+        f"{type(generator).__name__}; SpaCO draws use numpy (e.g. numpy.random.default_rng(seed))"
+    )
+
+
+#: work that grows exponentially or with the number of strata is refused above this many bytes unless forced
+MEMORY_GUARD_BYTES = 8 << 30
+#: longest weight vector (entries p = 0..P) a scheme computes; past k - 1 every entry is 0
+MAX_WEIGHT_ENTRIES = 1 << 24
+
+
+def guard_memory(what: str, nbytes: float, detail: str, fix: str, force: bool | None = False) -> None:
+    """Refuse, before allocating, work that would hold more than :data:`MEMORY_GUARD_BYTES`: the message
+    states the cost and how to lower it; ``force=True`` is the override for those who mean it (``None``:
+    the caller has no override, and the message offers none)."""
+    if force or nbytes <= MEMORY_GUARD_BYTES:
+        return
+    override = "" if force is None else ", or pass force=True if you mean it"
+    raise MemoryError(f"{what} would hold {nbytes / 2**30:,.1f} GiB ({detail}), above the "
+                      f"{MEMORY_GUARD_BYTES / 2**30:.0f} GiB guard; {fix}{override}")
+
+
+# --------------------------------------------------------------------------- engine inputs and outputs
+
+
+@dataclass
+class ChunkedBatch:
+    """Validated tokens/targets split into k chunks of ``chunk_size`` (last may be shorter)."""
+
+    tokens: torch.Tensor  # (B, n) integer
+    targets: torch.Tensor  # (B, n) integer, ignore_index allowed
+    chunk_size: int
+    ignore_index: int
+    n_targets: int  # number of non-ignored targets: the loss normaliser
+
+    @property
+    def length(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def num_chunks(self) -> int:
+        return ceil_div(self.length, self.chunk_size)
+
+    def chunk(self, j: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        s = j * self.chunk_size
+        e = min(s + self.chunk_size, self.length)
+        return self.tokens[:, s:e], self.targets[:, s:e], s
+
+
+def as_token_matrix(x, what: str) -> torch.Tensor:
+    """``x`` as a (batch, length) int64 tensor of token ids; a 1-D sequence is one row."""
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() == 1:
+        x = x.unsqueeze(0)
+    if x.dim() != 2:
+        raise ValueError(f"{what} must have shape (batch, length) or (length,), got {tuple(x.shape)}")
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        raise TypeError(f"{what} must be an integer tensor of token ids, got dtype {x.dtype}")
+    # embeddings and cross-entropy index with int64; int8/int16/int32/uint8 ids are widened, not refused
+    return x.long()
+
+
+def check_model(model) -> None:
+    """Raise unless ``model`` implements the chunk-model protocol with one floating dtype."""
+    if not callable(getattr(model, "chunk_forward", None)) or not callable(getattr(model, "named_parameters", None)):
+        raise TypeError(
+            f"{type(model).__name__} does not implement the chunk-model protocol: it needs "
+            "chunk_forward(tokens, targets, past, start, ignore_index) and named_parameters() "
+            "(see seco_lab.core.protocol.ChunkModel)"
+        )
+    dtypes = {p.dtype for p in model.parameters()}
+    if not dtypes:
+        raise ValueError(f"{type(model).__name__} has no parameters: there is nothing to differentiate")
+    if len(dtypes) > 1:
+        raise TypeError(f"model parameters have mixed dtypes {sorted(map(str, dtypes))}; cast the model to one dtype")
+    if dtypes and not next(iter(dtypes)).is_floating_point:
+        raise TypeError(f"model parameters must be floating point, got {dtypes.pop()}")
+    if not getattr(model, "deterministic", True):
+        raise ValueError(
+            "the model is not deterministic (dropout is active in training mode): a chunk rebuild "
+            "would not reproduce its first pass and the gradient would be wrong; call model.eval() "
+            "or set dropout=0"
+        )
+
+
+def checked_batch(model, tokens, targets, chunk_size: int | None = None, ignore_index: int = -100) -> ChunkedBatch:
+    """The inputs of any engine, validated and split into chunks; every error says what was wrong."""
+    check_model(model)
+    ignore_index = as_int(ignore_index, "ignore_index")
+    tokens = as_token_matrix(tokens, "tokens")
+    targets = as_token_matrix(targets, "targets")
+    if tokens.shape != targets.shape:
+        raise ValueError(f"targets shape {tuple(targets.shape)} does not match tokens shape {tuple(tokens.shape)}")
+    b, n = tokens.shape
+    if b == 0 or n == 0:
+        raise ValueError(f"empty input: tokens have shape {tuple(tokens.shape)}")
+    chunk_size = n if chunk_size is None else check_chunk_size(chunk_size)
+    max_pos = getattr(model, "max_positions", None)
+    if max_pos is not None and n > max_pos:
+        raise ValueError(f"sequence length {n} exceeds the model's maximum positions {max_pos}")
+    vocab = getattr(model, "vocab_size", None)
+    if vocab is not None:
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"token ids must lie in [0, {vocab}), got range [{lo}, {hi}]")
+        valid = targets[targets != ignore_index]
+        if valid.numel() and (int(valid.min()) < 0 or int(valid.max()) >= vocab):
+            raise ValueError(f"target ids must lie in [0, {vocab}) or equal ignore_index={ignore_index}")
+    n_targets = int((targets != ignore_index).sum())
+    if n_targets == 0:
+        raise ValueError(f"every target equals ignore_index={ignore_index}: there is no loss to differentiate")
+    device = next(iter(model.parameters())).device
+    return ChunkedBatch(tokens.to(device), targets.to(device), chunk_size, ignore_index, n_targets)
+
+
+def checked_chunk(out, j: int) -> ChunkOutput:
+    """``out`` if it is a valid chunk output with a finite loss; otherwise a clear error naming chunk j."""
+    import torch
+
+    from .protocol import ChunkOutput
+
+    if not isinstance(out, ChunkOutput):
+        raise TypeError(
+            f"chunk_forward must return seco_lab.core.protocol.ChunkOutput(loss_sum, cache), got {type(out).__name__}"
+        )
+    if not torch.isfinite(out.loss_sum).all():
+        raise FloatingPointError(
+            f"the loss of chunk {j} is {float(out.loss_sum.detach())}: the model's forward produced NaN/inf "
+            "(non-finite weights, a negative or zero norm eps, or overflow in a low-precision dtype)"
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- rebuilt chunks
+
+RECOMPUTE_CHECKS = ("metadata", "checksum", "none")
+_recompute = {"mode": "metadata"}
+
+
+class RecomputationError(RuntimeError):
+    """A chunk rebuilt in pass 2 does not reproduce the cache of its first pass."""
+
+
+@contextlib.contextmanager
+def recompute_check(mode: str) -> Iterator[None]:
+    """Within the block, check rebuilt chunks by ``mode``: "metadata" (the default: shape, dtype, device),
+    "checksum" (also each tensor's sum) or "none"."""
+    if mode not in RECOMPUTE_CHECKS:
+        raise ValueError(f"recompute_check mode must be one of {RECOMPUTE_CHECKS}, got {mode!r}")
+    saved = _recompute["mode"]
+    _recompute["mode"] = mode
+    try:
+        yield
+    finally:
+        _recompute["mode"] = saved
+
+
+def check_recomputed(first: Sequence[torch.Tensor], rebuilt: Sequence[torch.Tensor], j: int) -> None:
+    """Raise :class:`RecomputationError` naming chunk ``j`` unless its rebuilt cache tensors match the
+    first pass's (``first`` empty: no first-pass cache to compare, nothing to check)."""
+    mode = _recompute["mode"]
+    if mode == "none" or not first:
+        return
+    import torch
+
+    hint = ("the model's chunk_forward is not reproducible (dropout active? randomness in the forward?), so the "
+            "gradient would be wrong; call model.eval() or make the forward deterministic")
+    if len(first) != len(rebuilt):
+        raise RecomputationError(f"chunk {j} rebuilt returned {len(rebuilt)} cache tensors, its first pass "
+                                 f"{len(first)}: {hint}")
+    for r, (a, b) in enumerate(zip(first, rebuilt)):
+        if (a.shape, a.dtype, a.device) != (b.shape, b.dtype, b.device):
+            raise RecomputationError(
+                f"chunk {j}'s rebuilt cache tensor {r} is {tuple(b.shape)} {b.dtype} on {b.device}, its first pass "
+                f"{tuple(a.shape)} {a.dtype} on {a.device}: {hint}")
+        if mode == "checksum":
+            a64, b64 = a.detach().double(), b.detach().double()
+            tol = 64 * torch.finfo(a.dtype).eps * float(a64.abs().sum()) if a.dtype.is_floating_point else 0.0
+            if abs(float(b64.sum() - a64.sum())) > tol:
+                raise RecomputationError(f"chunk {j}'s rebuilt cache tensor {r} differs from its first pass (sum "
+                                         f"{float(b64.sum())!r} vs {float(a64.sum())!r}): {hint}")
+
+
+def as_float(value, what: str, *, finite: bool = True) -> float:
+    """``value`` as a Python float: ints and floats (numpy's too); bools, strings and None are refused,
+    and so are NaN and infinities unless ``finite=False``."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
+        raise TypeError(f"{what} must be a number, got {value!r} ({type(value).__name__})")
+    try:
+        out = float(value)
+    except OverflowError:
+        raise ValueError(f"{what} must be a finite number, got an integer too large for a float") from None
+    if finite and not np.isfinite(out):
+        raise ValueError(f"{what} must be a finite number, got {out}")
+    return out
+
+
+def as_bool(value, what: str) -> bool:
+    """``value`` as a bool: only True/False (numpy's too); ``'no'``, ``0`` and ``None`` are refused rather than
+    read by their truthiness."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
+def check_seed(seed, what: str = "seed") -> int:
+    """An integer seed in [0, 2**63): ``1.7`` and ``True`` are refused rather than truncated to 1, and a seed
+    beyond what torch's generators take (a signed 64-bit integer) is refused naming its range."""
+    seed = as_int(seed, what, 0)
+    if seed >= 2**63:
+        raise ValueError(f"{what} must be < 2**63 (a signed 64-bit integer), got {seed}")
+    return seed

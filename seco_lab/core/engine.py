@@ -1,0 +1,371 @@
+"""Dense and SeCO gradients, and the chunk sweep every estimator is built on.
+
+SeCO (docs/estimators.md §2).  Pass 1 runs every chunk under ``no_grad`` and keeps its
+KV cache as leaf tensors m'_j.  Pass 2 visits chunks j = k..1 in decreasing
+order, rebuilds chunk j from the leaves m'_{<j} and backprops
+
+    J_j + <m_j, G_j>,        G_j = gradient already accumulated on m'_j,
+
+which accumulates grad_Theta and the earlier leaves' gradients.  Exact: equal to
+dense backprop up to rounding.  Only one chunk's graph is alive at a time.
+
+:func:`backward_sweep` is the general form used by every engine in the package:
+relayed gradients are *labelled* (one label for SeCO, one per hop count for the
+hop strata and hop-dependent SpaCO schemes, one per chain for the chain basis)
+and each hop multiplies them by a factor chosen from the label.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Sequence
+from contextlib import nullcontext
+
+import torch
+
+from .checks import ChunkedBatch, as_float, check_recomputed, checked_batch, checked_chunk
+from .chunk_vjp import add_relayed, chunk_products, summed_seed
+from .chunk_vjp import add_relayed as _add_relayed  # noqa: F401 (the names before seco_lab.core.chunk_vjp)
+from .chunk_vjp import chunk_products as _products  # noqa: F401
+from .chunk_vjp import seed_vjp as _seed_vjp  # noqa: F401
+from .chunk_vjp import summed_seed as _summed  # noqa: F401
+from .chunk_vjp import vjp as _vjp  # noqa: F401
+from .grads import GradDict, grads_in_isolation, named_grads
+from .protocol import ChunkCache, ChunkModel, flat_cache, unflat_cache
+
+__all__ = ["ChunkedBatch", "accumulate_into", "backward_sweep", "cache_leaves", "checked_batch", "dense_grad",
+           "forward_loss", "hop_relay", "hop_sweep", "relay_sweep", "seco_grad", "seco_step", "trainable"]
+
+Relay = Callable[[Hashable, int, int], "tuple[Hashable, float] | None"]
+Collect = Callable[[Hashable, int, Sequence[torch.Tensor]], None]
+prepare = checked_batch  # the name before checks.checked_batch; for code written against it
+
+
+def trainable(model) -> list[tuple[str, torch.nn.Parameter]]:
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("no parameter of the model requires grad")
+    return params
+
+
+@torch.no_grad()
+def cache_leaves(model: ChunkModel, batch: ChunkedBatch, with_loss: bool = True,
+                 include_last: bool = True) -> tuple[list[ChunkCache], torch.Tensor | None]:
+    """Pass 1: forward every chunk without a graph; return the caches as leaves and the mean loss.
+
+    ``with_loss=False`` passes no targets (a model may then skip its output head, e.g. the
+    LM head over a large vocabulary) and returns ``None`` for the loss: for engines whose
+    pass 2 rebuilds every chunk and sums the loss there (SeCO).  ``include_last=False`` (only
+    with ``with_loss=False``) also skips the last chunk, whose cache no chunk reads: k - 1 leaves.
+    """
+    if with_loss and not include_last:
+        raise ValueError("include_last=False needs with_loss=False: the last chunk's loss comes from its forward")
+    leaves: list[ChunkCache] = []
+    total = 0.0
+    n_chunks = batch.num_chunks if include_last else batch.num_chunks - 1
+    # a model may keep the leaves in one buffer (so a chunk reads its prefix without copying it)
+    buffer = getattr(model, "cache_buffer", None)
+    end = min(n_chunks * batch.chunk_size, batch.length)
+    with buffer(batch.tokens.shape[0], end) if callable(buffer) and end > 0 else nullcontext():
+        for j in range(n_chunks):
+            tok, tgt, start = batch.chunk(j)
+            out = checked_chunk(model.chunk_forward(tok, tgt if with_loss else None, leaves, start,
+                                                    batch.ignore_index), j)
+            total = total + out.loss_sum
+            leaves.append(unflat_cache([t.detach().requires_grad_(True) for t in flat_cache(out.cache)]))
+    return leaves, total / batch.n_targets if with_loss else None
+
+
+def hop_relay(max_hops: int, factors=None) -> Relay:
+    """The relay of the hop strata: a gradient in stratum q moves to stratum q + 1 of the earlier chunk, times
+    ``factors[q + 1]`` (1 without factors); strata above ``max_hops`` are dropped."""
+    if factors is None:
+        return lambda q, j, i: (q + 1, 1.0) if q + 1 <= max_hops else None
+    factors = [float(f) for f in factors]
+    return lambda q, j, i: (q + 1, factors[q + 1]) if q + 1 <= max_hops else None
+
+
+def hop_sweep(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCache], params: Sequence[torch.Tensor],
+              visit: Sequence[int], max_hops: int, collect: Collect, factors=None, collect_total: bool = False) -> None:
+    """The stratified pass: chunk j's loss seeds stratum 0 (times ``factors[0]``), and what a chunk receives in
+    stratum q reaches stratum q + 1 of the earlier visited chunks (:func:`hop_relay`); ``collect(q, j, grads)``
+    gets each stratum's parameter gradient (the sum over strata with ``collect_total``).  The hop strata
+    (factors = 1), their Monte Carlo and the hop-dependent SpaCO schemes (factors = c_q) all run on it."""
+    backward_sweep(model, batch, leaves, params, visit, direct_label=lambda j: 0,
+                   direct_scale=1.0 if factors is None else float(factors[0]), relay=hop_relay(max_hops, factors),
+                   collect=collect, collect_total=collect_total)
+
+
+def forward_loss(model: ChunkModel, tokens, targets, chunk_size: int | None = None,
+                 ignore_index: int = -100) -> torch.Tensor:
+    """Mean token loss sum_j J_j / N, chunk by chunk without a graph (any length, no activations kept)."""
+    return cache_leaves(model, checked_batch(model, tokens, targets, chunk_size, ignore_index))[1]
+
+
+
+
+def backward_sweep(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCache], params: Sequence[torch.Tensor],
+                   visit: Sequence[int], *, direct_label: Callable[[int], Hashable], direct_scale: float, relay: Relay,
+                   collect: Collect, collect_total: bool = False, batch_labels: bool | None = None) -> None:
+    """Pass 2, generalised.  Visits ``visit`` in decreasing order; at chunk j backprops
+
+        direct_scale * J_j / N  (under label direct_label(j))
+        + sum_labels <m_j, G_j[label]>
+
+    with one vector-Jacobian product per distinct label.  ``batch_labels=True`` runs a chunk's labels as
+    one batched product (``is_grads_batched``: fast where every operator has a vmap batching rule, as in
+    the tiny transformer); ``False`` runs one product per label, each touching only the outputs its
+    seed reaches (no LM head for a relayed label, no cache layer nothing reached), which is faster where
+    vmap would fall back to a loop anyway (transformers' attention kernels).  The default is the model's
+    ``batched_backward`` attribute (True when absent).
+    ``collect(label, j, param_grads)`` receives the parameter gradient of each label.
+    ``collect_total=True`` is for callers that only want the sum over labels (SpaCO with a
+    hop-dependent relay): ``collect(None, j, param_grads)`` then receives the summed
+    parameter gradient, computed by one product of the summed seed w.r.t. the parameters,
+    and only the labels that are relayed get a product of their own -- w.r.t. the earlier
+    leaves alone, which skips every weight-gradient matmul (about half a backward each).
+    The gradient a label's seed puts on an earlier visited leaf m'_i is added to
+    G_i[new_label] * factor, where ``relay(label, j, i) -> (new_label, factor)``;
+    ``None`` drops it.  Chunks outside ``visit`` are never rebuilt and receive nothing.
+
+    When every chunk has one label and every hop the same factor (SeCO, constant-relay
+    SpaCO) the sweep runs as :func:`relay_sweep` (gradients accumulated in place) and
+    ``collect(label, None, param_grads)`` is called once with the sum over chunks.
+    """
+    order = sorted(set(int(j) for j in visit), reverse=True)
+    constant = _constant_relay(order, direct_label, relay)
+    if constant is not None:
+        _collected_relay_sweep(model, batch, leaves, params, order, direct_scale, constant, collect)
+        return
+    visited = set(order)
+    buffers: dict[int, dict[Hashable, list[torch.Tensor | None]]] = defaultdict(dict)
+    params = list(params)
+    if batch_labels is None:
+        batch_labels = getattr(model, "batched_backward", True)
+    fused = bool(getattr(model, "fused_products", False))  # sharded models (seco_lab.training.sharding.GatheredView)
+    for j in order:
+        sources = [i for i in range(j) if i in visited]
+        src_leaves = [t for i in sources for t in flat_cache(leaves[i])]
+        out, outputs = _rebuild_chunk(model, batch, leaves, j)
+        seeds = _chunk_seeds(direct_label(j), direct_scale / batch.n_targets, buffers.pop(j, {}))
+        relayed = [lab for lab in seeds if any(relay(lab, j, i) is not None for i in sources)]
+        jobs = _chunk_jobs(seeds, relayed, collect_total)
+        for lab, _, want_params, want_leaves, grads in chunk_products(outputs, jobs, params, src_leaves,
+                                                                      batch_labels, fused):
+            if want_params:
+                collect(lab, j, [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)])
+            if want_leaves:
+                _relay_to_earlier(buffers, relay, lab, j, sources, leaves, grads[len(params) if want_params else 0:])
+            del grads
+        del out, outputs
+
+
+def _collected_relay_sweep(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCache],
+                           params: Sequence[torch.Tensor], order: Sequence[int], direct_scale: float,
+                           constant: tuple[Hashable, float], collect: Collect) -> None:
+    """A sweep with one label and one factor (:func:`_constant_relay`) as :func:`relay_sweep`, its parameter
+    gradients (summed over chunks) handed to ``collect(label, None, grads)``."""
+    label, factor = constant
+    _, grads = grads_in_isolation(params, lambda: relay_sweep(
+        model, batch, leaves, params, order, direct_scale=direct_scale, relay_factor=factor))
+    collect(label, None, grads)
+
+
+def _rebuild_chunk(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCache], j: int):
+    """Chunk j rebuilt with a graph from the earlier leaves, checked against its pass-1 cache; returns the
+    chunk's output and the tensors its products start from, [summed token loss] + its flat cache."""
+    tok, tgt, start = batch.chunk(j)
+    with torch.enable_grad():
+        out = checked_chunk(model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index), j)
+    check_recomputed(flat_cache(leaves[j]) if j < len(leaves) else [], flat_cache(out.cache), j)
+    return out, [out.loss_sum] + flat_cache(out.cache)
+
+
+def _chunk_seeds(direct: Hashable, loss_coef: float, received: dict) -> dict[Hashable, list]:
+    """One chunk's seeds, one per label, [loss coefficient, cache gradients]: the direct term (label ``direct``,
+    coefficient ``loss_coef``) joins its label's relayed seed; ``received`` holds what later chunks relayed."""
+    seeds: dict[Hashable, list] = {direct: [loss_coef, None]}
+    for lab, g in received.items():
+        seeds.setdefault(lab, [0.0, None])[1] = g
+    return seeds
+
+
+def _chunk_jobs(seeds: dict[Hashable, list], relayed: list, collect_total: bool) -> list[tuple]:
+    """The chunk's products, (label, seed, wants parameter gradients, wants earlier-leaf gradients) each: one per
+    label, or (``collect_total``) one per relayed label w.r.t. the earlier leaves and one of the summed seed
+    w.r.t. the parameters (label None)."""
+    if collect_total:
+        return [(lab, seeds[lab], False, True) for lab in relayed] + [(None, summed_seed(seeds.values()), True, False)]
+    return [(lab, seed, True, lab in relayed) for lab, seed in seeds.items()]
+
+
+def _relay_to_earlier(buffers: dict, relay: Relay, label: Hashable, j: int, sources: Sequence[int],
+                      leaves: Sequence[ChunkCache], leaf_grads: Sequence[torch.Tensor | None]) -> None:
+    """Relay what label ``label``'s seed at chunk j put on the earlier leaves (``leaf_grads``, source by source)
+    into their buffers: buffers[i][new_label] += factor * part, where relay(label, j, i) -> (new_label, factor);
+    None drops it."""
+    for pos, i in enumerate(sources):
+        routed = relay(label, j, i)
+        if routed is None:
+            continue
+        new_lab, factor = routed
+        n_kv = len(flat_cache(leaves[i]))
+        add_relayed(buffers[i], new_lab, leaf_grads[pos * n_kv:(pos + 1) * n_kv], factor)
+
+
+def _constant_relay(order: Sequence[int], direct_label, relay: Relay) -> tuple[Hashable, float] | None:
+    """(label, factor) when every visited chunk seeds one label and every hop keeps it with one factor."""
+    labels = {direct_label(j) for j in order}
+    if len(labels) != 1:
+        return None
+    label = labels.pop()
+    factors = set()
+    for pos, j in enumerate(order):
+        for i in order[pos + 1 :]:
+            routed = relay(label, j, i)
+            if routed is None or routed[0] != label:
+                return None
+            factors.add(float(routed[1]))
+    if len(factors) > 1:
+        return None
+    return label, factors.pop() if factors else 1.0
+
+
+def relay_sweep(
+    model: ChunkModel,
+    batch: ChunkedBatch,
+    leaves: Sequence[ChunkCache],
+    params: Sequence[torch.Tensor],
+    visit: Sequence[int],
+    *,
+    direct_scale: float = 1.0,
+    relay_factor: float = 1.0,
+) -> torch.Tensor:
+    """Pass 2 with one relay buffer: at chunk j (decreasing over ``visit``) backprop
+
+        direct_scale * J_j / N + relay_factor * <m_j, R_j>,   R_j = leaf m'_j's ``.grad``,
+
+    with ``torch.autograd.backward(..., inputs=params + earlier visited leaves)``: parameter
+    gradients accumulate in place into ``p.grad`` (added to what is there), and the
+    relayed gradient into the earlier leaves' ``.grad`` -- the relay buffers, released
+    once used.  relay_factor = 1 is SeCO; a constant c_q = c is constant-relay SpaCO
+    (each hop multiplies by c exactly once, when the buffer seeds its chunk).
+    Returns the summed token loss of the visited chunks (detached).
+    """
+    order = sorted(set(int(j) for j in visit), reverse=True)
+    visited = set(order)
+    loss_sum = 0.0
+    # a chunk without a leaf (the last one, when pass 1 skipped it) relays nothing to itself
+    own_leaves = [flat_cache(leaves[j]) if j < len(leaves) else [] for j in range(max(order, default=-1) + 1)]
+    for j in order:
+        for leaf in own_leaves[j]:
+            leaf.grad = None
+    for j in order:
+        tok, tgt, start = batch.chunk(j)
+        src = [t for i in range(j) if i in visited for t in flat_cache(leaves[i])]
+        with torch.enable_grad():  # checked before its backward: a NaN loss accumulates nothing
+            out = checked_chunk(model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index), j)
+        check_recomputed(own_leaves[j], flat_cache(out.cache), j)
+        outs, seeds = [out.loss_sum], [out.loss_sum.new_tensor(direct_scale / batch.n_targets)]
+        for o, leaf in zip(flat_cache(out.cache), own_leaves[j]):
+            if leaf.grad is not None and o.requires_grad:
+                outs.append(o)
+                seeds.append(leaf.grad if relay_factor == 1.0 else leaf.grad.mul_(relay_factor))
+        loss_sum = loss_sum + out.loss_sum.detach()
+        live = [(o, g) for o, g in zip(outs, seeds) if o.requires_grad]
+        if live:
+            torch.autograd.backward([o for o, _ in live], [g for _, g in live], inputs=list(params) + src)
+        for leaf in own_leaves[j]:
+            leaf.grad = None
+        del out, outs, seeds, live
+    return loss_sum if isinstance(loss_sum, torch.Tensor) else torch.zeros(())
+
+
+def dense_grad(model: ChunkModel, tokens, targets, ignore_index: int = -100) -> tuple[torch.Tensor, GradDict]:
+    """Reference gradient: backprop through the whole sequence at once.
+
+    Returns (loss, grads) with loss = sum of token losses / number of targets.
+    """
+    batch = checked_batch(model, tokens, targets, None, ignore_index)
+    params = trainable(model)
+    with torch.enable_grad():
+        out = checked_chunk(model.chunk_forward(batch.tokens, batch.targets, (), 0, ignore_index), 0)
+        loss = out.loss_sum / batch.n_targets
+        grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True, materialize_grads=True)
+    return loss.detach(), named_grads(params, grads)
+
+
+def truncated_grad(
+    model: ChunkModel, tokens, targets, chunk_size: int, ignore_index: int = -100
+) -> tuple[torch.Tensor, GradDict]:
+    """The gradient cut at every cache: g(0), the direct term of every chunk and no relay.
+
+    What a user gets by detaching the KV cache between chunks: one pass, chunk j runs forward
+    with a graph on the detached caches of chunks < j and backprops J_j / N at once (every
+    chunk backpropagated once, no pass 1, no cache gradient).  Equal to the 0-hop stratum of
+    :func:`seco_lab.estimators.spaco.hop_strata` up to rounding (tested).
+    """
+    batch = prepare(model, tokens, targets, chunk_size, ignore_index)
+    params = trainable(model)
+    tensors = [p for _, p in params]
+    acc = [torch.zeros_like(p) for p in tensors]
+    past: list[ChunkCache] = []
+    loss_sum = torch.zeros((), dtype=acc[0].dtype, device=acc[0].device)
+    for j in range(batch.num_chunks):
+        tok, tgt, start = batch.chunk(j)
+        with torch.enable_grad():
+            out = checked_chunk(model.chunk_forward(tok, tgt, past, start, batch.ignore_index), j)
+            grads = torch.autograd.grad(out.loss_sum / batch.n_targets, tensors, allow_unused=True,
+                                        materialize_grads=True)
+        for a, g in zip(acc, grads):
+            a.add_(g)
+        loss_sum = loss_sum + out.loss_sum.detach()
+        if j + 1 < batch.num_chunks:
+            past.append(unflat_cache([t.detach() for t in flat_cache(out.cache)]))
+    return loss_sum / batch.n_targets, named_grads(params, acc)
+
+
+def accumulate_into(acc: list[torch.Tensor]) -> Collect:
+    """A collector that adds every label's parameter gradients into ``acc``."""
+
+    def collect(_label, _j, grads):
+        for a, g in zip(acc, grads):
+            a.add_(g)
+
+    return collect
+
+
+def seco_grad(
+    model: ChunkModel, tokens, targets, chunk_size: int, ignore_index: int = -100
+) -> tuple[torch.Tensor, GradDict]:
+    """Exact gradient by sequential chunk-wise optimisation (SeCO, docs/estimators.md §2).
+
+    ``.grad`` of the parameters is left as it was: the sweep accumulates into fresh
+    ``.grad`` tensors, which are handed back (no copy) and the previous ones restored.
+    """
+    batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
+    params = trainable(model)
+    loss, grads = grads_in_isolation([p for _, p in params], lambda: _seco_into_grad(model, batch,
+                                                                                      [p for _, p in params], 1.0))
+    return loss, named_grads(params, grads)
+
+
+def _seco_into_grad(model: ChunkModel, batch: ChunkedBatch, params: Sequence[torch.Tensor], scale: float):
+    # pass 2 rebuilds every chunk, so the loss is summed there: pass 1 needs no targets, and
+    # not the last chunk at all (no chunk reads its cache) -- F/k less work than checkpointing
+    leaves, _ = cache_leaves(model, batch, with_loss=False, include_last=False)
+    loss_sum = relay_sweep(model, batch, leaves, params, range(batch.num_chunks), direct_scale=scale)
+    return loss_sum / batch.n_targets
+
+
+def seco_step(model: ChunkModel, tokens, targets, chunk_size: int, ignore_index: int = -100, scale: float = 1.0):
+    """SeCO as a training step: accumulate ``scale`` times the exact gradient straight into
+    ``.grad`` of trainable parameters (frozen ones stay untouched) and return the loss."""
+    scale = as_float(scale, "scale")  # NaN or inf would be written into every .grad
+    batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
+    tensors = [p for _, p in trainable(model)]
+    loss = _seco_into_grad(model, batch, tensors, scale)
+    for p in tensors:
+        if p.grad is None:  # unreachable from the loss: its gradient is zero
+            p.grad = torch.zeros_like(p)
+    return loss

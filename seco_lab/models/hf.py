@@ -1,0 +1,374 @@
+"""Hugging Face ``transformers`` causal LMs as chunk models, LoRA through ``peft``.
+
+:class:`HFChunkModel` wraps any decoder-only causal LM whose attention is full
+causal attention over a key/value cache (Llama, Qwen2, Mistral without sliding
+window, ...).  For chunk j it builds a :class:`~seco_lab.models.hf_attention.PrefixCache` from the
+previous chunks' cache *leaves* (concatenated once per layer, inside the model's
+cache update), passes global ``position_ids``, runs the model's own forward, and
+returns the chunk's own keys/values -- the tensors the model computed, each
+holding only its c positions -- with gradients flowing into the leaves.  An
+``sdpa`` model is switched to ``seco_sdpa``, the same attention with the query
+heads grouped per key/value head for the chunk pattern (no K/V repeat).  Only
+public API is used: ``Cache``/``CacheLayerMixin``, ``AttentionInterface``,
+``set_attn_implementation``, the model's forward, and its config.
+
+What the trainer records and saves of such a model lives here too: :func:`config_record` (the HF
+config in ``config.json``) and :func:`save_lora_adapter` (the LoRA adapter in peft's own format).
+
+Install with ``pip install seco_lab[hf]`` (``make install`` does).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import warnings
+from collections.abc import Sequence
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..config import HF_ARCHITECTURE_DEFAULTS
+from ..core.protocol import ChunkCache, ChunkOutput
+
+__all__ = ["ARCHITECTURES", "HFChunkModel", "add_lora", "build_hf_model", "config_record", "exact_float64",
+           "save_lora_adapter", "wrapped_lm"]
+
+SUPPORTED_ATTENTION = ("eager", "sdpa", "eager_exact", "seco_sdpa")
+
+
+def eager_exact_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' eager attention math with the softmax kept in the input dtype.
+
+    The stock ``eager`` kernel computes the softmax in float32 even for float64
+    inputs (~1e-8 relative error), which hides float64-level agreement; this
+    kernel is registered as ``eager_exact`` through the public AttentionInterface.
+    """
+    rep = query.shape[1] // key.shape[1]
+    if rep > 1:
+        key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    weights = (query @ key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        weights = weights + attention_mask[:, :, :, : key.shape[-2]]
+    weights = torch.softmax(weights, dim=-1)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    return (weights @ value).transpose(1, 2).contiguous(), weights
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from .hf_attention import register
+
+    AttentionInterface.register("eager_exact", eager_exact_attention)
+    AttentionMaskInterface.register("eager_exact", AttentionMaskInterface._global_mapping["eager"])
+    register()
+
+
+def _require_transformers():
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover - the extra is installed by make install and CI
+        raise ImportError("seco_lab.models.hf needs transformers: pip install 'seco_lab[hf]'") from e
+    _register_attention()
+    return transformers
+
+
+def chunkable_reason(config) -> str | None:
+    """Why a model cannot be driven chunk by chunk (None when it can)."""
+    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if getattr(cfg, "is_encoder_decoder", False):
+        return "encoder-decoder models are not causal decoders"
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if any("sliding" in str(t) or "chunked" in str(t) for t in layer_types):
+        return (f"its layers use {sorted(set(map(str, layer_types)))} attention: a sliding or chunked window drops "
+                "keys the chunk engine relays gradients through, so the gradient would be wrong")
+    window = getattr(cfg, "sliding_window", None)
+    uses_window = getattr(cfg, "use_sliding_window", window is not None)
+    if window is not None and uses_window:
+        return (f"it uses sliding-window attention (window {window}): keys outside the window are dropped from the "
+                "cache, so chunk-wise gradients would differ from full-sequence ones")
+    impl = getattr(cfg, "_attn_implementation", None) or "eager"
+    if impl not in SUPPORTED_ATTENTION:
+        return f"attention implementation {impl!r} is not supported; use one of {', '.join(SUPPORTED_ATTENTION)}"
+    return None
+
+
+def _rmsnorm_in_input_dtype(self, hidden_states):
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def exact_float64(model: nn.Module) -> nn.Module:
+    """Make a float64 HF model compute its RMSNorms in float64.
+
+    transformers' Llama/Qwen2 RMSNorm casts its input to float32 (meant for half
+    precision), which rounds every gradient passing through it to float32.  Dense
+    and SeCO round the same total gradient and still agree, but hop strata and
+    sparse estimates split the gradient into parts rounded separately (~1e-8
+    relative).  This rebinds each RMSNorm's forward to the same formula without
+    the cast; parameters and names are unchanged.
+    """
+    import types
+
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+            module.forward = types.MethodType(_rmsnorm_in_input_dtype, module)
+    return model
+
+
+class HFChunkModel(nn.Module):
+    """Chunk-model protocol for a transformers causal LM (or a peft model wrapping one).
+
+    ``chunk_attention=True`` switches an ``sdpa`` model to ``seco_sdpa`` (in place: the
+    model's own full-sequence forward is unchanged, it delegates to transformers' sdpa).
+    """
+
+    # a sweep runs one backward product per relay label: vmap has no batching rule for the attention
+    # kernels' backward on CPU and would loop over the labels anyway (seco_lab.core.engine.backward_sweep)
+    batched_backward = False
+
+    def __init__(self, model: nn.Module, chunk_attention: bool = True):
+        super().__init__()
+        transformers = _require_transformers()
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if not isinstance(base, transformers.PreTrainedModel):
+            raise TypeError(f"HFChunkModel drives a transformers causal LM (or its peft wrapper), got "
+                            f"{type(model).__name__}; a TinyTransformer is a chunk model already: use it directly")
+        self.model = model
+        self.config = model.config
+        reason = chunkable_reason(self.config)
+        if reason:
+            raise ValueError(f"{type(model).__name__} cannot be driven chunk by chunk: {reason}")
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        from .hf_attention import CHUNK_ATTENTION
+
+        if chunk_attention and getattr(self.config, "_attn_implementation", None) == "sdpa":
+            base.set_attn_implementation(CHUNK_ATTENTION)
+        # seco_sdpa takes the prefix leaves and the own keys/values apart (no [prefix, own] concatenation)
+        self._split = getattr(self.config, "_attn_implementation", None) == CHUNK_ATTENTION
+        self._kv_buffer = None
+        params = inspect.signature(base.forward).parameters
+        # transformers renamed `past_key_values` to `cache`; accept either public name
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        # without targets only the cache is wanted: the LM head runs on one position, not the chunk
+        self._no_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
+    @property
+    def max_positions(self) -> int | None:
+        return getattr(self.config.get_text_config(decoder=True), "max_position_embeddings", None)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.get_text_config(decoder=True).vocab_size
+
+    @property
+    def deterministic(self) -> bool:
+        if not self.training:
+            return True
+        dropouts = [m.p for m in self.model.modules() if isinstance(m, nn.Dropout)]
+        cfg = self.config.get_text_config(decoder=True)
+        return not any(p > 0 for p in dropouts) and not getattr(cfg, "attention_dropout", 0.0)
+
+    def chunk_logits(self, tokens, past: Sequence[ChunkCache], start: int, all_logits: bool = True):
+        """(logits, own cache) of one chunk after ``past``; own[l] = (keys, values) of this chunk only.
+        ``all_logits=False`` may return the logits of the last position only."""
+        from .hf_attention import PrefixCache
+
+        cache = PrefixCache(past, self.n_layers, split=self._split, buffer=self._kv_buffer)
+        b, t = tokens.shape
+        pos = torch.arange(start, start + t, device=tokens.device).unsqueeze(0).expand(b, t)
+        extra = {} if all_logits else self._no_logits
+        out = self.model(input_ids=tokens, position_ids=pos, use_cache=True, **{self._cache_arg: cache}, **extra)
+        return out.logits, cache.own()
+
+    @contextmanager
+    def cache_buffer(self, batch_size: int, length: int):
+        """Within: chunk forwards without a graph store their keys/values in one buffer per layer for the
+        first ``length`` positions (:class:`~seco_lab.models.hf_attention.KVBuffer`), so a chunk's prefix is read
+        as one view.  The engine's pass 1 opens it; the buffer lives on as the leaves' storage."""
+        from .hf_attention import KVBuffer
+
+        previous, self._kv_buffer = self._kv_buffer, KVBuffer(self.n_layers, batch_size, length)
+        try:
+            yield self._kv_buffer
+        finally:
+            self._kv_buffer = previous
+
+    @property
+    def n_layers(self) -> int:
+        return self.config.get_text_config(decoder=True).num_hidden_layers
+
+    def chunk_forward(self, tokens, targets, past: Sequence[ChunkCache] = (), start: int = 0,
+                      ignore_index: int = -100) -> ChunkOutput:
+        logits, cache = self.chunk_logits(tokens, past, start, all_logits=targets is not None)
+        if targets is None:
+            return ChunkOutput(logits.new_zeros(()), cache)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index,
+                               reduction="sum")
+        return ChunkOutput(loss, cache)
+
+
+ARCHITECTURES = HF_ARCHITECTURE_DEFAULTS  # small random-weight configs for tests and studies; override any field
+
+
+#: config fields of the named architectures that are sizes or counts: integers >= 1 (0 or less builds a model
+#: without layers or heads that trains and reports a loss, or fails deep inside transformers)
+HF_SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "max_position_embeddings", "head_dim", "max_window_layers", "sliding_window")
+
+
+def check_hf_sizes(config: dict, overrides: dict) -> None:
+    """Range-check the sizes of a named architecture's config (its defaults with ``overrides``): each size or
+    count an integer >= 1, hidden_size divisible by num_attention_heads (unless head_dim is set), and
+    num_attention_heads by num_key_value_heads."""
+    for key in HF_SIZE_FIELDS:
+        value = overrides.get(key)
+        if key not in overrides or (value is None and key in ("head_dim", "sliding_window", "num_key_value_heads")):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"--hf-override {key}={json.dumps(value)}: {key} is a size or count and must be an "
+                             "integer >= 1")
+    heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    hidden = config.get("hidden_size")
+    if config.get("head_dim") is None and hidden % heads:
+        raise ValueError(f"--hf-override: hidden_size={hidden} must be divisible by num_attention_heads={heads} "
+                         "(each head gets hidden_size / num_attention_heads dimensions); change one of them")
+    if kv is not None and heads % kv:
+        raise ValueError(f"--hf-override: num_attention_heads={heads} must be divisible by num_key_value_heads={kv} "
+                         "(grouped-query attention shares each key/value head among a whole group); change one "
+                         "of them")
+
+
+def check_hf_overrides(architecture: str, overrides: dict) -> None:
+    """Refuse fields the architecture's transformers config does not have (it would store them unused)."""
+    transformers = _require_transformers()
+    conf_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[architecture]
+    known = set(conf_cls().to_dict())
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"--hf-override: {architecture} has no config field(s) {', '.join(unknown)}; e.g. "
+                         "hidden_size, num_hidden_layers, num_attention_heads, intermediate_size")
+    check_hf_sizes({**ARCHITECTURES[architecture], **overrides}, overrides)
+    try:
+        conf_cls(**{**ARCHITECTURES[architecture], **overrides})
+    except Exception as e:  # noqa: BLE001 -- transformers' validation errors share no base class
+        raise ValueError(f"--hf-override {overrides}: {str(e).splitlines()[-1].strip()}") from None
+
+
+def build_hf_model(name_or_path: str, overrides: dict | None = None, attn_implementation: str = "sdpa",
+                   dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
+    """A causal LM: a named architecture with random weights (``llama``, ``qwen2``) or a local checkpoint
+    directory.  (Pretrained models shipped by a package or as ``.gguf`` files are built on this by
+    :mod:`seco_lab.models.pretrained`; :func:`seco_lab.models.pretrained.build_causal_lm` takes any of the three.)"""
+    if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
+        raise ValueError(f"name_or_path must name an architecture ({', '.join(ARCHITECTURES)}) or a local checkpoint "
+                         f"directory, got {name_or_path!r}")
+    transformers = _require_transformers()
+    if attn_implementation not in SUPPORTED_ATTENTION:
+        raise ValueError(f"attention implementation {attn_implementation!r}: use one of {SUPPORTED_ATTENTION}")
+    torch.manual_seed(seed)
+    if name_or_path in ARCHITECTURES:
+        check_hf_overrides(name_or_path, overrides or {})
+        conf_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[name_or_path]
+        config = conf_cls(**{**ARCHITECTURES[name_or_path], **(overrides or {})})
+        config._attn_implementation = attn_implementation
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    else:
+        from pathlib import Path
+
+        if not Path(name_or_path).is_dir():
+            raise ValueError(f"{name_or_path!r} is neither a known architecture ({', '.join(ARCHITECTURES)}) nor a "
+                             "local checkpoint directory (nothing is downloaded; pretrained models: "
+                             "seco_lab.models.pretrained.build_causal_lm)")
+        model = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, attn_implementation=attn_implementation,
+                                                                  local_files_only=True)
+    model = model.to(dtype)
+    return exact_float64(model) if dtype == torch.float64 else model
+
+
+def checkpoint_tokenizer(path: str):
+    """The tokenizer saved in a local checkpoint directory (nothing is downloaded).  Text for a checkpoint
+    must go through its own tokenizer: byte values are not its token ids, and training on them would give
+    a quietly wrong model and loss, so a directory without a tokenizer is refused."""
+    transformers = _require_transformers()
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"--hf-model {path} --data text: the checkpoint directory holds no tokenizer that loads "
+                         f"offline ({reason[:200]}); text must be tokenized with the model's own tokenizer, not "
+                         "fed as bytes. Save it beside the weights (tokenizer.save_pretrained(DIR)) or use --data "
+                         "synthetic") from None
+
+
+def check_lora_rank(model: nn.Module, r: int, targets) -> None:
+    """Refuse empty target names, and a rank above the smallest dimension of a targeted linear layer: LoRA's
+    update ``B @ A`` of an ``out x in`` layer has rank at most ``min(in, out)``, so a larger r adds parameters
+    (and compute) and nothing else."""
+    targets = list(targets)
+    if not targets or any(not isinstance(t, str) or not t.strip() for t in targets):
+        raise ValueError(f"--lora-targets {targets!r} names no module (or an empty name); name the modules LoRA "
+                         "wraps, e.g. --lora-targets q_proj,v_proj")
+    shapes = [(name, m.in_features, m.out_features) for name, m in model.named_modules()
+              if isinstance(m, nn.Linear) and any(name == t or name.endswith("." + t) for t in targets)]
+    if not shapes:
+        return  # peft names the targets it did not find
+    name, fan_in, fan_out = min(shapes, key=lambda s: min(s[1], s[2]))
+    limit = min(fan_in, fan_out)
+    if r > limit:
+        raise ValueError(f"--lora-r {r} is above {limit}, the smallest dimension of the targeted layers ({name}: "
+                         f"{fan_in} -> {fan_out}), where a LoRA update has rank at most {limit}; pass --lora-r {limit} "
+                         "or less")
+
+
+def add_lora(model: nn.Module, r: int = 8, alpha: int = 16, targets=("q_proj", "v_proj"), dropout: float = 0.0,
+             init_lora_weights=True) -> nn.Module:
+    """Wrap with peft LoRA adapters on ``targets`` (default: attention q and v, as in the paper);
+    only the adapter weights require grad."""
+    from peft import LoraConfig, get_peft_model
+
+    check_lora_rank(model, r, targets)
+    cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=dropout, bias="none",
+                     task_type="CAUSAL_LM", init_lora_weights=init_lora_weights)
+    with warnings.catch_warnings():  # peft reads transformers' deprecated alias: a FutureWarning per model
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return get_peft_model(model, cfg)
+
+
+def wrapped_lm(model) -> nn.Module | None:
+    """The causal LM an :class:`HFChunkModel` wraps (a peft model under LoRA), or None for another chunk model."""
+    inner = getattr(model, "model", None)
+    return inner if inner is not None and hasattr(inner, "save_pretrained") else None
+
+
+def config_record(model) -> dict | None:
+    """What a run's ``config.json`` records of an :class:`HFChunkModel`: its HF config's ``to_diff_dict()``
+    (the fields that differ from the architecture's defaults), or None when it has no HF config."""
+    hf_config = getattr(getattr(model, "model", None), "config", None)
+    return hf_config.to_diff_dict() if hasattr(hf_config, "to_diff_dict") else None
+
+
+def save_lora_adapter(model, out, base_model: str, targets, state: dict | None = None):
+    """Write the LoRA adapter of ``model`` (an :class:`HFChunkModel` around a peft model) in peft's own
+    format to the folder ``out`` and return it; the adapter names ``base_model`` as its base where peft
+    recorded none.  ``state``: the chunk model's full state dict (gathered from FSDP shards); None reads
+    the model's own parameters."""
+    inner = wrapped_lm(model)
+    for peft_cfg in getattr(inner, "peft_config", {}).values():
+        peft_cfg.base_model_name_or_path = peft_cfg.base_model_name_or_path or base_model
+    if state is not None:
+        state = {k.removeprefix("model."): v for k, v in state.items()}
+    # peft's "auto" asks the Hub whether the base model's vocabulary changed; it never does here, so say
+    # whether embeddings are adapted and stay offline
+    from peft.utils.other import EMBEDDING_LAYER_NAMES
+
+    embeddings = any(t in EMBEDDING_LAYER_NAMES for t in targets)
+    inner.save_pretrained(str(out), save_embedding_layers=embeddings,
+                          **({} if state is None else {"state_dict": state}))
+    return out

@@ -1,0 +1,297 @@
+"""Run an audit (resumable, unit by unit) and gather its tables; the ``seco-lab audit`` command.
+
+    seco-lab audit [--quick | --committed] [--out DIR] [--tables-only] [--model M] [--params lora|full]
+                   [--texts [KIND:]PATH ...] [--length N] [--chunk-size C] [--budgets T ...] [--schemes S ...]
+                   [--max-hops P] [--num-sequences N] [--mc-draws N] [--mc-budgets T ...] [--data-sequences N] ...
+
+Every unit (``measure``; their order: ``plan``) is one JSON file under OUT/units, written atomically and
+skipped when present, so an interrupted run resumes where it stopped.  After every unit the tables are
+rewritten from all stored units (``tables.write_results``).  Per-sequence flat gradients (float32) are kept
+under OUT/vectors for cross-sequence Gram matrices; they are not committed, and a resumed run recomputes the
+ones it needs, checked against the stored units.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ... import store
+from ...folder_lock import LOCK_NAME, FolderBusy, locked
+from . import measure
+from .config import COMMITTED, DEFAULT, QUICK, STAGES, AuditConfig
+from .plan import data_name, plan_units, sequence_sets
+from .sources import SequenceSpec
+from .tables import check_units, load_units, write_results
+
+__all__ = ["run_audit", "main", "build_parser", "add_arguments", "run_from_args", "config_from_args",
+           "check_audit_out", "rewrite_tables", "AUDIT_FILES", "DEFAULT_OUT"]
+
+DEFAULT_OUT = Path("audit-results")
+
+
+def _check_folder(cfg: AuditConfig, out: Path) -> None:
+    path = out / "config.json"
+    if path.is_file():
+        stored = AuditConfig.from_json(json.loads(path.read_text())["config"])
+        if stored.identity() != cfg.identity():
+            diff = sorted(k for k, v in cfg.identity().items() if stored.identity().get(k) != v)
+            raise ValueError(f"{out} holds an audit of another definition (differs in {', '.join(diff)}); "
+                             "use another --out, or the stored settings")
+    store.atomic_write_json(path, {"config": cfg.to_json(), "digest": cfg.digest()})
+
+
+def run_audit(cfg: AuditConfig, out: str | Path = DEFAULT_OUT, progress: bool = True) -> Path:
+    """Run every missing unit of the audit into ``out`` and write its tables; returns ``out``.  The folder and
+    the texts are checked before anything is written (a refused run leaves nothing behind)."""
+    if not isinstance(cfg, AuditConfig):
+        raise TypeError(f"cfg must be an AuditConfig (e.g. replace(QUICK, length=...)), got {type(cfg).__name__}")
+    out = check_audit_out(out)
+    sequence_sets(cfg)  # reads the texts: a missing, empty, binary or unreadable text is refused here
+    (out / "units").mkdir(parents=True, exist_ok=True)
+    with locked(out, "seco-lab audit", "wait for it to finish, or pass another --out"):
+        return _run_units(cfg, out, progress)
+
+
+# what an audit writes into its folder: a folder holding anything else is a user's, and is refused
+AUDIT_FILES = frozenset({"config.json", "sequences.json", "audit.json", "recommendation.json", "strata.csv",
+                         "bias.csv", "mc.csv", "cost.csv", "data.csv", "equal_compute.csv", "report.md",
+                         "cross_gram.json", "data_gram.json",
+                         ".gitignore", "units", "vectors", LOCK_NAME})
+
+
+def rewrite_tables(out: str | Path) -> Path:
+    """``seco-lab audit --tables-only``: every table of an existing audit folder, from its stored units (a
+    table edited, damaged or deleted is written again); no unit is computed."""
+    out = check_audit_out(out)
+    if not (out / "config.json").is_file():
+        raise ValueError(f"{out} holds no audit (no config.json): --tables-only rewrites the tables of an audit "
+                         "folder; run the audit first")
+    with locked(out, "seco-lab audit", "wait for it to finish, or pass another --out"):
+        return write_results(out)
+
+
+def check_audit_out(out: str | Path) -> Path:
+    """The audit's ``--out``, refused before anything is written when it is no folder of its own: ``""``, ``~``,
+    a file, the root, the home or the current directory or an ancestor (:func:`store.check_study_out`), and an
+    existing folder holding files but no audit's ``config.json`` (an audit would overwrite its tables)."""
+    path = store.check_study_out(out)  # a StudyFolderError (a ValueError) names what is wrong
+    config = path / "config.json"
+    if config.is_file() and not _is_audit_config(config):
+        raise store.StudyFolderError(f"--out {path} holds a config.json that is not an audit's: it is not a "
+                                     "seco-lab audit folder, so nothing is written; pass a new or empty folder")
+    if path.is_dir() and not config.is_file():
+        foreign = sorted(p.name for p in path.iterdir() if p.name not in AUDIT_FILES
+                         and not re.fullmatch(store.TEMP_FILE, p.name))
+        theirs = sorted(p.name for p in path.iterdir() if p.name in AUDIT_FILES - {"units", "vectors", LOCK_NAME}
+                        and p.is_file())
+        if foreign or theirs:
+            names = ", ".join((foreign + theirs)[:5]) + (" ..." if len(foreign + theirs) > 5 else "")
+            raise store.StudyFolderError(f"--out {path} is not a seco-lab audit folder (no config.json) and holds "
+                                         f"files "
+                             f"({names}): an audit would overwrite them, so nothing is written; pass a new or "
+                             "empty folder with --out")
+    return path
+
+
+def _is_audit_config(path: Path) -> bool:
+    try:
+        stored = json.loads(path.read_text())
+        return isinstance(stored, dict) and isinstance(stored.get("config"), dict) and "digest" in stored
+    except (OSError, ValueError):
+        return False
+
+
+def unit_done(path: Path) -> bool:
+    """A unit is done when its JSON file reads as one (a file cut short by a crash or damaged by hand is computed
+    again, and the run says so)."""
+    if not path.is_file():
+        return False
+    try:
+        return isinstance(json.loads(path.read_text()), dict)
+    except (OSError, ValueError):
+        tqdm.write(f"audit: {path} is damaged (not readable JSON): the unit is computed again")
+        return False
+
+
+def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
+    (out / "vectors").mkdir(exist_ok=True)
+    if not (out / ".gitignore").exists():  # the flat gradients are large and recomputable: never committed
+        store.atomic_write(out / ".gitignore", "vectors/\n")
+    _check_folder(cfg, out)
+    torch.set_num_threads(cfg.threads)
+    strata, data = sequence_sets(cfg)
+    names = {s.name: s for s in strata}
+    names.update({data_name(cfg, s): s for s in data})
+    store.atomic_write_json(out / "sequences.json", {n: vars(s) if not hasattr(s, "__dataclass_fields__") else
+                       {f: getattr(s, f) for f in s.__dataclass_fields__} for n, s in names.items()})
+    units = plan_units(cfg)
+    todo = [(stem, job) for stem, job in units if not unit_done(out / "units" / f"{stem}.json")]
+    check_units(cfg, load_units(out), out)  # a unit copied from another audit is refused, named
+    if len(todo) < len(units):
+        write_results(out)  # the tables follow the settings just written to config.json
+    for stem, job in (bar := tqdm(todo, desc="audit units", disable=not progress)):
+        bar.set_postfix_str(stem)
+        c, w = time.process_time(), time.perf_counter()
+        kind = job[0]
+        if kind == "exact":
+            res = measure.exact_unit(cfg)
+        elif kind == "strata":
+            _restore_vectors(cfg, out, "strata", names)  # the cross-sequence Gram needs every sequence's rows
+            res = measure.strata_unit(cfg, job[1], out / "vectors" / f"strata-{job[1].name}.pt")
+        elif kind == "cost":
+            res = measure.cost_unit(cfg, job[1], progress)
+        elif kind == "mc":
+            _strata_vectors(cfg, out, job[1])
+            res = measure.mc_unit(cfg, job[1], job[2], job[3], out / "vectors" / f"strata-{job[1].name}.pt",
+                                  progress)
+        else:
+            spec = job[1]
+            sv = out / "vectors" / f"strata-{spec.name}.pt" if cfg.data_len == cfg.length else None
+            if sv is not None and (out / "units" / f"strata-{spec.name}.json").is_file():
+                _strata_vectors(cfg, out, spec)
+            _restore_vectors(cfg, out, "data", names)
+            res = measure.data_unit(cfg, spec, out / "vectors" / f"data-{data_name(cfg, spec)}.pt", sv)
+        res.update(unit=stem, stage=kind, digest=cfg.digest(), unit_cpu_s=time.process_time() - c,
+                   unit_wall_s=time.perf_counter() - w, threads=cfg.threads,
+                   finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        store.atomic_write_json(out / "units" / f"{stem}.json", res)
+        write_results(out)
+    return write_results(out)
+
+
+def _strata_vectors(cfg: AuditConfig, out: Path, spec: SequenceSpec) -> None:
+    """Make sure the flat strata rows of a finished strata unit are on disk (recomputed and checked against the
+    stored unit when absent: the vectors are not committed, so a fresh clone resuming an audit lacks them)."""
+    path = out / "vectors" / f"strata-{spec.name}.pt"
+    if path.is_file():
+        return
+    unit = out / "units" / f"strata-{spec.name}.json"
+    tqdm.write(f"audit: recomputing the strata vectors of {spec.name} (not stored here; checked against {unit})")
+    measure.restore_strata_vectors(cfg, spec, path, json.loads(unit.read_text()))
+
+
+def _restore_vectors(cfg: AuditConfig, out: Path, stage: str, specs: dict[str, SequenceSpec]) -> None:
+    """Recompute the absent flat vectors of every finished ``stage`` unit ('strata' or 'data'), each checked
+    against what its unit stored, so that the cross-sequence Gram matrices written after the next unit cover
+    every finished sequence (a resumed audit on a fresh clone has the units' JSON but not the vectors)."""
+    for path in sorted((out / "units").glob(f"{stage}-*.json")):
+        name = path.stem.removeprefix(f"{stage}-")
+        if (out / "vectors" / f"{path.stem}.pt").is_file():
+            continue
+        tqdm.write(f"audit: recomputing the vectors of {path.stem} (not stored here; checked against {path})")
+        if stage == "strata":
+            _strata_vectors(cfg, out, specs[name])
+            continue
+        stored = json.loads(path.read_text())
+        sv = out / "vectors" / f"strata-{name}.pt" if cfg.data_len == cfg.length else None
+        res = measure.data_unit(cfg, specs[name], out / "vectors" / f"{path.stem}.pt", sv)
+        diff = abs(res["g_norm"] - stored["g_norm"]) / max(stored["g_norm"], 1e-300)
+        if not diff <= measure.RECOMPUTE_TOLERANCE:
+            (out / "vectors" / f"{path.stem}.pt").unlink()
+            raise ValueError(f"the gradient of {path.stem} recomputed here differs from the stored unit by {diff:.2e} "
+                             f"(relative norm; tolerance {measure.RECOMPUTE_TOLERANCE:g}): the code or the model "
+                             "changed since it was stored; rerun the audit into a new --out")
+
+
+# --------------------------------------------------------------------------- tables
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="seco-lab audit", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a tiny random HF Llama, < 2 minutes (tests, first look)")
+    ap.add_argument("--out", type=Path, default=None, help=f"results folder (default: ./{DEFAULT_OUT})")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--report", type=Path, default=None, help="also write the Markdown report here")
+    ap.add_argument("--tables-only", action="store_true",
+                    help="rewrite the tables (and the report) of --out from its stored units; compute nothing")
+    add_arguments(ap)
+    return ap
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The audit's own options (also for a study registry's ``seco-lab study audit``)."""
+    d = DEFAULT
+    ap.add_argument("--committed", action="store_true", help="the committed study's settings (issue 21 §4)")
+    ap.add_argument("--model", help=f"smollm2-135m | a .gguf file | a local HF folder | tiny | hf-llama "
+                                    f"(default: {d.model})")
+    ap.add_argument("--params", choices=["lora", "full"])
+    ap.add_argument("--lora-r", type=int)
+    ap.add_argument("--lora-alpha", type=int)
+    ap.add_argument("--lora-targets", nargs="+")
+    ap.add_argument("--texts", nargs="+", metavar="[KIND:]PATH", help="text files or folders")
+    ap.add_argument("--length", type=int, help=f"tokens per sequence (default: {d.length})")
+    ap.add_argument("--chunk-size", type=int, help=f"(default: {d.chunk_size})")
+    ap.add_argument("--dtype", choices=["float32", "float64"])
+    ap.add_argument("--budgets", type=int, nargs="+", metavar="T")
+    ap.add_argument("--schemes", nargs="+")
+    ap.add_argument("--max-hops", type=int, metavar="P")
+    ap.add_argument("--num-sequences", type=int)
+    ap.add_argument("--mc-draws", type=int)
+    ap.add_argument("--mc-budgets", type=int, nargs="+", metavar="T")
+    ap.add_argument("--mc-sequences", type=int)
+    ap.add_argument("--cost-sequences", type=int)
+    ap.add_argument("--cost-draws", type=int)
+    ap.add_argument("--data-sequences", type=int)
+    ap.add_argument("--data-length", type=int)
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--stages", nargs="+", choices=STAGES)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run the audit an argument namespace describes (``add_arguments`` plus quick/out/progress): for a study
+    registry; ``--out`` defaults to the committed folder with --committed."""
+    if not getattr(args, "quick", False):
+        args.committed = True  # the registered study is the committed one
+    cfg = config_from_args(args)
+    run_audit(cfg, args.out, progress=getattr(args, "progress", True))
+    return 0
+
+
+def config_from_args(ns: argparse.Namespace) -> AuditConfig:
+    if getattr(ns, "quick", False) and ns.committed:
+        raise ValueError("--quick and --committed exclude each other")
+    base = QUICK if getattr(ns, "quick", False) else COMMITTED if ns.committed else DEFAULT
+    keys = ("model", "params", "lora_r", "lora_alpha", "lora_targets", "texts", "length", "chunk_size", "dtype",
+            "budgets", "schemes", "max_hops", "num_sequences", "mc_draws", "mc_budgets", "mc_sequences",
+            "cost_sequences", "cost_draws", "data_sequences", "data_length", "threads", "stages")
+    given = {k: getattr(ns, k) for k in keys if getattr(ns, k) is not None}
+    given = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
+    if "budgets" in given and "mc_budgets" not in given:
+        given["mc_budgets"] = tuple(t for t in base.mc_budgets if t in given["budgets"]) or given["budgets"][:1]
+    return replace(base, **given)
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    ns = ap.parse_args(argv)
+    out = ns.out or (Path("audit-quick") if ns.quick else DEFAULT_OUT)
+    try:
+        if ns.tables_only:
+            rewrite_tables(out)
+        else:
+            run_audit(config_from_args(ns), out, progress=not ns.no_progress)
+        from ...report.audit import write_report
+
+        report = write_report(out, ns.report or out / "report.md")
+    except (ValueError, TypeError, FileNotFoundError, ImportError, FolderBusy) as e:
+        print(f"seco-lab audit: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"seco-lab audit: interrupted; the units finished so far are stored in {out}/units: rerun the same "
+              "command to resume", file=sys.stderr)
+        return 130
+    print(f"seco-lab audit: results in {out}, report {report}")
+    return 0

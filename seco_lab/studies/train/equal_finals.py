@@ -1,0 +1,104 @@
+"""Per-run final numbers and compute of the training study's equal-compute extension folders.
+
+Compute of a run = steps x sequences per step x chunk passes per sequence (the cost model of
+:mod:`seco_lab.stats.equal_compute`), relative to the main study's SeCO run (S x B x (4k - 1)); an arm's numbers
+are at its tuned rate (lowest mean validation far-token loss among the rates it ran, as in the main study).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from seco_lab.stats.equal_compute import chunk_passes
+
+from .summary import select_lr
+
+__all__ = ["EXTENSION_FOLDERS", "arm_fields", "extension_finals", "load_folder", "run_finals", "run_finals_from_main",
+           "tuned"]
+
+EXTENSION_FOLDERS = {"equal_compute": "equal_compute", "second": "second_L4"}
+
+
+def load_folder(folder: Path):
+    folder = Path(folder)
+    if not (folder / "runs.csv").exists():
+        return None
+    return (pd.read_csv(folder / "results.csv.gz"), pd.read_csv(folder / "runs.csv"),
+            json.loads((folder / "study.json").read_text()))
+
+
+def arm_fields(name: str) -> dict:
+    """mode, scheme, budget, batch and steps override of an arm name ('seco B=10', 'paper t=4 B=25', ...)."""
+    parts = name.split(" ")
+    out = {"base": " ".join(p for p in parts if not p.startswith(("B=", "steps="))), "batch_size": 0, "steps_o": 0}
+    for p in parts:
+        if p.startswith("B="):
+            out["batch_size"] = int(p[2:])
+        if p.startswith("steps="):
+            out["steps_o"] = int(p[6:])
+    return out
+
+
+def run_finals(results: pd.DataFrame, runs: pd.DataFrame, settings: dict) -> pd.DataFrame:
+    """One row per run: last-step validation and test far-token loss (NaN when diverged), compute."""
+    k, B, S = settings["task"]["num_chunks"], settings["batch_size"], settings["steps"]
+    runs = runs.copy()
+    f = pd.DataFrame([arm_fields(a) for a in runs.arm])
+    runs["base"] = f.base.to_numpy()
+    if "steps" not in runs:
+        runs["steps"] = S
+    if "batch_size" not in runs:
+        runs["batch_size"] = B
+    runs["steps"] = runs["steps"].fillna(S).astype(int)
+    runs["batch_size"] = runs["batch_size"].fillna(B).astype(int)
+    passes = [chunk_passes(m, k, b if m == "spaco" else None) for m, b in zip(runs["mode"], runs.budget)]
+    runs["rel_compute"] = runs.steps * runs.batch_size * np.asarray(passes) / (S * B * chunk_passes("seco", k))
+    if "cpu_s" not in runs:
+        runs["cpu_s"] = np.nan
+    runs["cpu_ms_per_step"] = runs.cpu_s / runs.steps_done * 1000
+    r = results[(results.distance == 0) & results.metric.isin(["val_far_loss", "test_far_loss"])]
+    r = r.merge(runs[["run_id", "steps"]], on="run_id")
+    last = r[r.step == r.steps].pivot_table(index="run_id", columns="metric", values="value").reset_index()
+    out = runs.merge(last, on="run_id", how="left")
+    for m in ("val_far_loss", "test_far_loss"):
+        if m not in out:
+            out[m] = np.nan
+        out.loc[out.diverged.astype(bool), m] = np.nan
+    return out
+
+
+def extension_finals(folder: Path, sub: str, main_final: pd.DataFrame | None = None) -> pd.DataFrame | None:
+    """Finals of an extension folder; for 'equal_compute' the main study's runs are added (the arms at
+    equal steps) and the replays left out (they only carry the probes, see ``prediction_table``)."""
+    loaded = load_folder(Path(folder) / sub)
+    if loaded is None:
+        return None
+    results, runs, study = loaded
+    fin = run_finals(results, runs, study["design"]["settings"]).assign(source=sub)
+    if main_final is not None:
+        fin = pd.concat([main_final.assign(source="main"), fin[~fin.arm.isin(set(main_final.arm))]],
+                        ignore_index=True)
+    return fin
+
+
+def run_finals_from_main(main_final: pd.DataFrame, settings: dict) -> pd.DataFrame:
+    """The main study's ``final`` table with the compute columns of ``run_finals``."""
+    k = settings["task"]["num_chunks"]
+    f = main_final.copy()
+    f["steps"], f["batch_size"] = settings["steps"], settings["batch_size"]
+    f["base"] = f.arm
+    passes = [chunk_passes(m, k, b if m == "spaco" else None) for m, b in zip(f["mode"], f.budget)]
+    f["rel_compute"] = np.asarray(passes) / chunk_passes("seco", k)
+    f["cpu_ms_per_step"] = np.nan
+    return f
+
+
+def tuned(final: pd.DataFrame) -> pd.DataFrame:
+    """Runs at each (arm, optimizer)'s tuned rate."""
+    sel = select_lr(final.assign(val_far_loss=final.val_far_loss))
+    best = sel.loc[sel.best, ["arm", "optimizer", "lr"]]
+    return final.merge(best, on=["arm", "optimizer", "lr"])

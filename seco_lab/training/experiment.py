@@ -1,0 +1,213 @@
+"""What identifies a run's experiment, on disk and in its checkpoints.
+
+* :func:`experiment_record` -- what ``config.json`` stores (for HF runs the HF model's config);
+  :func:`experiment_from_record` reads it back as a :class:`~seco_lab.config.TrainConfig`.
+* :func:`experiment_fingerprint` -- the hash every checkpoint carries (its schedule length left out, so an
+  extended run keeps it); :func:`config_differences` -- the fields two experiments differ in.
+* :func:`check_checkpoint` -- refuses a checkpoint of another experiment, or one renamed to another step;
+  :func:`load_newest_checkpoint` -- the checkpoint a resumed run continues from (sharded or ``.pt``), checked;
+  :func:`check_nothing_to_resume` -- refuses a resume with no checkpoint of a run that logged steps.
+* :func:`read_experiment` -- the record a resume continues: ``config.json``, or, when it was deleted, the
+  experiment the newest intact checkpoint records (:func:`recover_record`; ``config.json`` is then rewritten).
+* :func:`continued_cycles` -- the schedule cycles a resumed (extended, perhaps re-warmed) run keeps.
+* :func:`numpy_rng_state`, :func:`set_numpy_rng_state` -- numpy's global RNG state as a checkpoint holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import RunControl, TrainConfig, warn_once
+from . import sharded_checkpoint
+from .run_dir import RunDir, RunDirError, checkpoint_steps, read_config, read_metrics, safe_load
+
+__all__ = ["SCHEDULE_FIELDS", "metrics_gap", "warn_metrics_gap", "check_checkpoint", "check_nothing_to_resume",
+           "config_differences", "continued_cycles", "experiment_fingerprint", "experiment_from_record",
+           "experiment_record", "load_newest_checkpoint", "numpy_rng_state", "read_experiment", "recover_record",
+           "set_numpy_rng_state"]
+
+#: fields that may change when a run is resumed: its length, and the schedule cycles an extension adds
+SCHEDULE_FIELDS = ("steps", "lr_cycles")
+
+
+def experiment_fingerprint(config: dict) -> str:
+    """16 hex digits of SHA-256 over the experiment (a ``TrainConfig.to_dict()``), its schedule length left out:
+    equal for every checkpoint of one run, extended or not, and different for another seed, model or data."""
+    d = {k: v for k, v in TrainConfig.from_dict(config).to_dict().items() if k not in SCHEDULE_FIELDS}
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def numpy_rng_state() -> dict:
+    """``np.random.get_state()`` as plain values and a tensor (a safe ``torch.load`` reads them)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def set_numpy_rng_state(state) -> None:
+    """Restore numpy's global RNG from a checkpoint's :func:`numpy_rng_state`."""
+    if isinstance(state, dict):
+        state = (state["name"], state["keys"].numpy().astype(np.uint32), state["pos"], state["has_gauss"],
+                 state["cached_gaussian"])
+    np.random.set_state(state)  # checkpoints written before this format hold the tuple itself
+
+
+def experiment_record(cfg: TrainConfig, model) -> dict:
+    """What ``config.json`` stores: the experiment; for HF runs the HF model's config, not the tiny one."""
+    d = cfg.to_dict()
+    if cfg.hf_model is not None:
+        from ..models.hf import config_record
+
+        d["model"] = {"hf_model": cfg.hf_model, "config": config_record(model)}
+    return d
+
+
+def experiment_from_record(d: dict, source: str) -> TrainConfig:
+    """The :class:`TrainConfig` of a ``config.json`` record (``source`` names it in errors)."""
+    # run directories written before RunControl existed stored its fields in config.json too
+    d = {k: v for k, v in d.items() if k not in RunControl.__dataclass_fields__}
+    if d.get("hf_model") is not None:
+        d.pop("model", None)
+    return TrainConfig.from_dict(d, source=source)
+
+
+def config_differences(saved: TrainConfig, new: TrainConfig) -> list[str]:
+    """Fields that define the experiment and differ (``steps`` may grow: that extends the run)."""
+    a, b = saved.to_dict(), new.to_dict()
+    out = [f"{k} ({a[k]!r} -> {b[k]!r})" for k in a if k not in SCHEDULE_FIELDS and a[k] != b[k]]
+    return out
+
+
+def check_checkpoint(state: dict, name: str, cfg: TrainConfig) -> None:
+    """Refuse the checkpoint ``name`` (its ``state``) when it is of another experiment than ``cfg``, or its
+    step is not the step its name says."""
+    expected = int(name.split("_")[1].split(".")[0])
+    if int(state.get("step", -1)) != expected:
+        raise RunDirError(f"--resume: checkpoint {name} holds step {state.get('step')}, not {expected}; it was "
+                          "renamed or copied from elsewhere")
+    config = state.get("config")
+    if not isinstance(state.get("fingerprint"), str):
+        raise RunDirError(f"--resume: checkpoint {name} records no experiment fingerprint (every checkpoint "
+                          "seco-lab writes has one), so it cannot be matched to this run: it was edited or "
+                          "copied from elsewhere; put this run's checkpoints back or start a new --run-dir")
+    try:
+        found = state.get("fingerprint") or experiment_fingerprint(config)
+    except (TypeError, ValueError, AttributeError):
+        found = None
+    expected_fingerprint = experiment_fingerprint(cfg.to_dict())
+    if found != expected_fingerprint:
+        diff = []
+        with contextlib.suppress(TypeError, ValueError, AttributeError):
+            diff = config_differences(experiment_from_record(dict(config), name), cfg)
+        raise RunDirError(f"--resume: checkpoint {name} belongs to another experiment (fingerprint {found}, this "
+                          f"run's {expected_fingerprint}" + (f"; differs in {', '.join(diff)}" if diff else "")
+                          + "); put this run's checkpoints back or start a new --run-dir")
+
+
+def load_newest_checkpoint(run_dir: RunDir, model, optimizer, cfg: TrainConfig) -> dict | None:
+    """The newest checkpoint's state, checked against ``cfg`` (:func:`check_checkpoint`): a sharded directory
+    is read into ``model`` and ``optimizer`` here (resharded to this run's ranks) and its extras returned; a
+    ``.pt`` file is returned whole.  None when ``run_dir`` holds no checkpoint."""
+    run_dir.check_latest()
+    check = functools.partial(check_checkpoint, cfg=cfg)
+    sharded = sharded_checkpoint.newest(run_dir.checkpoints)
+    files = sorted(run_dir.checkpoints.glob("step_*.pt"))
+    if sharded and (not files or sharded[0].name.split(".")[0] >= files[-1].name.split(".")[0]):
+        return sharded_checkpoint.load(sharded[0], model, optimizer, check=check)
+    # load_state_dict moves the tensors to the model's device
+    return run_dir.load_checkpoint(map_location="cpu", check=check)
+
+
+def check_nothing_to_resume(run_dir: RunDir) -> None:
+    """No checkpoint at all: resuming from step 0 is right only if the run never logged a training step."""
+    steps = [r.get("step", 0) for r in read_metrics(run_dir.path)]
+    done = max([s for s in steps if isinstance(s, int)], default=0)
+    if done > 0:
+        raise RunDirError(f"--resume: {run_dir.metrics_path} records step {done} but {run_dir.checkpoints} holds no "
+                          "checkpoint to continue from (deleted, or the run stopped before its first checkpoint); "
+                          "restore them, or start again with --overwrite")
+
+
+def recover_record(run_dir) -> tuple[dict, str]:
+    """``(experiment, checkpoint name)``: the experiment the newest intact checkpoint of ``run_dir`` records (every
+    checkpoint stores its ``TrainConfig`` and its fingerprint), for a run whose ``config.json`` was deleted."""
+    checkpoints = Path(run_dir) / "checkpoints"
+    for step in reversed(checkpoint_steps(run_dir)):
+        for name, path in ((f"step_{step:06d}.pt", None), (f"step_{step:06d}.dcp", sharded_checkpoint.EXTRA)):
+            target = checkpoints / name if path is None else checkpoints / name / path
+            if not target.is_file():
+                continue
+            try:
+                state = safe_load(target, map_location="cpu")
+                config = state["config"]
+                if experiment_fingerprint(config) != state["fingerprint"]:
+                    continue
+                experiment_from_record(dict(config), name)
+            except RunDirError:
+                raise
+            except Exception:  # noqa: BLE001 -- a damaged or foreign checkpoint: try an earlier one
+                continue
+            return dict(config), name
+    raise RunDirError(f"--resume: {run_dir} has no config.json and none of its checkpoints records the run's "
+                      "experiment (damaged or foreign); restore config.json, or start a new --run-dir")
+
+
+def read_experiment(run_dir) -> dict:
+    """The record a resume of ``run_dir`` continues: ``config.json``; when it is missing but checkpoints remain,
+    the experiment of the newest intact checkpoint (a warning says so; the trainer rewrites ``config.json``)."""
+    if (Path(run_dir) / "config.json").is_file() or not checkpoint_steps(run_dir):
+        return read_config(run_dir)
+    record, name = recover_record(run_dir)
+    warn_once(f"{Path(run_dir) / 'config.json'} is missing; resuming with the experiment recorded in checkpoint "
+              f"{name} (config.json is written again from it)")
+    return record
+
+
+def continued_cycles(saved: TrainConfig, steps: int, step: int, rewarm: bool) -> list:
+    """The ``lr_cycles`` of a run resumed at ``step`` with ``steps`` in all: the cycles it had (by default one
+    over the saved ``steps``), plus, with ``rewarm``, a new cycle from ``step`` to ``steps`` ([] for the
+    default single cycle)."""
+    cycles = [list(x) for x in (saved.lr_cycles or [[0, saved.steps]])]
+    if rewarm:
+        if steps <= saved.steps or step >= steps:
+            raise RunDirError(f"--rewarm starts a new schedule cycle over added steps; pass --steps above the "
+                              f"run's {saved.steps}")
+        cycles = [x for x in cycles if x[0] < step] + [[step, steps]]
+    return cycles if cycles != [[0, steps]] else []
+
+
+def metrics_gap(logged_steps, step: int) -> str:
+    """``"steps 3-4, 7"``: the steps in 1..``step`` with no record among ``logged_steps`` ("" when none)."""
+    logged = set(logged_steps)
+    missing = [s for s in range(1, step + 1) if s not in logged]
+    if not missing:
+        return ""
+    spans, start = [], missing[0]
+    for prev, s in zip(missing, [*missing[1:], None]):
+        if s != prev + 1:
+            spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = s
+    return f"step{'s' if len(missing) > 1 else ''} {', '.join(spans[:5])}{', ...' if len(spans) > 5 else ''}"
+
+
+def warn_metrics_gap(run_dir: RunDir, step: int) -> None:
+    """Warn when ``metrics.jsonl`` lacks steps the checkpoint of ``step`` has trained (the file deleted, or cut
+    short): the resumed run logs from the next step on, so its curve would have a silent hole."""
+    if step == 0:
+        return
+    steps = metrics_gap((r.get("step") for r in read_metrics(run_dir.path) if isinstance(r, dict)), step)
+    if not steps:
+        return
+    path = run_dir.metrics_path
+    what = (f"{path} is missing, so {steps} have no record" if not path.exists() else
+            f"{path} has no record of {steps} (cut short or edited)")
+    warnings.warn(f"{what}; resuming from the checkpoint of step {step} anyway: the run's metrics and loss curve "
+                  "have a gap there", stacklevel=4)

@@ -1,0 +1,190 @@
+"""What a run directory holds and when one is refused: the names a run writes (:data:`RUN_TREE`), the marker,
+the refusals before a run starts (:func:`check_usable`, :func:`check_replaceable`) and the removal of only a
+run's own files (:func:`remove_own`).  See :mod:`seco_lab.training.run_dir` for the directory's layout."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from ..folder_lock import LOCK_NAME, is_own_lock
+from ..store import protected_paths
+
+__all__ = ["CHECKPOINTS_TREE", "DCP_TREE", "FILE", "MARKER_NAME", "RUN_TREE", "RunDirError", "check_path_given",
+           "checkpoint_steps", "orphan_checkpoints",
+           "check_replaceable", "check_usable", "foreign_entries", "is_run", "remove_own", "run_contents"]
+
+MARKER_NAME = ".seco-lab-run"
+
+FILE = None  # a leaf of a tree spec: a regular file (or a symlink, which is removed, never followed)
+#: the files of a sharded checkpoint directory (torch.distributed.checkpoint's names, and ours)
+DCP_TREE = {r"__\d+_\d+\.distcp": FILE, r"(__\d+)?\.metadata(\.tmp)?": FILE, r"extra\.pt(\.tmp\d*)?": FILE}
+#: the checkpoints/ folder: step files, sharded step directories (complete, half-written or set aside), latest
+CHECKPOINTS_TREE = {r"latest(\.tmp\d*)?": FILE, r"step_\d+\.pt(\.tmp\d*)?": FILE,
+                    r"step_\d+\.dcp(\.tmp|\.old)?": DCP_TREE}
+#: every name a run writes into its directory, as ``{name regex: FILE or subtree}``
+RUN_TREE = {
+    r"config\.json(\.tmp\d*)?": FILE, r"metrics\.jsonl(\.tmp\d*)?": FILE, r"loss(\.tmp\d+)?\.png": FILE,
+    re.escape(LOCK_NAME): FILE, re.escape(MARKER_NAME) + r"(\.tmp\d*)?": FILE, "checkpoints": CHECKPOINTS_TREE,
+    "tensorboard": {r"events\.out\.tfevents\..+": FILE},
+    "adapter": {r"adapter_config\.json": FILE, r"adapter_model\.(safetensors|bin)": FILE, r"README\.md": FILE},
+}
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot be used as asked (the message says why and what to do)."""
+
+
+def _match(name: str, spec: dict):
+    """The subtree (or FILE) of the first pattern of ``spec`` matching ``name`` in full; ``False`` when none does."""
+    for pattern, sub in spec.items():
+        if re.fullmatch(pattern, name):
+            return sub
+    return False
+
+
+def foreign_entries(root: Path, spec: dict) -> list[Path]:
+    """The entries under ``root`` that ``spec`` does not name (a directory where a file belongs, a file
+    where a directory belongs, a symlinked directory, or an unknown name): what this tool did not write."""
+    out = []
+    for p in sorted(Path(root).iterdir()):
+        sub = _match(p.name, spec)
+        if sub is FILE and (p.is_symlink() or p.is_file()):
+            continue
+        if isinstance(sub, dict) and p.is_dir() and not p.is_symlink():
+            out += foreign_entries(p, sub)
+            continue
+        out.append(p)
+    return out
+
+
+def remove_own(root: Path, spec: dict) -> list[Path]:
+    """Remove the files under ``root`` that ``spec`` names, then the directories left empty (``root``
+    too); anything else stays.  Returns what stayed.  Never a blanket ``rmtree``."""
+    root = Path(root)
+    left = []
+    for p in sorted(root.iterdir()):
+        sub = _match(p.name, spec)
+        if sub is FILE and (p.is_symlink() or p.is_file()):
+            p.unlink(missing_ok=True)
+        elif isinstance(sub, dict) and p.is_dir() and not p.is_symlink():
+            left += remove_own(p, sub)
+        else:
+            left.append(p)
+    if not left:
+        root.rmdir()
+    return left
+
+
+def check_path_given(path) -> Path:
+    """Refuse a run directory that is no choice at all: ``""`` (which means the current directory)."""
+    text = os.fspath(path)
+    if not str(text).strip():
+        raise RunDirError("--run-dir is empty; name a directory for the run, e.g. --run-dir runs/first")
+    if str(text) == "~" or str(text).startswith("~/"):
+        raise RunDirError(f"--run-dir {text}: a literal '~' (the shell did not expand it); write the path out")
+    return Path(text)
+
+
+#: what a run's config.json (``TrainConfig.to_dict``) always records
+RUN_RECORD_KEYS = frozenset({"mode", "steps", "seq_len", "chunk_size", "seed", "lr"})
+
+
+def is_run(path: Path) -> bool:
+    """A directory this tool created: the marker, or (older runs, written before it) a config.json that is a
+    run's record: a training mode of this tool, the keys every run records, and no key a run does not write."""
+    if (path / MARKER_NAME).is_file():
+        return True
+    try:
+        d = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    from ..config import MODES, RunControl, TrainConfig
+
+    known = {*TrainConfig.__dataclass_fields__, *RunControl.__dataclass_fields__}
+    return isinstance(d, dict) and d.get("mode") in MODES and RUN_RECORD_KEYS <= d.keys() and d.keys() <= known
+
+
+def check_replaceable(path: Path) -> None:
+    """``--overwrite``: refuse anything but a run of this tool holding only its own files (and a symlink:
+    the replacement renames the directory, which would replace the link, not the run it points to)."""
+    check_path_given(path)
+    if path.is_symlink():
+        if not is_run(path.resolve()) or path.resolve() in protected_paths():
+            raise RunDirError(f"--overwrite: {path} is a symlink to {path.resolve()}, which is not a seco-lab run "
+                              "directory, so nothing is replaced; choose another --run-dir")
+        raise RunDirError(f"--overwrite: {path} is a symlink to {path.resolve()}; pass --run-dir {path.resolve()} to "
+                          "replace that run (the link is left alone)")
+    resolved = path.resolve()
+    what = protected_paths().get(resolved)
+    if what is not None:
+        raise RunDirError(f"--overwrite would replace {resolved}, {what}; choose a run directory of its own, "
+                          "e.g. --run-dir runs/first")
+    if not is_run(path):
+        raise RunDirError(f"--overwrite: {path} is not a seco-lab run directory (no {MARKER_NAME} or run "
+                          "config.json), so it is left alone; choose another --run-dir or empty it yourself")
+    orphans = orphan_checkpoints(path)
+    if orphans:
+        raise RunDirError(f"--overwrite: {path} has no config.json, so its checkpoints ({orphans}) are the run's only "
+                          "copy of the experiment and are left alone; continue it with --resume (config.json is "
+                          f"rebuilt from the newest checkpoint), or delete {path / 'checkpoints'} yourself first")
+    foreign = foreign_entries(path, RUN_TREE)
+    if foreign:
+        names = ", ".join(str(p.relative_to(path)) for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+        raise RunDirError(f"--overwrite: {path} holds files seco-lab did not write ({names}); move them out "
+                          "or choose another --run-dir")
+
+
+def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
+    """Everything that can be checked without creating anything; raise :class:`RunDirError`."""
+    path = check_path_given(path)
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"run directory {path} is a file; choose another --run-dir")
+    parent = next((p for p in [path, *path.parents] if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise RunDirError(f"run directory {path}: {parent} is a file, so no directory can be made under it; choose "
+                          "another --run-dir")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RunDirError(f"run directory {path}: {parent} is not writable; choose another --run-dir")
+    if resume:
+        if not (path / "config.json").is_file() and not checkpoint_steps(path):
+            raise RunDirError(f"--resume: {path} holds no run (no config.json); start it without --resume")
+    elif path.exists() and run_contents(path):
+        what = protected_paths().get(path.resolve())
+        if what is not None:  # never a run's own directory: no --overwrite to suggest
+            raise RunDirError(f"run directory {path} is {what} and not empty; a run needs a directory of its own, "
+                              "e.g. --run-dir runs/first")
+        orphans = orphan_checkpoints(path)
+        if orphans and not overwrite:
+            raise RunDirError(f"run directory {path} holds checkpoints ({orphans}) but no config.json; pass --resume "
+                              "to continue from the newest one (config.json is rebuilt from it), or choose another "
+                              "--run-dir")
+        if not overwrite:
+            raise RunDirError(f"run directory {path} exists and is not empty; pass --overwrite (replace it) or "
+                              "--resume (continue it)")
+        check_replaceable(path)
+
+
+def run_contents(path: Path) -> list[Path]:
+    """What a run directory holds besides its lock file (a user's own ``.lock`` counts)."""
+    return [p for p in path.iterdir() if not (p.name == LOCK_NAME and is_own_lock(p))]
+
+
+def checkpoint_steps(run_dir) -> list[int]:
+    """Steps with a checkpoint: ``step_NNNNNN.pt`` files and sharded ``step_NNNNNN.dcp`` directories."""
+    return sorted({int(m.group(1)) for p in (Path(run_dir) / "checkpoints").glob("step_*")
+                   if (m := re.fullmatch(r"step_(\d+)\.(pt|dcp)", p.name))})
+
+
+def orphan_checkpoints(path: Path) -> str:
+    """``"steps 2, 4"`` when ``path`` holds checkpoints but no ``config.json`` (deleted): the checkpoints, which
+    record the experiment, are then the run's only copy of it; ``""`` otherwise."""
+    if (path / "config.json").is_file():
+        return ""
+    steps = checkpoint_steps(path)
+    if not steps:
+        return ""
+    shown = ", ".join(map(str, steps[-3:]))
+    return f"step{'s' if len(steps) > 1 else ''} {'..., ' if len(steps) > 3 else ''}{shown}"

@@ -1,0 +1,244 @@
+"""A training run's directory: one owner at a time, atomic files, recovery from torn writes.
+
+    RUN_DIR/config.json      the experiment (TrainConfig) -- the truth a resume continues
+    RUN_DIR/metrics.jsonl    one JSON record per line, appended
+    RUN_DIR/checkpoints/     step_NNNNNN.pt (written to a temporary name, then renamed) and ``latest``;
+                             sharded runs write step_NNNNNN.dcp/ directories (seco_lab.training.sharded_checkpoint)
+    RUN_DIR/.lock            held with ``fcntl.flock`` by the trainer that owns the directory
+    RUN_DIR/.seco-lab-run    the marker: this directory is a run of this tool
+
+A second trainer on the same directory is refused with the owner's pid.  On resume a
+damaged checkpoint (truncated, 0 bytes) is skipped for the previous intact one, and a
+torn last line of ``metrics.jsonl`` (a kill mid-write) is dropped -- both with a warning.
+A ``latest`` naming a checkpoint that is gone, or a checkpoint of another experiment, is refused.
+
+Nothing a user owns is deleted.  ``--overwrite`` replaces only a directory that is recognisably a
+run (the marker, or a ``config.json`` of a run written before the marker existed) and holds nothing
+but the files a run writes (:data:`RUN_TREE`); the replacement is atomic -- a new directory is
+built beside it and renamed into place, the old one moved aside, and then only the files named in
+:data:`RUN_TREE` are removed from it (anything else stays, with a warning).  ``""``, ``/``, the
+home directory, the current directory and their ancestors are never a run directory to overwrite.
+
+Here: :class:`RunDir`, which owns and writes the directory; the refusals and the names a run writes are in
+:mod:`seco_lab.training.run_checks`, the readers of its files in :mod:`seco_lab.training.run_files` (both re-exported
+here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..folder_lock import LOCK_NAME, FolderBusy, hold_lock, release_lock
+from ..store import atomic_write, atomic_write_json
+from .run_checks import (  # noqa: F401 (re-export: defined here before)
+    CHECKPOINTS_TREE,
+    DCP_TREE,
+    FILE,
+    MARKER_NAME,
+    RUN_TREE,
+    RunDirError,
+    _match,
+    check_path_given,
+    check_replaceable,
+    check_usable,
+    foreign_entries,
+    is_run,
+    remove_own,
+)
+from .run_checks import run_contents as _contents
+from .run_files import (  # noqa: F401 (re-export)
+    CHECKPOINT_FILE,
+    CHECKPOINT_KEYS,
+    checkpoint_steps,
+    read_config,
+    read_metrics,
+    safe_load,
+)
+
+__all__ = ["CHECKPOINT_KEYS", "DCP_TREE", "MARKER_NAME", "RUN_TREE", "RunDir", "RunDirError", "check_usable",
+           "checkpoint_steps", "read_config", "read_metrics", "remove_own", "safe_load"]
+
+
+class RunDir:
+    """The files of one run.  ``open`` takes the lock; the other methods assume it is held."""
+
+    def __init__(self, path):
+        self.path = check_path_given(path)
+        self.checkpoints = self.path / "checkpoints"
+        self.metrics_path = self.path / "metrics.jsonl"
+        self.config_path = self.path / "config.json"
+        self._lock_file = None
+
+    # ------------------------------------------------------------------ ownership
+    def open(self, resume: bool, overwrite: bool) -> RunDir:
+        """Check, create (or replace with ``overwrite``) and lock the directory."""
+        check_usable(self.path, resume, overwrite)
+        created = not self.path.exists()
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._lock()
+            check_usable(self.path, resume, overwrite)  # again, now that no other trainer can change it
+        except RunDirError:
+            self.close()
+            if created:  # only what this call made: the lock file and the (then empty) directory
+                remove_own(self.path, {re.escape(LOCK_NAME): FILE})
+            raise
+        if not resume and _contents(self.path):
+            self._replace()
+        if not resume:
+            atomic_write(self.path / MARKER_NAME, json.dumps({"tool": "seco-lab"}) + "\n")
+        self.checkpoints.mkdir(exist_ok=True)
+        return self
+
+    def _replace(self) -> None:
+        """Swap in a fresh directory (built beside, then renamed) and remove the old run's own files.
+
+        Called with the old directory locked and checked by :func:`check_replaceable`.  The old
+        directory is renamed aside first, so a crash leaves either the old run or the new one in place
+        (and at worst a ``.NAME.replaced-*`` folder beside it), never a half-emptied run."""
+        parent, name = self.path.parent, self.path.name
+        fresh = Path(tempfile.mkdtemp(prefix=f".{name}.new-", dir=parent))
+        atomic_write(fresh / MARKER_NAME, json.dumps({"tool": "seco-lab"}) + "\n")
+        aside = Path(tempfile.mkdtemp(prefix=f".{name}.replaced-", dir=parent))
+        os.rename(self.path, aside / name)  # the old run, with our lock on its .lock, moves aside
+        os.rename(fresh, self.path)
+        old_lock = self._lock_file
+        self._lock_file = None
+        self._lock()
+        release_lock(old_lock)
+        left = remove_own(aside / name, RUN_TREE)
+        if left:
+            warnings.warn(f"the replaced run's folder {aside / name} kept files seco-lab did not write: "
+                          f"{', '.join(str(p) for p in left[:5])}", stacklevel=3)
+        else:
+            aside.rmdir()
+
+    def _lock(self) -> None:
+        try:
+            self._lock_file = hold_lock(self.path, "trainer", "wait for it to finish or stop it, or choose another "
+                                                              "--run-dir")
+        except FolderBusy as e:
+            raise RunDirError(f"run directory {e}") from None
+
+    def close(self) -> None:
+        if self._lock_file is not None:
+            release_lock(self._lock_file)
+            self._lock_file = None
+
+    # ------------------------------------------------------------------ config
+    def write_config(self, config: dict) -> None:
+        atomic_write_json(self.config_path, config)
+
+    def read_config(self) -> dict:
+        return read_config(self.path)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, state: dict) -> Path:
+        try:
+            out = atomic_write(self.checkpoints / f"step_{state['step']:06d}.pt", lambda f: torch.save(state, f))
+            atomic_write(self.checkpoints / "latest", out.name)
+        except (OSError, RuntimeError) as e:  # disk full (torch reports it as a RuntimeError), a folder in the way
+            earlier = [s for s in checkpoint_steps(self.path) if s < state["step"]]
+            then = (f"resume with --resume (from step {max(earlier)})" if earlier else "start the run again with "
+                    "--overwrite (no earlier checkpoint was saved to resume from)")
+            raise RunDirError(f"cannot save the checkpoint of step {state['step']} in {self.checkpoints}: "
+                              f"{getattr(e, 'strerror', None) or str(e).splitlines()[0]}; free disk space (or "
+                              f"remove what is in the way) and {then}") from None
+        return out
+
+    def point_latest(self, name: str) -> None:
+        """Name the newest complete checkpoint (file or sharded directory) in ``latest``."""
+        atomic_write(self.checkpoints / "latest", name)
+
+    def check_latest(self) -> None:
+        """Refuse a ``latest`` that is not a file or names a checkpoint that is gone: the run's later steps
+        would be lost without a word if the trainer fell back to an earlier one, or to step 0."""
+        latest = self.checkpoints / "latest"
+        if not latest.exists() and not latest.is_symlink():
+            return
+        if not latest.is_file():
+            raise RunDirError(f"--resume: {latest} is not a file (it names the newest checkpoint); remove it to "
+                              "resume from the newest checkpoint present")
+        pointed = latest.read_text(errors="replace").strip()
+        if not re.fullmatch(r"step_\d+\.(pt|dcp)", pointed):
+            raise RunDirError(f"--resume: {latest} holds {pointed[:60]!r}, not a checkpoint name; remove it to resume "
+                              "from the newest checkpoint present")
+        if not (self.checkpoints / pointed).exists():
+            raise RunDirError(f"--resume: {latest} names {pointed}, which is missing (deleted or moved); restore it, "
+                              "or start again with --overwrite")
+
+    def prune_checkpoints(self, keep: int) -> list[Path]:
+        """Delete all but the newest ``keep`` checkpoints -- only this tool's ``step_NNNNNN.pt`` files and
+        sharded ``step_NNNNNN.dcp`` directories (file by file), never the one ``latest`` names."""
+        latest = self.checkpoints / "latest"
+        pointed = latest.read_text().strip() if latest.is_file() else None
+        found = sorted((p for p in self.checkpoints.iterdir()
+                        if re.fullmatch(r"step_\d+\.pt", p.name) and p.is_file() and not p.is_symlink()
+                        or re.fullmatch(r"step_\d+\.dcp", p.name) and p.is_dir() and not p.is_symlink()),
+                       key=lambda p: int(p.name[5:].split(".")[0]))
+        removed = []
+        for p in found[:-keep] if keep > 0 else found:
+            if p.name == pointed:
+                continue
+            if p.is_dir():
+                remove_own(p, DCP_TREE)
+            else:
+                p.unlink()
+            removed.append(p)
+        return removed
+
+    def load_checkpoint(self, map_location=None, check=None) -> dict | None:
+        """The newest intact checkpoint (``latest`` first, then older steps), or None when there is none.
+        A damaged one is reported with a warning and skipped; ``check(state, name)`` may refuse one
+        (raising :class:`RunDirError`, which is not damage and stops the search)."""
+        names = sorted((p.name for p in self.checkpoints.glob("step_*.pt")), reverse=True)
+        latest = self.checkpoints / "latest"
+        if latest.is_file():
+            pointed = latest.read_text().strip()
+            if pointed in names:  # the pointer names the newest file written completely
+                names.remove(pointed)
+                names.insert(0, pointed)
+        skipped = []
+        for name in names:
+            try:
+                state = safe_load(self.checkpoints / name, map_location)
+                if not isinstance(state, dict):
+                    raise ValueError(f"holds a {type(state).__name__}, not a checkpoint")
+                missing = [k for k in CHECKPOINT_KEYS if k not in state]
+                if missing:
+                    raise ValueError(f"missing {', '.join(missing)}")
+            except RunDirError:
+                raise
+            except Exception as e:  # noqa: BLE001 -- any unreadable file is a damaged checkpoint
+                skipped.append(name)
+                warnings.warn(f"checkpoint {self.checkpoints / name} is damaged ({type(e).__name__}: "
+                              f"{str(e)[:120]}); falling back to an earlier one", stacklevel=2)
+                continue
+            if check is not None:
+                check(state, name)
+            if skipped:
+                warnings.warn(f"resuming from {name} (step {state['step']}) instead of damaged "
+                              f"{', '.join(skipped)}", stacklevel=2)
+            return state
+        if skipped:
+            warnings.warn(f"no intact checkpoint in {self.checkpoints}", stacklevel=2)
+        return None
+
+    # ------------------------------------------------------------------ metrics
+    def append_metrics(self, record: dict) -> None:
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def truncate_metrics(self, last_step: int) -> None:
+        """Keep the records up to ``last_step``: later ones belong to the part of the run being redone."""
+        rows = [r for r in read_metrics(self.path) if r["step"] <= last_step]
+        atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))

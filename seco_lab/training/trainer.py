@@ -1,0 +1,398 @@
+"""A SeCO / SpaCO trainer: AdamW, warm-up + cosine, accumulation, clipping,
+evaluation, checkpoints that resume bit for bit, and data-parallel training.
+
+The loop lives here; its parts are separate: :mod:`seco_lab.config` (what a run is),
+:mod:`seco_lab.training.builders` (its data and model), :mod:`seco_lab.training.run_dir` (lock, checkpoints, metrics),
+:mod:`seco_lab.training.experiment` (config record, fingerprint, the checkpoint a resume continues from),
+:mod:`seco_lab.training.metric_log`, :mod:`seco_lab.training.launch` (process group, stop signals) and
+:mod:`seco_lab.training.step` (gradient of a micro-batch, all-reduce, schedule).  The trainer draws
+nothing: ``seco-lab train`` plots ``loss.png`` from the metrics after the run
+(:func:`seco_lab.report.runs.plot_run`).
+
+Gradients of one optimizer step come from ``grad_accum`` micro-batches on every rank; the
+data-parallel strategy, chosen once, reduces them once per optimizer step, never per chunk backward.
+Both strategies have one interface (``step()``, ``accumulate``, ``reduce_mean``, ``clip_grads``,
+checkpoints), so the step has one code path.  :class:`~seco_lab.training.replicated.ReplicatedModel` (default):
+ranks all-reduce the accumulated gradient (a single flat buffer).  With ``--shard fsdp``
+(:class:`~seco_lab.training.sharding.ShardedModel`) parameters, optimizer state and stored gradients are
+sharded with FSDP2: the engine runs on the gathered parameters, the summed gradient is
+reduce-scattered once per optimizer step and checkpoints are sharded (:mod:`seco_lab.training.sharded_checkpoint`).
+SpaCO draws its chunk subsets from ``numpy.random.default_rng([seed, step, micro, rank])``: every rank
+draws its own.
+
+Resuming: every checkpoint carries the experiment's fingerprint (a hash of the TrainConfig without
+its schedule length) and its step, both checked on load (``torch.load(weights_only=True)``: a checkpoint
+holds tensors and plain values only).  Extending a run (``--resume`` with a larger ``--steps``) keeps the
+schedule it had -- past its end the lr stays at ``min_lr_ratio * lr`` -- unless ``--rewarm`` asks for a new
+warm-up + cosine cycle over the added steps (:func:`seco_lab.training.step.schedule_factor`).  SIGINT and SIGTERM
+finish the step, checkpoint and raise :class:`TrainingInterrupted`; ``keep_checkpoints`` keeps the newest N.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+from ..config import DTYPES, MODES, RunControl, TrainConfig, parse_device
+from ..core.engine import forward_loss
+from ..data.sources import Batch
+from .builders import build_data, build_model, check_gather_policy, load_into  # noqa: F401 (load_into: re-export)
+from .experiment import (
+    check_nothing_to_resume,
+    config_differences,
+    continued_cycles,
+    experiment_fingerprint,
+    experiment_from_record,
+    experiment_record,
+    load_newest_checkpoint,
+    numpy_rng_state,
+    read_experiment,
+    set_numpy_rng_state,
+    warn_metrics_gap,
+)
+from .launch import catch_stop_signals, init_distributed_from_env
+from .metric_log import MetricLogger
+from .replicated import ReplicatedModel
+from .run_dir import RunDir, RunDirError, check_usable, read_metrics
+from .sharding import ShardedModel
+from .step import chunk_grads, schedule_factor
+
+__all__ = ["DTYPES", "MODES", "NonFiniteLoss", "RunControl", "TrainConfig", "Trainer", "TrainingInterrupted",
+           "experiment_fingerprint", "init_distributed_from_env", "read_metrics"]
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss (or gradient norm) of a step is NaN or infinite; the step was not applied."""
+
+
+class TrainingInterrupted(RuntimeError):
+    """Stopped by SIGINT or SIGTERM after checkpointing; ``step`` is the step saved, ``signum`` the signal."""
+
+    def __init__(self, step: int, signum: int = signal.SIGINT):
+        super().__init__(f"interrupted ({signal.Signals(signum).name}) at step {step}")
+        self.step = step
+        self.signum = int(signum)
+
+
+class Trainer:
+    """Train a chunk model with dense backprop, SeCO or SpaCO.
+
+    ``Trainer(cfg, RunControl(run_dir=...)).fit()`` returns the last step's metrics; the
+    run directory holds ``config.json``, ``metrics.jsonl``, ``checkpoints/`` and ``loss.png``.
+    """
+
+    def __init__(self, cfg: TrainConfig, run: RunControl | None = None, model=None, data=None):
+        self.cfg, self.run = cfg.validate(), (run or RunControl()).validate()
+        self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if cfg.batch_size % (self.world * cfg.grad_accum):
+            raise ValueError(f"batch_size={cfg.batch_size} must be divisible by world_size x grad_accum = "
+                             f"{self.world} x {cfg.grad_accum}")
+        if self.run.stop_at is not None and self.run.stop_at > cfg.steps:
+            raise ValueError(f"stop_at={self.run.stop_at} must lie in [1, steps={cfg.steps}]")
+        self.device = parse_device(self.run.device)
+        self.dtype = DTYPES[cfg.dtype]
+        self.data = data or build_data(cfg)
+        self.model = model or build_model(cfg, self.data.vocab_size, self.device)
+        # the data-parallel strategy, chosen once (sharding comes before the optimizer sees parameters)
+        if self.run.shard == "fsdp":
+            check_gather_policy(self.run.fsdp_gather, cfg)
+            self.parallel = ShardedModel(self.model, self.run.fsdp_gather)
+        else:
+            self.parallel = ReplicatedModel(self.model)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self.lr_factor)
+        self.scheme = cfg.build_scheme() if cfg.mode == "spaco" else None
+        self.run_dir = RunDir(self.run.run_dir)
+        self.step = 0
+        self.allreduce_calls = 0  # gradient collectives issued (all-reduces; reduce-scatters under --shard fsdp)
+        self.logger: MetricLogger | None = None
+        self._stop_requested = False
+        self._stop_signal = signal.SIGINT
+
+    @property
+    def sharded(self) -> ShardedModel | None:
+        """The FSDP-sharded model under ``--shard fsdp``, else None."""
+        return self.parallel if isinstance(self.parallel, ShardedModel) else None
+
+    @property
+    def engine_model(self):
+        """What the engine runs: the model, or under ``--shard fsdp`` its gathered view."""
+        return self.parallel.view
+
+    def lr_factor(self, step: int) -> float:
+        """The schedule at ``step`` (read from ``self.cfg``, whose cycles an extended resume sets)."""
+        c = self.cfg
+        return schedule_factor(step, c.warmup, c.steps, c.min_lr_ratio, c.lr_cycles)
+
+    @classmethod
+    def resume(cls, run_dir, **run) -> Trainer:
+        """Continue the run in ``run_dir`` with its saved experiment (``run``: other RunControl fields)."""
+        cfg = experiment_from_record(read_experiment(run_dir), str(run_dir))
+        return cls(cfg, RunControl(run_dir=str(run_dir), resume=True, **run))
+
+    def describe(self) -> dict:
+        """Model kind, parameter counts, tokens per step, chunks k and budget t."""
+        c = self.cfg
+        kind = f"HF {c.hf_model}" + (" + LoRA" if c.lora else "") if c.hf_model else "tiny transformer"
+        return {"model": kind, "parameters": sum(p.numel() for p in self.model.parameters()),
+                "trainable": sum(p.numel() for p in self.params), "tokens_per_step": c.batch_size * c.seq_len,
+                "num_chunks": c.num_chunks, "budget": c.budget if c.mode == "spaco" else c.num_chunks}
+
+    # ------------------------------------------------------------------ run directory
+    def prepare(self) -> None:
+        """Lock and create (or reload) the run directory; idempotent.  Errors come before any training."""
+        if self.logger is not None:
+            return
+        check_usable(self.run_dir.path, self.run.resume, self.run.overwrite)  # every rank, before anyone creates
+        self._barrier()
+        err = None
+        if self.rank == 0:
+            try:
+                self.run_dir.open(self.run.resume, self.run.overwrite)
+            except RunDirError as e:
+                err = str(e)
+        if self.world > 1:
+            box = [err]
+            dist.broadcast_object_list(box, src=0)
+            err = box[0]
+        if err:
+            raise RunDirError(err)
+        try:
+            if self.run.resume:
+                self._resume()
+            elif self.rank == 0:
+                self.run_dir.write_config(experiment_record(self.cfg, self.model))
+        except BaseException:
+            self.run_dir.close()  # a refused resume releases the directory
+            raise
+        self._barrier()
+        self.logger = MetricLogger(self.run_dir, self.run.tensorboard and self.rank == 0)
+
+    def _resume(self) -> None:
+        source = str(self.run_dir.config_path)
+        recovered = not self.run_dir.config_path.is_file()  # deleted: the newest checkpoint's record is used
+        saved = experiment_from_record(read_experiment(self.run_dir.path), source)
+        diff = config_differences(saved, self.cfg)
+        if diff:
+            raise RunDirError(f"--resume: the config differs from the run in {self.run_dir.path} in: "
+                              + ", ".join(diff) + "; resume with the saved settings or start a new --run-dir")
+        state = load_newest_checkpoint(self.run_dir, self.model, self.opt, self.cfg)
+        if state is None:
+            check_nothing_to_resume(self.run_dir)
+        else:
+            if state["step"] > self.cfg.steps:
+                raise RunDirError(f"--steps {self.cfg.steps} is below the run's step {state['step']}; a run can "
+                                  "only be extended")
+            if self.run.stop_at is not None and self.run.stop_at <= state["step"]:
+                raise RunDirError(f"--stop-at {self.run.stop_at} is not past the run's step {state['step']}, so "
+                                  f"nothing would be trained; pass a --stop-at above {state['step']} or drop it")
+            if "model" in state:  # a replicated .pt checkpoint; a sharded one is already loaded
+                self.parallel.load_whole_state(state, self.opt, self.run_dir.checkpoints)
+            self.sched.load_state_dict(state["scheduler"])
+            torch.set_rng_state(state["torch_rng"])
+            set_numpy_rng_state(state["numpy_rng"])
+            self.step = int(state["step"])
+        self._continue_schedule(saved)
+        if self.rank == 0:
+            warn_metrics_gap(self.run_dir, self.step)
+            # metrics logged after the checkpoint belong to the part of the run redone now
+            self.run_dir.truncate_metrics(self.step if state is not None else -1)
+            if recovered or (saved.steps, saved.lr_cycles) != (self.cfg.steps, self.cfg.lr_cycles):
+                self.run_dir.write_config(experiment_record(self.cfg, self.model))
+
+    def _continue_schedule(self, saved: TrainConfig) -> None:
+        """A resumed run keeps its schedule whatever ``--steps`` now says: the cycles it had (by default one
+        over the saved ``steps``), plus, with ``--rewarm``, a new cycle from this step to the new ``steps``."""
+        c = self.cfg
+        c.lr_cycles = continued_cycles(saved, c.steps, self.step, self.run.rewarm)
+        self.sched.base_lrs = [c.lr for _ in self.opt.param_groups]
+        for group, base in zip(self.opt.param_groups, self.sched.base_lrs):
+            group["lr"] = base * self.lr_factor(self.step)  # the loaded lr was computed by the old schedule
+        self.sched._last_lr = [g["lr"] for g in self.opt.param_groups]
+
+    @property
+    def fingerprint(self) -> str:
+        return experiment_fingerprint(self.cfg.to_dict())
+
+    def save_checkpoint(self) -> None:
+        extra = {"step": self.step, "scheduler": self.sched.state_dict(), "torch_rng": torch.get_rng_state(),
+                 "numpy_rng": numpy_rng_state(), "config": self.cfg.to_dict(), "fingerprint": self.fingerprint}
+        self.parallel.save_checkpoint(self.run_dir, self.opt, extra)  # sharded: collective, every rank its shards
+        if self.rank == 0 and self.run.keep_checkpoints is not None:
+            self.run_dir.prune_checkpoints(self.run.keep_checkpoints)
+
+    def save_adapter(self):
+        """peft's own adapter format, under run_dir/adapter (LoRA runs only), naming its base model.
+        Sharded: every rank calls it (the full weights are gathered to rank 0, which writes them)."""
+        from ..models.hf import save_lora_adapter, wrapped_lm
+
+        if not self.cfg.lora or wrapped_lm(self.model) is None:
+            return None
+        state = self.parallel.full_state_dict()  # sharded: collective; replicated: None (the model's own)
+        if self.rank != 0:
+            return None
+        return save_lora_adapter(self.model, self.run_dir.path / "adapter", self.cfg.hf_model, self.cfg.lora_targets,
+                                 state)
+
+    def _barrier(self):
+        if self.world > 1:
+            dist.barrier()
+
+    # ------------------------------------------------------------------ one step
+    def micro_batches(self, full: Batch) -> list[Batch]:
+        """This rank's ``grad_accum`` slices of the global batch (the same global batch on every rank)."""
+        c = self.cfg
+        per_rank = c.batch_size // self.world
+        per_micro = per_rank // c.grad_accum
+        starts = [self.rank * per_rank + m * per_micro for m in range(c.grad_accum)]
+        return [full.slice(slice(s, s + per_micro)) for s in starts]
+
+    def train_step(self, batch: Batch) -> dict:
+        """One optimizer step on the global ``batch``; raises :class:`NonFiniteLoss` before applying a bad one."""
+        c = self.cfg
+        for p in self.params:
+            p.grad = None
+        t0 = time.perf_counter()
+        with self.parallel.step():
+            loss_sum, chunks = self._accumulate_micro_batches(batch)
+            totals = {"loss": loss_sum, "chunks": chunks, "stop": float(self._stop_requested)}
+            # replicated: the gradient's all-reduce; sharded: one reduce-scatter per FSDP group into the
+            # sharded .grad; both: the statistics' all-reduce
+            stats, calls = self.parallel.reduce_mean(totals, c.grad_accum, self.world)
+        self.allreduce_calls += calls
+        self._stop_requested = stats["stop"] > 0  # one rank interrupted: every rank stops after this step
+        gnorm = self._clip_and_check(stats["loss"])
+        lr = self.opt.param_groups[0]["lr"]
+        self.opt.step()
+        self.sched.step()
+        elapsed = time.perf_counter() - t0
+        self.step += 1
+        return {"step": self.step, "loss": stats["loss"], "lr": lr, "grad_norm": gnorm,
+                "tokens_per_s": c.batch_size * c.seq_len / elapsed, "backprop_chunks": stats["chunks"],
+                "seconds": elapsed}
+
+    def _accumulate_micro_batches(self, batch: Batch) -> tuple[float, int]:
+        """Sum this rank's micro-batch gradients into the strategy; return the summed loss and chunk count."""
+        loss_sum, chunks = 0.0, 0
+        for micro, mb in enumerate(self.micro_batches(batch)):
+            loss, grads, stats = self._micro_batch_grad(micro, mb)
+            loss_sum += float(loss)
+            chunks += stats["chunks"]
+            self.parallel.accumulate(grads)
+        return loss_sum, chunks
+
+    def _micro_batch_grad(self, micro: int, mb: Batch):
+        """``(loss, grads, stats)`` of micro-batch ``micro`` (:func:`seco_lab.training.step.chunk_grads`), its SpaCO
+        subset drawn from ``[seed, step, micro, rank]``.  A NaN/inf forward gives loss NaN and zero gradients."""
+        c = self.cfg
+        mb = Batch(mb.tokens.to(self.device), mb.targets.to(self.device), mb.far)
+        rng = np.random.default_rng([c.seed, self.step, micro, self.rank])
+        try:
+            return chunk_grads(self.engine_model, mb, c, rng, self.scheme)
+        except FloatingPointError as err:
+            # the engine refuses a NaN/inf forward; keep every rank in step (the all-reduce after the
+            # micro-batches still runs) and let the finiteness check name the step.  Under --fsdp-gather chunk
+            # the other ranks are still gathering per chunk: this rank cannot rejoin them, so it stops here
+            if self.parallel.gather == "chunk":
+                raise NonFiniteLoss(f"a non-finite loss at step {self.step + 1} on rank {self.rank}; with "
+                                    "--fsdp-gather chunk the ranks cannot stay in step, so the run stops "
+                                    "(the last checkpoint stays); lower --lr or train in float32/float64") from err
+            grads = {n: torch.zeros_like(p) for n, p in self.engine_model.named_parameters() if p.requires_grad}
+            return float("nan"), grads, {"chunks": 0}
+
+    def _clip_and_check(self, loss: float) -> float:
+        """Clip the reduced gradient to ``cfg.clip`` and return its norm; raise :class:`NonFiniteLoss` (the
+        step not applied) when the loss or the norm is NaN or infinite."""
+        gnorm = self.parallel.clip_grads(self.cfg.clip)
+        if not (math.isfinite(loss) and math.isfinite(gnorm)):
+            what = "loss" if not math.isfinite(loss) else "gradient norm"
+            value = loss if what == "loss" else gnorm
+            raise NonFiniteLoss(f"{what} is {value} at step {self.step + 1}; stopped without applying it (the "
+                                f"last checkpoint stays); lower --lr, or train in --dtype float32/float64")
+        return gnorm
+
+    def forward_loss(self, tokens, targets) -> torch.Tensor:
+        return forward_loss(self.engine_model, tokens.to(self.device), targets.to(self.device), self.cfg.chunk_size)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        c = self.cfg
+        losses, far = [], []
+        for i in range(c.eval_batches):
+            b = self.data.batch("val", i, max(1, c.batch_size // self.world))
+            losses.append(float(self.forward_loss(b.tokens, b.targets)))
+            if b.far.any():
+                far.append(float(self.forward_loss(b.tokens, b.far_targets())))
+        out = {"eval_loss": float(np.mean(losses))}
+        if far:
+            out["eval_far_loss"] = float(np.mean(far))
+        return out
+
+    # ------------------------------------------------------------------ loop
+    def fit(self) -> dict:
+        """Train to ``stop_at`` or ``steps``.  SIGINT or SIGTERM finishes the step, checkpoints and
+        raises :class:`TrainingInterrupted`; a non-finite loss raises :class:`NonFiniteLoss`."""
+        c = self.cfg
+        self.prepare()
+        stop = self.run.stop_at or c.steps
+        restore = catch_stop_signals(self._request_stop)
+        bar = tqdm(total=stop, initial=self.step, desc=f"{c.mode} train", unit="step",
+                   disable=not self.run.progress or self.rank != 0)
+        last = {}
+        try:
+            if self.step == 0 and (self.rank == 0 or self.parallel.collective):  # sharded: a collective forward
+                self._log({"step": 0, **self.evaluate()})
+            while self.step < stop:
+                last = self._one_step(stop)
+                bar.update()
+                bar.set_postfix(loss=f"{last['loss']:.3f}")
+                if self._stop_requested:
+                    if self.step % c.ckpt_every and self.step != stop:
+                        self.save_checkpoint()
+                    raise TrainingInterrupted(self.step, self._stop_signal)
+            self._barrier()
+            if self.step == c.steps and (self.rank == 0 or self.parallel.collective):  # sharded: a gather
+                self.save_adapter()
+        finally:
+            bar.close()
+            restore()
+            self.close()
+        return last
+
+    def _one_step(self, stop: int) -> dict:
+        c = self.cfg
+        batch = self.data.batch("train", self.step, c.batch_size)  # the global batch, built once
+        rec = self.train_step(batch)
+        if batch.far.any():  # an extra no-grad forward, outside the timed step
+            rec["far_loss"] = float(self.forward_loss(batch.tokens, batch.far_targets()))
+        if self.step % c.eval_every == 0 or self.step == c.steps:
+            rec.update(self.evaluate())
+        self._log(rec)
+        if self.step % c.ckpt_every == 0 or self.step == stop:
+            self.save_checkpoint()
+        return rec
+
+    def _log(self, rec: dict) -> None:
+        if self.rank == 0:
+            self.logger.log(rec)
+
+    def _request_stop(self, signum: int) -> None:
+        """A SIGINT or SIGTERM arrived: stop after this step (every rank: the step's statistics carry it)."""
+        self._stop_requested = True
+        self._stop_signal = signum
+
+    def close(self) -> None:
+        """Release the run directory (the lock) and the metric logger."""
+        if self.logger is not None:
+            self.logger.close()
+        self.run_dir.close()
