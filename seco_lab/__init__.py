@@ -1,6 +1,11 @@
 """seco_lab: chunk-wise long-context training (SeCO / SpaCO) and exact verification
-of its gradient estimators.  Data flows model -> chunk engine -> estimators ->
-analysis -> reports; see README.md and docs/estimators.md.
+of its gradient estimators.  The subpackages follow the data:
+
+    models/ -> core/ (the chunk engine) -> estimators/ -> stats/ -> studies/ -> report/
+
+with data/ feeding the models, training/ (``seco-lab train``) beside them, integrations/
+(the HF Trainer) on top, and on this floor what every layer shares: cli, config,
+field_types, store, folder_lock.  See README.md ("Layout") and docs/estimators.md.
 
 The public names are imported on first use (PEP 562), so that ``seco-lab --help`` and
 the command line's refusals do not wait for torch to import.
