@@ -239,9 +239,15 @@ class TextCorpus:
         self.binary_files = binary  # skipped: a NUL byte in the part read
 
     def batch(self, split: str, index: int, size: int) -> Batch:
-        index, size = check_batch_request(split, index, size, self.seq_len)
-        pool = self.train if split == "train" else self.val
-        rng = np.random.default_rng([self.seed, 0 if split == "train" else 1, index])
-        rows = torch.as_tensor(rng.integers(0, len(pool), size))
-        s = pool[rows]
-        return Batch(s[:, :-1], s[:, 1:], torch.zeros(s.shape[0], s.shape[1] - 1, dtype=torch.bool))
+        return pool_batch(self, split, index, size)
+
+
+def pool_batch(corpus, split: str, index: int, size: int) -> Batch:
+    """``size`` packed sequences of ``corpus.train`` / ``corpus.val`` (rows of seq_len + 1 tokens) drawn from
+    (seed, split, index): the batch of a text corpus (byte or token); no far-token mask."""
+    index, size = check_batch_request(split, index, size, corpus.seq_len)
+    pool = corpus.train if split == "train" else corpus.val
+    rng = np.random.default_rng([corpus.seed, 0 if split == "train" else 1, index])
+    rows = torch.as_tensor(rng.integers(0, len(pool), size))
+    s = pool[rows]
+    return Batch(s[:, :-1], s[:, 1:], torch.zeros(s.shape[0], s.shape[1] - 1, dtype=torch.bool))

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .sources import Batch, check_batch_request, corpus_files, default_text_paths, is_regular_file
+from .sources import Batch, corpus_files, default_text_paths, is_regular_file, pool_batch
 
 #: bytes read per token of the budget at most: real text averages 3-5 bytes per BPE token
 BYTES_PER_TOKEN_BOUND = 16
@@ -142,9 +142,4 @@ class TokenCorpus:
         self.vocab_size = len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.vocab_size
 
     def batch(self, split: str, index: int, size: int) -> Batch:
-        index, size = check_batch_request(split, index, size, self.seq_len)
-        pool = self.train if split == "train" else self.val
-        rng = np.random.default_rng([self.seed, 0 if split == "train" else 1, index])
-        rows = torch.as_tensor(rng.integers(0, len(pool), size))
-        s = pool[rows]
-        return Batch(s[:, :-1], s[:, 1:], torch.zeros(s.shape[0], s.shape[1] - 1, dtype=torch.bool))
+        return pool_batch(self, split, index, size)
