@@ -41,7 +41,7 @@ from .config import (
 )
 from .field_types import unwrap_optional
 from .models.tiny_config import TinyConfig
-from .studies.registry import STUDIES, report_main, study_main
+from .studies.registry import STUDIES, path_arg, report_main, study_main
 from .training.memory_estimate import check_fits_in_memory
 
 __all__ = ["fail", "main", "resolve_train_config"]
@@ -120,7 +120,7 @@ def train_parser(sub) -> argparse.ArgumentParser:
                        description="Train a chunk model; every flag is a TrainConfig / RunControl field.",
                        argument_default=argparse.SUPPRESS, epilog=DISTRIBUTED_HELP)
     groups = {g: p.add_argument_group(g) for g in GROUPS}
-    groups["run control"].add_argument("--config", type=Path, metavar="FILE",
+    groups["run control"].add_argument("--config", type=path_arg, metavar="FILE",
                                        help="JSON or TOML file of TrainConfig fields (a [model] table for the model)")
     tiny_defaults = _defaults(TinyConfig)
     for f in fields(TinyConfig):
@@ -305,7 +305,7 @@ def plot_main(argv: list[str]) -> int:
 
     ap = argparse.ArgumentParser(prog="seco-lab plot", description="Draw several runs' loss curves on one figure.")
     ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)")
-    ap.add_argument("--out", type=Path, default=Path("runs_loss.png"), help="output image (default: runs_loss.png)")
+    ap.add_argument("--out", type=path_arg, default=Path("runs_loss.png"), help="output image (default: runs_loss.png)")
     ns = ap.parse_args(argv)
     try:
         out = plot_runs(ns.run_dirs, ns.out)

@@ -393,3 +393,29 @@ def test_a_full_disk_at_the_first_checkpoint_gives_advice_that_works(tmp_path, m
     (run.checkpoints / "step_000001.pt").write_bytes(b"x")
     with pytest.raises(rd.RunDirError, match=r"resume with --resume \(from step 1\)"):
         run.save_checkpoint({"step": 2})
+
+
+# ------------------------------------------------------------------ empty path options
+
+@pytest.mark.parametrize("argv", [["report", "bias", "--out", ""], ["report", "bias", "--results", " "],
+                                  ["audit", "--quick", "--out", ""], ["audit", "--quick", "--report", ""],
+                                  ["plot", "runs/x", "--out", ""], ["train", "--config", ""]])
+def test_an_empty_path_option_is_refused_not_read_as_the_current_directory(tmp_path, monkeypatch, capsys, argv):
+    """``Path("")`` is ``Path(".")``: an empty --out used to become the current directory (the report then said
+    '--out . is a folder ... e.g. ..md'); every path option now refuses it by name, and nothing is written."""
+    from seco_lab.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert "is empty" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_report_out_folder_is_answered_with_a_file_in_it(tmp_path, capsys):
+    from seco_lab.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["report", "bias", "--out", str(tmp_path)])
+    assert f"e.g. {tmp_path / 'bias_study.md'}" in capsys.readouterr().err

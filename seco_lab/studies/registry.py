@@ -41,7 +41,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["ALIASES", "STUDIES", "DefaultsHelpFormatter", "Study", "build_report_parser", "build_study_parser",
-           "register", "report_main", "resolve", "study_main"]
+           "path_arg", "register", "report_main", "resolve", "study_main"]
+
+
+def path_arg(text: str) -> Path:
+    """An argparse ``type`` for a path option: an empty value is refused (``Path("")`` would silently mean the
+    current directory, where a run or a report would then write)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: name a file or folder (use . for the current directory)")
+    return Path(text)
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -187,9 +195,9 @@ def build_report_parser() -> argparse.ArgumentParser:
                     help="; ".join(f"{s.name}: {s.summary.rstrip('.')}" for s in STUDIES.values())
                     + " (old names: " + ", ".join(f"{a} = {n}" for a, n in ALIASES.items()) + ")")
     ap.add_argument("--quick", action="store_true", help="report the --quick results (into their folder)")
-    ap.add_argument("--results", type=Path, default=None, help="folder of stored results (default: " + ", ".join(
+    ap.add_argument("--results", type=path_arg, default=None, help="folder of stored results (default: " + ", ".join(
         f"{s.name}: {s.results}" for s in STUDIES.values()) + ")")
-    ap.add_argument("--out", type=Path, default=None, help="Markdown file to write (default: " + ", ".join(
+    ap.add_argument("--out", type=path_arg, default=None, help="Markdown file to write (default: " + ", ".join(
         f"{s.name}: {s.report_file}" for s in STUDIES.values()) + ")")
     return ap
 
@@ -206,7 +214,7 @@ def report_main(argv=None) -> int:
     results = a.results or (study.quick_results if a.quick else study.results)
     out = a.out or (study.quick_report_file if a.quick else study.report_file)
     if out.is_dir():
-        ap.error(f"--out {out} is a folder: pass the Markdown file to write, e.g. {out / out.name}.md")
+        ap.error(f"--out {out} is a folder: pass the Markdown file to write, e.g. {out / study.report_file.name}")
     if out.suffix != ".md" and (out.exists() or out.resolve().is_relative_to(Path(results).resolve())):
         where = "exists" if out.exists() else f"lies in the results folder {results}"
         ap.error(f"--out {out} {where} and is not a Markdown report: the report is not written over it (it could be "

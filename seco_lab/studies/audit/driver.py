@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from ... import store
 from ...folder_lock import LOCK_NAME, FolderBusy, locked
+from ..registry import path_arg
 from . import measure
 from .config import COMMITTED, DEFAULT, QUICK, STAGES, AuditConfig
 from .plan import data_name, plan_units, sequence_sets
@@ -212,9 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="seco-lab audit", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a tiny random HF Llama, < 2 minutes (tests, first look)")
-    ap.add_argument("--out", type=Path, default=None, help=f"results folder (default: ./{DEFAULT_OUT})")
+    ap.add_argument("--out", type=path_arg, default=None, help=f"results folder (default: ./{DEFAULT_OUT})")
     ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument("--report", type=Path, default=None, help="also write the Markdown report here")
+    ap.add_argument("--report", type=path_arg, default=None, help="also write the Markdown report here")
     ap.add_argument("--tables-only", action="store_true",
                     help="rewrite the tables (and the report) of --out from its stored units; compute nothing")
     add_arguments(ap)
