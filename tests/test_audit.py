@@ -335,3 +335,27 @@ def test_a_damaged_unit_is_computed_again(audit, tmp_path):
     run_audit(cfg, out, progress=False)
     again, first = json.loads((out / "units" / "exact.json").read_text()), json.loads(text)
     assert again["strata_norms"] == pytest.approx(first["strata_norms"], rel=1e-9, abs=1e-15)
+
+
+def test_a_monte_carlo_unit_with_a_subtracted_remainder_is_stale_and_computed_again(audit, tmp_path, capsys):
+    """Units stored before the remainder became a stratum of the sweep (their float32 differences, times W(P+1),
+    faked variances of 1e6 ||g||^2 in the committed audit) are left out of the tables and computed again."""
+    import json
+    import shutil
+
+    cfg = load_sequence(audit, "s00").config
+    out = tmp_path / "stale"
+    shutil.copytree(audit, out)
+    unit = out / "units" / "mc-s00-t2-uniform.json"
+    stored = json.loads(unit.read_text())
+    assert stored["remainder"] == "lumped"
+    del stored["remainder"]
+    unit.write_text(json.dumps(stored))
+    from seco_lab.studies.audit.tables import load_units
+
+    assert "mc-s00-t2-uniform" not in load_units(out) and "exact" in load_units(out)
+    run_audit(cfg, out, progress=False)
+    assert "is stale" in capsys.readouterr().out  # tqdm.write
+    again = json.loads(unit.read_text())
+    assert again["remainder"] == "lumped" and again["subsets"] == stored["subsets"]
+    assert np.allclose(again["draw_gram"], stored["draw_gram"], rtol=1e-10, atol=1e-14)

@@ -76,9 +76,17 @@ def cache_leaves(model: ChunkModel, batch: ChunkedBatch, with_loss: bool = True,
     return leaves, total / batch.n_targets if with_loss else None
 
 
-def hop_relay(max_hops: int, factors=None) -> Relay:
+def hop_relay(max_hops: int, factors=None, lump: bool = False) -> Relay:
     """The relay of the hop strata: a gradient in stratum q moves to stratum q + 1 of the earlier chunk, times
-    ``factors[q + 1]`` (1 without factors); strata above ``max_hops`` are dropped."""
+    ``factors[q + 1]`` (1 without factors); strata above ``max_hops`` are dropped, or with ``lump`` (no
+    factors) gathered in one more stratum ``max_hops + 1`` = every chain of more than P hops, g(>P), which
+    relays into itself.  Lumping measures g(>P) directly: as g - sum_p g(p) it would be a difference of
+    nearly equal vectors, whose float32 rounding (~1e-7 ||g||) a scheme's weight on deep chains (16^9 at
+    k/t = 16) would turn into a fake variance."""
+    if lump:
+        if factors is not None:
+            raise ValueError("hop_relay: lump gathers unweighted strata; it takes no factors")
+        return lambda q, j, i: (min(q + 1, max_hops + 1), 1.0)
     if factors is None:
         return lambda q, j, i: (q + 1, 1.0) if q + 1 <= max_hops else None
     factors = [float(f) for f in factors]
@@ -86,13 +94,15 @@ def hop_relay(max_hops: int, factors=None) -> Relay:
 
 
 def hop_sweep(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCache], params: Sequence[torch.Tensor],
-              visit: Sequence[int], max_hops: int, collect: Collect, factors=None, collect_total: bool = False) -> None:
+              visit: Sequence[int], max_hops: int, collect: Collect, factors=None, collect_total: bool = False,
+              lump: bool = False) -> None:
     """The stratified pass: chunk j's loss seeds stratum 0 (times ``factors[0]``), and what a chunk receives in
     stratum q reaches stratum q + 1 of the earlier visited chunks (:func:`hop_relay`); ``collect(q, j, grads)``
-    gets each stratum's parameter gradient (the sum over strata with ``collect_total``).  The hop strata
+    gets each stratum's parameter gradient (the sum over strata with ``collect_total``; with ``lump`` also
+    q = max_hops + 1, the chains of more hops, see :func:`hop_relay`).  The hop strata
     (factors = 1), their Monte Carlo and the hop-dependent SpaCO schemes (factors = c_q) all run on it."""
     backward_sweep(model, batch, leaves, params, visit, direct_label=lambda j: 0,
-                   direct_scale=1.0 if factors is None else float(factors[0]), relay=hop_relay(max_hops, factors),
+                   direct_scale=1.0 if factors is None else float(factors[0]), relay=hop_relay(max_hops, factors, lump),
                    collect=collect, collect_total=collect_total)
 
 

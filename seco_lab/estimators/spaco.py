@@ -156,8 +156,8 @@ def hop_strata(
     a smaller P drops the strata above it, and a larger one is clipped to k-1 (no chain of a k-chunk
     sequence has more hops: those strata would be zero).  Each stratum is one gradient-sized
     buffer: more than :data:`~seco_lab.core.checks.MEMORY_GUARD_BYTES` in all is refused unless ``force``.
-    ``remainder=True`` measures what was dropped: one more SeCO sweep over the same cache leaves (and
-    ``subset``) gives g, and ``HopStrata.remainder`` = g - sum_{p<=P} g(p).
+    ``remainder=True`` measures what was dropped, ``HopStrata.remainder`` = g(>P) = g - sum_{p<=P} g(p), as one
+    more stratum of the same sweep (the chains of more than P hops; see :func:`strata_sweep`).
     """
     batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     k = batch.num_chunks
@@ -178,21 +178,18 @@ def strata_sweep(model, batch, leaves, params, visit, max_hops: int,
                  remainder: bool = False) -> tuple[list[list[torch.Tensor]], list[torch.Tensor] | None]:
     """The stratified sweep of :func:`hop_strata` over given cache leaves (pass 1 done by the caller, so
     several sweeps -- e.g. Monte Carlo draws -- share it): ([g(0), ..., g(P)], g(>P) or None), each a
-    list of tensors in the order of ``params``."""
-    strata = [[torch.zeros_like(p) for p in params] for _ in range(max_hops + 1)]
+    list of tensors in the order of ``params``.  g(>P) is its own stratum of the same sweep (every chain of
+    more than P hops, :func:`~seco_lab.core.engine.hop_relay` with ``lump``), not g - sum_p g(p): exactly 0
+    when no chain of ``visit`` has more than P hops (|visit| <= P + 1), and free of the cancellation error
+    of a difference."""
+    strata = [[torch.zeros_like(p) for p in params] for _ in range(max_hops + 1 + remainder)]
 
     def collect(q, j, grads):
         for a, g in zip(strata[q], grads):
             a.add_(g)
 
-    hop_sweep(model, batch, leaves, params, visit, max_hops, collect)
-    if not remainder:
-        return strata, None
-    total = total_sweep(model, batch, leaves, params, visit)
-    for a, *parts in zip(total, *strata):
-        for g in parts:
-            a.sub_(g)
-    return strata, total
+    hop_sweep(model, batch, leaves, params, visit, max_hops, collect, lump=remainder)
+    return (strata[:-1], strata[-1]) if remainder else (strata, None)
 
 
 def total_sweep(model, batch, leaves, params, visit) -> list[torch.Tensor]:

@@ -31,7 +31,7 @@ from . import measure
 from .config import COMMITTED, DEFAULT, QUICK, STAGES, AuditConfig
 from .plan import data_name, plan_units, sequence_sets
 from .sources import SequenceSpec
-from .tables import check_units, load_units, write_results
+from .tables import check_units, load_units, stale_reason, write_results
 
 __all__ = ["run_audit", "main", "build_parser", "add_arguments", "run_from_args", "config_from_args",
            "check_audit_out", "rewrite_tables", "AUDIT_FILES", "DEFAULT_OUT"]
@@ -117,10 +117,14 @@ def unit_done(path: Path) -> bool:
     if not path.is_file():
         return False
     try:
-        return isinstance(json.loads(path.read_text()), dict)
+        unit = json.loads(path.read_text())
     except (OSError, ValueError):
         tqdm.write(f"audit: {path} is damaged (not readable JSON): the unit is computed again")
         return False
+    if isinstance(unit, dict) and (why := stale_reason(unit)) is not None:
+        tqdm.write(f"audit: {path} is stale -- {why}: the unit is computed again")
+        return False
+    return isinstance(unit, dict)
 
 
 def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
