@@ -419,3 +419,30 @@ def test_a_report_out_folder_is_answered_with_a_file_in_it(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["report", "bias", "--out", str(tmp_path)])
     assert f"e.g. {tmp_path / 'bias_study.md'}" in capsys.readouterr().err
+
+
+def test_the_bias_report_prices_unbiasedness_at_matched_scale(tmp_path):
+    """Issue 21 §4: the 'variance price of unbiasedness' was a raw variance ratio (17x), which a learning rate
+    undoes; the bullet now leads with noise-to-signal Var/||E g_hat||^2, recomputed here from results.csv."""
+    import re
+
+    import pandas as pd
+
+    from seco_lab.report.bias import bias_report
+
+    out = bias_report(ROOT / "reports/bias_study", tmp_path / "b.md")
+    line = next(x for x in out.read_text().splitlines() if x.startswith("- Unbiasedness costs noise, at matched"))
+    shown = [float(v) for v in re.findall(r"is ([0-9.]+)×", line)]
+    res = pd.read_csv(ROOT / "reports/bias_study/results.csv")
+    wide = res.pivot_table(index=["L", "k", "seed", "t", "scheme"], columns="metric", values="value").reset_index()
+    mean = wide.groupby(["L", "k", "t", "scheme"]).mean(numeric_only=True)
+
+    def ratio(metric):
+        a = mean.xs("falling-factorial", level="scheme")[metric]
+        b = mean.xs("paper", level="scheme")[metric]
+        r = (a / b).dropna()
+        r = r[r.index.get_level_values("t") < r.index.get_level_values("k")]
+        return float(r[r.abs() < float("inf")].median())
+
+    assert shown[0] == pytest.approx(ratio("noise_to_signal"), rel=2e-3)
+    assert shown[1] == pytest.approx(ratio("rel_var"), rel=2e-3)

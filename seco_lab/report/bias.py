@@ -52,9 +52,13 @@ def headline_section(s: dict) -> list[str]:
               f"`{BERNOULLI.label}` is unbiased in {be['unbiased cells (t < k)']} cells with t < k. "
               + ("Every other scheme is biased in every cell with t < k." if s["others_biased"] else
                  "See the table below for the other schemes."))
-    fv = s["ff_var_ratio"]
-    md.append(f"- Unbiasedness costs variance: {FALLING_FACTORIAL.label}'s variance is {fmt(fv['50%'])}× the paper "
-              f"formula's (median over cells with t < k; range {fmt(fv['min'])}–{fmt(fv['max'])}).")
+    fv, fn = s["ff_var_ratio"], s["ff_nts_ratio"]
+    md.append(f"- Unbiasedness costs noise, at matched scale: {FALLING_FACTORIAL.label}'s noise-to-signal "
+              f"Var/‖E ĝ‖² is {fmt(fn['50%'])}× the paper formula's (median over cells with t < k; range "
+              f"{fmt(fn['min'])}–{fmt(fn['max'])}). The raw variance relative to ‖g‖², which a tuned learning rate "
+              f"or Adam rescales away (the paper formula's mean is shrunk towards 0), is {fmt(fv['50%'])}× "
+              f"(range {fmt(fv['min'])}–{fmt(fv['max'])}). At equal compute against SeCO, with data noise and "
+              "the batch size: `reports/audit.md` (the real model) and `reports/training_study.md`.")
     if s["bernoulli_cost_spread"] is not None:
         md.append(f"- Cost: the uniform schemes backpropagate exactly t chunks; `{BERNOULLI.label}` backpropagates t "
                   f"on average (Monte Carlo mean |I| within {s['bernoulli_cost_spread']:.1%} of t in every cell) but "

@@ -165,8 +165,9 @@ def _best_rate_bullet(at: dict, ts, row, pa: str, cap: str, rel: str, ff: str, b
             "Lowest best-scale MSE: " + "; ".join(f"t = {t}: `{best_of(at, 'best_scale_mse', t)}`" for t in ts)
             + " (raw MSE E‖ĝ − g‖²/‖g‖², which also counts the scale error a learning rate absorbs: lowest "
             + "; ".join(f"t = {t}: `{best_of(at, 'rel_mse', t)}`" for t in ts) + "). One sequence, one draw: "
-            "data noise and the batch size are not in these numbers; the training study's \"At equal compute\" "
-            "(`reports/training_study.md`) weighs them against SeCO.")
+            "data noise and the batch size are not in these numbers; the audit's equal-compute table "
+            "(`reports/audit.md`, the real model at k = 128) and the training study's \"At equal compute\" "
+            "(`reports/training_study.md`) weigh them against SeCO.")
 
 
 def same_direction_text(at: dict, budgets, paper: str, other: str) -> str:

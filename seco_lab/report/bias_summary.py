@@ -292,6 +292,8 @@ def summarize_bias(study: BiasStudy) -> dict:
                               .str.startswith("0/").all()),
         "ff_var_ratio": scheme_ratio(mean, FALLING_FACTORIAL.label, PAPER.label, "rel_var").describe()[
             ["min", "50%", "max"]].to_dict(),
+        "ff_nts_ratio": scheme_ratio(mean, FALLING_FACTORIAL.label, PAPER.label, "noise_to_signal").describe()[
+            ["min", "50%", "max"]].to_dict(),
         "bernoulli_cost_spread": float((bern.mc_cost / bern.t - 1).abs().max()) if len(bern) else None,
         "coverage": coverage_summary(cells, cfg["ci_level"]),
         "covered": (int(covered.sum()), len(covered)),
