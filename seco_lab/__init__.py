@@ -5,7 +5,9 @@ of its gradient estimators.  The subpackages follow the data:
 
 with data/ feeding the models, training/ (``seco-lab train``) beside them, integrations/
 (the HF Trainer) on top, and on this floor what every layer shares: cli, config,
-field_types, store, folder_lock.  See README.md ("Layout") and docs/estimators.md.
+field_types, store, folder_lock; and ``seco_lab.audit``, the Python front of studies/audit
+under the command's name.
+See README.md ("Layout") and docs/estimators.md.
 
 The public names are imported on first use (PEP 562), so that ``seco-lab --help`` and
 the command line's refusals do not wait for torch to import.

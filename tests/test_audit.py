@@ -265,6 +265,23 @@ def test_report_renders_every_section_from_the_stored_tables(audit, tmp_path):
     sweeps = cost[cost.method.isin(["strata P=1", "seco (strata unit)"])]
     assert set(sweeps.sequence) == {"s00", "s01", "s02"} and len(sweeps) == 6
     assert "strata / SeCO" in text and "nan" not in text.lower().replace("nano", "")
+    assert "comes from 5 data sequences" in text and "Provisional" not in text and "(provisional)" not in text
+
+
+def test_equal_compute_without_the_data_stage_names_its_source_and_is_provisional(audit, tmp_path):
+    """With the data units not run, the equal-compute terms fall back on the strata sequences' gradients: the
+    report says so (and how few degrees of freedom that is) and marks the recommendation provisional."""
+    import shutil
+
+    from seco_lab.report.audit import write_report
+    from seco_lab.studies.audit.driver import rewrite_tables
+
+    out = tmp_path / "partial"
+    shutil.copytree(audit, out, ignore=shutil.ignore_patterns("data-*", "data_gram.json"))
+    rewrite_tables(out)
+    text = write_report(out, tmp_path / "audit.md").read_text()
+    assert "comes from the 3 strata sequences' own gradients (the data stage has not finished: 2 degree(s)" in text
+    assert "**Provisional:** 5 unit(s)" in text and "## Recommendation (provisional)" in text
 
 
 @pytest.mark.parametrize("texts, words", [
@@ -359,3 +376,12 @@ def test_a_monte_carlo_unit_with_a_subtracted_remainder_is_stale_and_computed_ag
     again = json.loads(unit.read_text())
     assert again["remainder"] == "lumped" and again["subsets"] == stored["subsets"]
     assert np.allclose(again["draw_gram"], stored["draw_gram"], rtol=1e-10, atol=1e-14)
+
+
+def test_the_audit_is_importable_as_seco_lab_audit():
+    """Issue 21 §1 names the Python entry point ``seco_lab.audit``: the same objects as the implementation's."""
+    import seco_lab.audit as front
+    import seco_lab.studies.audit as impl
+
+    assert front.__all__ == impl.__all__
+    assert all(getattr(front, name) is getattr(impl, name) for name in impl.__all__)

@@ -67,7 +67,7 @@ def render(results: Path, out_md: Path, root: Path = Path(".")) -> list[str]:
     cfg = audit["config"]
     return [*_header(results, out_md, cfg), *_what_ran(audit, cfg), *_exactness(audit.get("exactness")),
             *_profile(results, out_md, root, cfg), *_bias(results), *_noise(results, cfg), *_cost(results, cfg),
-            *_equal_compute(results), *ASSUMPTIONS]
+            *_equal_compute(results, audit), *ASSUMPTIONS]
 
 
 def _header(results: Path, out_md: Path, cfg: dict) -> list[str]:
@@ -93,8 +93,9 @@ def _what_ran(audit: dict, cfg: dict) -> list[str]:
     if rows:
         md.append(table(pd.DataFrame(rows), ("units",)))
     missing = audit["units_missing"]
-    md.append(f"\nThreads: {cfg['threads']} on a shared 2-core machine (wall times include waiting for the "
-              f"CPU). Finished units: {len(audit['units_done'])}; not (yet) run: "
+    cpus = audit.get("versions", {}).get("cpus", "?")
+    md.append(f"\nThreads: {cfg['threads']} per unit on a machine of {cpus} CPUs, shared with other work (wall times "
+              f"include waiting for the CPU). Finished units: {len(audit['units_done'])}; not (yet) run: "
               + (", ".join(f"`{m}`" for m in missing) if missing else "none") + ".\n")
     return md
 
@@ -188,23 +189,33 @@ def _cost(results: Path, cfg: dict) -> list[str]:
             f"Random draws (seeded), {cfg['threads']} threads; CPU time of the process.\n", table(g, ("t",))]
 
 
-def _equal_compute(results: Path) -> list[str]:
+def _equal_compute(results: Path, audit: dict) -> list[str]:
     eq = _read(results / "equal_compute.csv")
     md = ["\n## Equal compute\n"]
     if not len(eq):
         return md + ["Needs ≥ 2 finished strata sequences, a cost unit and a Monte Carlo unit; not all are "
                      "finished.\n"]
+    data, first = _read(results / "data.csv"), eq.iloc[0]
+    n_data, n_strata = int(first.n_data_sequences), int(first.n_strata_sequences)
+    from_data = len(data) > 0 and int(dict(zip(data.metric, data.value))["n_sequences"]) == n_data
+    source = (f"{n_data} data sequences (exact SeCO gradients)" if from_data else
+              f"the {n_strata} strata sequences' own gradients (the data stage has not finished: "
+              f"{n_strata - 1} degree(s) of freedom)")
+    mc_seq = sorted({u.split("-")[1] for u in audit["units_done"] if u.startswith("mc-")})
+    pending = [u for u in audit["units_missing"] if u.split("-")[0] in ("strata", "data", "mc")]
     md.append("Best-scale MSE of one optimizer step at equal compute (docs/audit.md): SeCO averages B sequences, "
               "a scheme B·c_SeCO/c_s. B* = the batch above which SeCO's error is the smaller (0: SeCO wins at "
-              "every B; inf: never). Estimated from "
-              f"{int(eq.n_strata_sequences.iloc[0])} strata sequences and {int(eq.n_data_sequences.iloc[0])} "
-              "data sequences.\n")
+              f"every B; inf: never). The data noise tr Σ_d / ‖ḡ‖² = {fmt(first.a / first.G)} comes from {source}; "
+              f"the schemes' bias terms from {n_strata} strata sequences; the sampling variance from the Monte Carlo "
+              f"of {', '.join(mc_seq) or 'no sequence'}."
+              + (f" **Provisional:** {len(pending)} unit(s) that enter these numbers have not run yet "
+                 "(see What ran)." if pending else "") + "\n")
     wide = eq.pivot_table(index=["t", "scheme", "cost_ratio", "crossover_B"], columns="B",
                           values=["mse_seco", "mse_scheme"]).reset_index()
     wide.columns = [c if not b else f"{'SeCO' if c == 'mse_seco' else 'scheme'} B={b}" for c, b in wide.columns]
     md.append(table(wide.rename(columns={"cost_ratio": "c_s/c_SeCO", "crossover_B": "B*"}), ("t",)))
     rec = json.loads((results / "recommendation.json").read_text())
-    md.append("\n## Recommendation\n")
+    md.append("\n## Recommendation" + (" (provisional)" if pending else "") + "\n")
     md += [f"- t = {t}, B = {B}: **{r['choice']}** — {r['why']}." for t, per_b in rec.items() for B, r in per_b.items()]
     return md
 
