@@ -414,3 +414,28 @@ def test_the_remainder_bound_holds_against_the_unlumped_strata(scheme, P):
     exact = bias_metrics(StrataGram(per_tensor_gram(rows), names), sch.expected_weights(k, t, L))
     assert abs(got["rel_bias"] - exact["rel_bias"]) <= got["rel_bias_bound"] + 1e-12
     assert abs(got["best_scale_residual"] - exact["best_scale_residual"]) <= got["best_scale_residual_bound"] + 1e-12
+
+
+def test_population_terms_reduce_exactly_for_unbiased_and_rescaled_schemes():
+    """population_terms on explicit random strata: weights 1 (an unbiased scheme) give SeCO's own terms, weights c
+    (a pure rescaling) give c G, c^2 G, c^2 a -- exactly, whatever the sampling error of either set; and G, a are
+    the debiased moments of the explicit per-sequence gradients (data_noise)."""
+    from seco_lab.studies.audit.stats import population_terms
+
+    rng = np.random.default_rng(5)
+    N, R, d = 6, 4, 50
+    S = rng.normal(size=(N, R, d)) + rng.normal(size=(1, R, d))  # a shared mean: G > 0
+    cross = np.einsum("ipx,jqx->ipjq", S, S)
+    g = S.sum(1)
+    gbar = g.mean(0)
+    tr = float(((g - gbar) ** 2).sum() / (N - 1))
+    base = population_terms(cross, np.ones(R))
+    assert base["a"] == pytest.approx(tr, rel=1e-12)
+    assert base["G"] == pytest.approx(float(gbar @ gbar) - tr / N, rel=1e-12)
+    assert base["M"] == pytest.approx(base["G"], rel=1e-12) and base["X"] == pytest.approx(base["G"], rel=1e-12)
+    assert base["C"] == pytest.approx(base["a"], rel=1e-12)
+    c = 0.37
+    scaled = population_terms(cross, np.full(R, c))
+    assert scaled["X"] == pytest.approx(c * base["G"], rel=1e-12)
+    assert scaled["M"] == pytest.approx(c * c * base["G"], rel=1e-12)
+    assert scaled["C"] == pytest.approx(c * c * base["a"], rel=1e-12)
