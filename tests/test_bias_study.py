@@ -403,3 +403,32 @@ def test_table_difference_is_none_for_anything_but_float_rounding():
     assert table_difference(a, a.assign(t=[1, 3])) is None
     assert table_difference(a, a.iloc[:1]) is None
     assert table_difference(a, a[["t", "scheme", "value"]]) is None
+
+
+def test_rounding_floors_absorb_another_cpus_kernels_and_nothing_more():
+    """Measured across kernels (AVX2 against AVX-512 on one machine): best_scale_residual 0 -> 2.6e-8 (a square
+    root of rounding) and checks moved by 5.2e-15 -- a fresh clone on another CPU rewrote the committed tables
+    and warned.  The study's floors absorb exactly such moves; a residual that moves by 1e-6 or a check by 1e-10
+    is still a difference."""
+    from seco_lab.studies.bias.driver import ROUNDING_FLOORS
+    from seco_lab.studies.rerun_tables import table_difference
+
+    res = pd.read_csv(ROOT / "reports/bias_study/results.csv")
+    checks = pd.read_csv(ROOT / "reports/bias_study/checks.csv")
+    zero = int(np.flatnonzero((res.metric == "best_scale_residual") & (res.value == 0))[0])
+    mc = int(np.flatnonzero((res.metric == "mc_rel_var") & (res.value > 1e-3))[0])
+
+    def moved(df, row, by):
+        out = df.copy()
+        out.loc[row, "value"] += by
+        return out
+
+    floor = ROUNDING_FLOORS["results"](res)
+    assert table_difference(res, moved(res, zero, 2.6e-8)) > 1  # what the bare tolerance said
+    assert table_difference(res, moved(res, zero, 2.6e-8), floor) <= 1
+    assert table_difference(res, moved(res, zero, 1e-6), floor) > 1
+    assert table_difference(res, moved(res, mc, 1e-6 * res.value[mc]), floor) > 1  # no floor for a Monte Carlo value
+    cfloor = ROUNDING_FLOORS["checks"](checks)
+    assert table_difference(checks, moved(checks, 0, 5.2e-15)) > 1
+    assert table_difference(checks, moved(checks, 0, 5.2e-15), cfloor) <= 1
+    assert table_difference(checks, moved(checks, 0, 1e-10), cfloor) > 1

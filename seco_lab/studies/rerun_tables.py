@@ -6,15 +6,24 @@ away, and a plain rewrite would change committed files although the result did n
 table *reproduces* a stored one when both have the same columns and rows, every non-float cell is
 equal, and every float cell satisfies
 
-    |new - stored| <= RTOL * max(|new|, |stored|) + ATOL * max|stored column|      (NaN only where NaN)
+    |new - stored| <= RTOL * max(|new|, |stored|) + ATOL * max|stored column| + floor(row)   (NaN only where NaN)
 
 with RTOL = 1e-9 and ATOL = 1e-12: rounding, not a change of result (a Monte Carlo mean or a p-value
-that moved would move by far more).  :func:`write_tables` then keeps every stored file byte for byte;
-otherwise it writes the rerun's tables (atomically) and says which stored ones differed, and by how much.
+that moved would move by far more).  ``floor`` is a study's own absolute allowance for rows whose value is
+rounding itself: a residual sqrt(max(q, 0)) of a quadratic form q that is 0 in exact arithmetic is
+sqrt(rounding) ~ 1e-8, and a check's value *is* a rounding error (~1e-16).  Measured: the bias study rerun
+with torch's and MKL's AVX2 kernels instead of AVX-512 (``ATEN_CPU_CAPABILITY=avx2
+MKL_ENABLE_INSTRUCTIONS=AVX2``, one machine) moved best_scale_residual by up to 2.6e-8 (0 -> 2.6e-8) and
+the checks by up to 5.2e-15 (168x and 1e9x the tolerance without floors: the WARNING a fresh clone on
+another CPU printed); every other value by at most 1.6e-13 of its column's largest.
+
+:func:`write_tables` then keeps every stored file byte for byte; otherwise it writes the rerun's tables
+(atomically) and says which stored ones differed, and by how much.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,9 +37,10 @@ __all__ = ["ATOL", "RTOL", "TableCheck", "table_difference", "values_close", "wr
 RTOL, ATOL = 1e-9, 1e-12
 
 
-def table_difference(stored: pd.DataFrame, new: pd.DataFrame) -> float | None:
+def table_difference(stored: pd.DataFrame, new: pd.DataFrame, floor: np.ndarray | None = None) -> float | None:
     """The largest float difference of ``new`` from ``stored`` in units of the tolerance above (<= 1:
-    reproduced; 0.0: the same values), or None when the tables differ in columns, rows or a non-float cell."""
+    reproduced; 0.0: the same values), or None when the tables differ in columns, rows or a non-float cell.
+    ``floor``: the rows' absolute allowances (default 0)."""
     if list(stored.columns) != list(new.columns) or len(stored) != len(new):
         return None
     worst = 0.0
@@ -42,9 +52,10 @@ def table_difference(stored: pd.DataFrame, new: pd.DataFrame) -> float | None:
             if not np.array_equal(np.isnan(a), np.isnan(b)) or not np.array_equal(a[np.isinf(a)], b[np.isinf(b)]):
                 return None
             ok = np.isfinite(a)
+            extra = np.zeros(int(ok.sum())) if floor is None else np.asarray(floor, dtype=np.float64)[ok]
             a, b = a[ok], b[ok]
             if len(a):
-                scale = RTOL * np.maximum(np.abs(a), np.abs(b)) + ATOL * np.abs(a).max()
+                scale = RTOL * np.maximum(np.abs(a), np.abs(b)) + ATOL * np.abs(a).max() + extra
                 diff = np.abs(a - b)
                 worst = max(worst, float(np.max(np.where(diff == 0, 0.0, diff / np.where(scale > 0, scale, 1e-300)))))
         elif not _text(a).equals(_text(b)):
@@ -92,16 +103,20 @@ class TableCheck:
         return f"WARNING: the rerun does not reproduce the stored {what}; the rerun's tables replace them"
 
 
-def write_tables(folder: str | Path, tables: dict[str, pd.DataFrame], compare: bool = True) -> TableCheck:
+def write_tables(folder: str | Path, tables: dict[str, pd.DataFrame], compare: bool = True,
+                 floors: dict[str, Callable[[pd.DataFrame], np.ndarray]] | None = None) -> TableCheck:
     """Write ``folder/NAME.csv`` for each table, unless ``compare`` and every one of them is stored already
-    and reproduced by the new values (then nothing is written)."""
+    and reproduced by the new values (then nothing is written).  ``floors[NAME](stored table)`` gives that
+    table's per-row absolute allowances (see the module docstring)."""
     folder = Path(folder)
     paths = {name: folder / f"{name}.csv" for name in tables}
     worst, differed = 0.0, {}
     if compare and all(p.is_file() for p in paths.values()):
         for name, df in tables.items():
             try:
-                d = table_difference(pd.read_csv(paths[name]), df)
+                stored = pd.read_csv(paths[name])
+                floor = floors[name](stored) if floors and name in floors and len(stored) == len(df) else None
+                d = table_difference(stored, df, floor)
             except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
                 d = None
             if d is None or d > 1:
