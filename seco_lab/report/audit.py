@@ -89,11 +89,14 @@ def _header(results: Path, out_md: Path, cfg: dict) -> list[str]:
 def _what_ran(audit: dict, cfg: dict) -> list[str]:
     md = ["## What ran\n"]
     rows = [{"stage": s, "units": v["units"], "wall h": v["wall_s"] / 3600, "CPU h": v["cpu_s"] / 3600,
-             "wall per unit (min)": v["wall_s"] / 60 / v["units"]} for s, v in audit["stages"].items()]
+             "wall per unit (min)": v["wall_s"] / 60 / v["units"],
+             "peak RSS (GiB)": v.get("peak_rss_gib", float("nan"))} for s, v in audit["stages"].items()]
     if rows:
         md.append(table(pd.DataFrame(rows), ("units",)))
     missing = audit["units_missing"]
     cpus = audit.get("versions", {}).get("cpus", "?")
+    md.append("\nPeak RSS: the process's high-water mark when the stage's units finished (a resumed run restarts "
+              "it), an upper bound on what one unit needs.")
     md.append(f"\nThreads: {cfg['threads']} per unit on a machine of {cpus} CPUs, shared with other work (wall times "
               f"include waiting for the CPU). Finished units: {len(audit['units_done'])}; not (yet) run: "
               + (", ".join(f"`{m}`" for m in missing) if missing else "none") + ".\n")
