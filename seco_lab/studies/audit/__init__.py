@@ -1,6 +1,7 @@
 """Audit a chunk-wise gradient estimator on a model and text of your choice (``seco-lab audit``).
 
-Per sequence: the hop strata g(p), p <= P, and the measured remainder g(>P) = g_SeCO - sum_p g(p);
+Per sequence: the hop strata g(p), p <= P, and the measured remainder g(>P) = g_SeCO - sum_p g(p) (per
+Monte Carlo draw: a stratum of the sweep itself, see docs/audit.md §1);
 every scheme's exact bias from their Gram matrices; Monte Carlo sampling variance through the real
 sparse sweep (relative to ||g||^2 and as noise-to-signal tr Sigma / ||E g_hat||^2); the data noise
 tr Sigma_d across sequences; the measured cost of each scheme on random draws; the equal-compute
