@@ -8,5 +8,7 @@ under the name the command line uses (``seco-lab audit``)::
     seq = load_sequence(out, "s00")          # the model, tokens and targets of a stored sequence
 """
 
+from .studies import audit as _impl
 from .studies.audit import *  # noqa: F403
-from .studies.audit import __all__  # noqa: F401
+
+__all__ = list(_impl.__all__)

@@ -3,9 +3,10 @@
 
 Every stored result of the package (a study's cells and tables, a training run's config,
 checkpoints and metrics, a report) is written through :func:`atomic_write`: the bytes go to
-``NAME.tmp<pid>`` beside the target, are flushed to disk (``fsync``), and the temporary file is
-renamed over the target (``os.replace``, atomic on POSIX), so a reader never sees half a file
-and a kill leaves at most a stale ``*.tmp*`` file, which :func:`clear_stale` removes.  The
+``NAME.seco-tmp<pid>`` beside the target, are flushed to disk (``fsync``), and the temporary file
+is renamed over the target (``os.replace``, atomic on POSIX), so a reader never sees half a file
+and a kill leaves at most a stale ``NAME.seco-tmp<pid>``, which :func:`clear_stale` removes (the
+tag is the package's own: a user's ``results.json.tmp2`` or ``metrics.jsonl.tmp`` is never taken for one).  The
 argument order is always (path, content), like ``open(path)``.
 
 A study's definition is a JSON-able dict; its fingerprint is
@@ -33,7 +34,10 @@ _HELD_LOCKS: dict[Path, IO] = {}  # study folders this process has locked (a rer
 
 __all__ = ["DefinitionMismatch", "StudyFolder", "StudyFolderError", "atomic_write", "atomic_write_csv",
            "atomic_write_json", "check_study_out", "clear_stale", "fingerprint", "protected_paths",
-           "software_versions", "study_owner"]
+           "software_versions", "study_owner", "TEMP_TAG"]
+
+#: the tag of atomic_write's temporary files, ``NAME.seco-tmp<pid>``
+TEMP_TAG = "seco-tmp"
 
 
 def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[bytes]], object]) -> Path:
@@ -42,7 +46,7 @@ def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[bytes]], 
     if isinstance(content, (Path, os.PathLike)) or hasattr(path, "to_csv"):
         raise TypeError("atomic_write(path, content): the path comes first")
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(f"{path.name}.{TEMP_TAG}{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             if callable(content):
@@ -71,17 +75,17 @@ def atomic_write_json(path: str | Path, obj, indent: int = 2) -> Path:
     return atomic_write(path, json.dumps(obj, indent=indent) + "\n")
 
 
-#: a temporary file :func:`atomic_write` leaves in a study folder when killed: ``NAME.tmp<pid>`` for a NAME a
-#: study writes there (``*.json``, ``*.csv``, ``*.csv.gz``, ``*.md``, ``.gitignore``); a user's ``draft.tmp2`` is
-#: not one, and is neither counted as the study's nor removed
-TEMP_FILE = r"[^/]*\.(json|csv|csv\.gz|md|gitignore)\.tmp\d+"
+#: a temporary file :func:`atomic_write` leaves in a study folder when killed: ``NAME.seco-tmp<pid>`` for a NAME a
+#: study writes there (``*.json``, ``*.csv``, ``*.csv.gz``, ``*.md``, ``.gitignore``); a user's ``draft.tmp2`` or
+#: ``results.json.tmp2`` is not one, and is neither counted as the study's nor removed
+TEMP_FILE = r"[^/]*\.(json|csv|csv\.gz|md|gitignore)\." + TEMP_TAG + r"\d+"
 #: the files a study writes for a cell: ``NAME.json`` and its tables ``NAME.TABLE.csv[.gz]`` / ``NAME.csv``
 CELL_FILE = r"[^/]+\.(json|csv|csv\.gz)"
 
 
 def clear_stale(folder: str | Path) -> None:
     """Remove the temporary files an interrupted :func:`atomic_write` left in ``folder`` (not in
-    subfolders): only ``NAME.tmp<pid>`` files, never anything else a user keeps there."""
+    subfolders): only ``NAME.seco-tmp<pid>`` files, never anything else a user keeps there."""
     for stale in Path(folder).iterdir():
         if re.fullmatch(TEMP_FILE, stale.name) and stale.is_file() and not stale.is_symlink():
             stale.unlink()

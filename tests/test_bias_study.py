@@ -177,7 +177,7 @@ def test_study_resumes_after_being_killed(tmp_path):
     assert f"{len(finished)} already done, {n_groups - len(finished)} to compute" in rerun.stdout
     for f in finished:
         assert (f.stat().st_ino, f.stat().st_mtime_ns) == before[f.name], f"{f.name} was recomputed"
-    assert len(list(cells.glob("*.json"))) == n_groups and not list(cells.glob("*.tmp*"))
+    assert len(list(cells.glob("*.json"))) == n_groups and not list(cells.glob("*tmp*"))
     # reproducible run to run: one group recomputed here, in another process, gives the same bytes
     cfg = replace(QUICK, draws=500)
     L, k, seed = cfg.groups()[-1]

@@ -313,8 +313,8 @@ def test_a_study_folder_removes_only_its_own_temporaries_and_cells(tmp_path):
     (tmp_path / "cells").mkdir()
     keep = [tmp_path / "notes.tmp.txt", tmp_path / "draft.tmp", tmp_path / "cells" / "README.md",
             tmp_path / "cells" / "zz_user.json", tmp_path / "cells" / "b.rows.csv"]  # no b.json: not a cell's
-    gone = [tmp_path / "study.json.tmp123", tmp_path / "cells" / "L1_k2_s0.json", tmp_path / "cells" / "a.json",
-            tmp_path / "cells" / "a.rows.csv", tmp_path / "cells" / "a.json.tmp99"]
+    gone = [tmp_path / "study.json.seco-tmp123", tmp_path / "cells" / "L1_k2_s0.json", tmp_path / "cells" / "a.json",
+            tmp_path / "cells" / "a.rows.csv", tmp_path / "cells" / "a.json.seco-tmp99"]
     for p in keep + gone:  # a cell's record is a JSON object; a user's file with a cell's extension is not one
         p.write_text('{"cell": 1}' if p.name in ("L1_k2_s0.json", "a.json") else "x")
     folder.open("digest", fresh=True)

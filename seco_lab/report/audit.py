@@ -100,6 +100,8 @@ def _what_ran(audit: dict, cfg: dict) -> list[str]:
     md.append(f"\nThreads: {cfg['threads']} per unit on a machine of {cpus} CPUs, shared with other work (wall times "
               f"include waiting for the CPU). Finished units: {len(audit['units_done'])}; not (yet) run: "
               + (", ".join(f"`{m}`" for m in missing) if missing else "none") + ".\n")
+    for stem, why in audit.get("units_unusable", {}).items():
+        md.append(f"- **`{stem}` is stored but {why}**: left out of every table below; rerun the audit.\n")
     return md
 
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["ALIASES", "STUDIES", "DefaultsHelpFormatter", "Study", "build_report_parser", "build_study_parser",
-           "path_arg", "register", "report_main", "resolve", "study_main"]
+           "check_report_target", "path_arg", "register", "report_main", "resolve", "study_main"]
 
 
 def path_arg(text: str) -> Path:
@@ -177,6 +177,12 @@ def study_main(argv=None, prog: str | None = None) -> int:
     except WorkerDied as e:
         print(f"{ap.prog}: error: {e}", file=sys.stderr)
         return 1
+    except (ValueError, TypeError) as e:  # a study's own refusal of its settings (they name what is wrong)
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:  # a stored file the run needs is absent (e.g. --collect-only on no study)
+        print(f"{ap.prog}: error: {e.strerror + ': ' + str(e.filename) if e.filename else e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"{ap.prog}: error: cannot write the results to {args.out}: {e.strerror or e} "
               "(pass a writable folder with --out)", file=sys.stderr)
@@ -202,6 +208,19 @@ def build_report_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def check_report_target(out: Path, results: str | Path, name: str, option: str) -> None:
+    """Refuse a Markdown report target that is a folder, or a file that is not a Markdown report and exists or
+    lies among the stored results (a user's file or a result would be written over); ValueError naming it."""
+    out = Path(out)
+    if out.is_dir():
+        raise ValueError(f"{option} {out} is a folder: pass the Markdown file to write, e.g. {out / name}")
+    if out.suffix.lower() != ".md" and (out.exists() or out.resolve().is_relative_to(Path(results).resolve())):
+        where = "exists" if out.exists() else f"lies in the results folder {results}"
+        raise ValueError(f"{option} {out} {where} and is not a Markdown report: the report is not written over it (it "
+                         f"could be a file of yours or one of the stored results); pass a .md file, e.g. "
+                         f"{out.with_suffix('.md')}")
+
+
 def report_main(argv=None) -> int:
     """``seco-lab report NAME [--quick] [--results DIR] [--out FILE]``."""
     ap = build_report_parser()
@@ -213,12 +232,10 @@ def report_main(argv=None) -> int:
         ap.error(f"{study.name} has no --quick mode")
     results = a.results or (study.quick_results if a.quick else study.results)
     out = a.out or (study.quick_report_file if a.quick else study.report_file)
-    if out.is_dir():
-        ap.error(f"--out {out} is a folder: pass the Markdown file to write, e.g. {out / study.report_file.name}")
-    if out.suffix != ".md" and (out.exists() or out.resolve().is_relative_to(Path(results).resolve())):
-        where = "exists" if out.exists() else f"lies in the results folder {results}"
-        ap.error(f"--out {out} {where} and is not a Markdown report: the report is not written over it (it could be "
-                 f"one of the stored results); pass a .md file, e.g. {out.with_suffix('.md')}")
+    try:
+        check_report_target(out, results, study.report_file.name, "--out")
+    except ValueError as e:
+        ap.error(str(e))
     try:
         path = resolve(study.report)(results, out)
     except MissingResultsError as e:

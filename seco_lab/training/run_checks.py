@@ -20,14 +20,14 @@ MARKER_NAME = ".seco-lab-run"
 
 FILE = None  # a leaf of a tree spec: a regular file (or a symlink, which is removed, never followed)
 #: the files of a sharded checkpoint directory (torch.distributed.checkpoint's names, and ours)
-DCP_TREE = {r"__\d+_\d+\.distcp": FILE, r"(__\d+)?\.metadata(\.tmp)?": FILE, r"extra\.pt(\.tmp\d*)?": FILE}
+DCP_TREE = {r"__\d+_\d+\.distcp": FILE, r"(__\d+)?\.metadata(\.tmp)?": FILE, r"extra\.pt(\.seco-tmp\d+)?": FILE}
 #: the checkpoints/ folder: step files, sharded step directories (complete, half-written or set aside), latest
-CHECKPOINTS_TREE = {r"latest(\.tmp\d*)?": FILE, r"step_\d+\.pt(\.tmp\d*)?": FILE,
+CHECKPOINTS_TREE = {r"latest(\.seco-tmp\d+)?": FILE, r"step_\d+\.pt(\.seco-tmp\d+)?": FILE,
                     r"step_\d+\.dcp(\.tmp|\.old)?": DCP_TREE}
 #: every name a run writes into its directory, as ``{name regex: FILE or subtree}``
 RUN_TREE = {
-    r"config\.json(\.tmp\d*)?": FILE, r"metrics\.jsonl(\.tmp\d*)?": FILE, r"loss(\.tmp\d+)?\.png": FILE,
-    re.escape(LOCK_NAME): FILE, re.escape(MARKER_NAME) + r"(\.tmp\d*)?": FILE, "checkpoints": CHECKPOINTS_TREE,
+    r"config\.json(\.seco-tmp\d+)?": FILE, r"metrics\.jsonl(\.seco-tmp\d+)?": FILE, r"loss\.png(\.seco-tmp\d+)?": FILE,
+    re.escape(LOCK_NAME): FILE, re.escape(MARKER_NAME) + r"(\.seco-tmp\d+)?": FILE, "checkpoints": CHECKPOINTS_TREE,
     "tensorboard": {r"events\.out\.tfevents\..+": FILE},
     "adapter": {r"adapter_config\.json": FILE, r"adapter_model\.(safetensors|bin)": FILE, r"README\.md": FILE},
 }

@@ -13,13 +13,21 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from ...core.checks import as_int
 from ...estimators.schemes import SCHEME_NAMES
 
-__all__ = ["AuditConfig", "DEFAULT", "QUICK", "EXTENDABLE", "STAGES", "COMMITTED"]
+__all__ = ["AuditConfig", "DEFAULT", "QUICK", "EXTENDABLE", "STAGES", "COMMITTED", "MAX_DRAWS"]
 
 # the stages, in the order the driver runs their units (each finished unit is a complete result)
 STAGES = ("exact", "strata", "cost", "mc", "data")
 # fields a rerun may change without invalidating what is stored
 EXTENDABLE = ("num_sequences", "data_sequences", "mc_sequences", "mc_draws", "mc_budgets", "cost_sequences",
               "cost_draws", "threads", "stages")
+
+
+def tuple_or(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+#: the most Monte Carlo or cost draws an audit takes (each is a sparse sweep of the model)
+MAX_DRAWS = 10_000
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,18 @@ class AuditConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.mc_draws < 3:
             raise ValueError(f"mc_draws must be >= 3 (the intervals are jackknifes over draws), got {self.mc_draws}")
+        for name in ("mc_draws", "cost_draws"):  # each draw is a sparse sweep of the model, its rows held in memory
+            if getattr(self, name) > MAX_DRAWS:
+                raise ValueError(f"{name}={getattr(self, name):,} is above the {MAX_DRAWS:,} an audit takes (each draw "
+                                 "is one sparse sweep of the model, minutes on a real one, and its strata are held "
+                                 "in memory); 16-100 draws give intervals")
+        if self.params == "full":
+            default = {f.name: f.default for f in fields(self)}
+            ignored = [n for n in ("lora_r", "lora_alpha", "lora_targets")
+                       if tuple_or(getattr(self, n)) != default[n]]
+            if ignored:
+                raise ValueError(f"{', '.join(ignored)} apply to params='lora' only; with params='full' every "
+                                 "parameter is audited (leave them out, or audit a LoRA gradient with params='lora')")
         k = self.num_chunks
         bad = [t for t in (*self.budgets, *self.mc_budgets) if not 1 <= t < k]
         if bad:

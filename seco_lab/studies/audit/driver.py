@@ -26,11 +26,11 @@ from tqdm.auto import tqdm
 
 from ... import store
 from ...folder_lock import LOCK_NAME, FolderBusy, locked
-from ..registry import path_arg
+from ..registry import check_report_target, path_arg
 from . import measure
 from .config import COMMITTED, DEFAULT, QUICK, STAGES, AuditConfig
 from .plan import data_name, plan_units, sequence_sets
-from .sources import SequenceSpec
+from .sources import SequenceSpec, check_model_name
 from .tables import check_units, load_units, stale_reason, write_results
 
 __all__ = ["run_audit", "main", "build_parser", "add_arguments", "run_from_args", "config_from_args",
@@ -56,6 +56,7 @@ def run_audit(cfg: AuditConfig, out: str | Path = DEFAULT_OUT, progress: bool = 
     if not isinstance(cfg, AuditConfig):
         raise TypeError(f"cfg must be an AuditConfig (e.g. replace(QUICK, length=...)), got {type(cfg).__name__}")
     out = check_audit_out(out)
+    check_model_name(cfg.model)  # offline: an unknown name is refused, never looked up on the hub
     sequence_sets(cfg)  # reads the texts: a missing, empty, binary or unreadable text is refused here
     (out / "units").mkdir(parents=True, exist_ok=True)
     with locked(out, "seco-lab audit", "wait for it to finish, or pass another --out"):
@@ -284,6 +285,8 @@ def main(argv=None) -> int:
     ns = ap.parse_args(argv)
     out = ns.out or (Path("audit-quick") if ns.quick else DEFAULT_OUT)
     try:
+        if ns.report is not None:  # before anything is computed: never over a user's file or a folder
+            check_report_target(ns.report, out, "report.md", "--report")
         if ns.tables_only:
             rewrite_tables(out)
         else:
@@ -291,8 +294,11 @@ def main(argv=None) -> int:
         from ...report.audit import write_report
 
         report = write_report(out, ns.report or out / "report.md")
-    except (ValueError, TypeError, FileNotFoundError, ImportError, FolderBusy) as e:
+    except (ValueError, TypeError, FileNotFoundError, ImportError, MemoryError, FolderBusy) as e:
         print(f"seco-lab audit: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a report or results path the system refuses (a folder, no permission, a full disk)
+        print(f"seco-lab audit: error: {e.filename or out}: {e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"seco-lab audit: interrupted; the units finished so far are stored in {out}/units: rerun the same "

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ...core.checks import guard_memory
 from ...core.engine import cache_leaves, dense_grad, forward_loss, prepare, seco_grad, trainable
 from ...estimators.schemes import get_scheme
 from ...estimators.spaco import flatten, hop_strata, spaco_grad, strata_sweep, total_sweep
@@ -215,6 +216,9 @@ def mc_unit(cfg: AuditConfig, spec: SequenceSpec, budget: int, sampler_kind: str
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 4, spec.index, budget,
                                                         SAMPLER_CODES[sampler_kind]]))
     exact = torch.load(vectors)
+    guard_memory("the Monte Carlo unit", cfg.mc_draws * exact.numel() * exact.element_size(),
+                 f"{cfg.mc_draws} draws x {len(exact)} strata rows x {exact.shape[1]:,} parameters",
+                 "lower --mc-draws or --max-hops", None)
     with clock.part("forward"):
         leaves, _ = cache_leaves(model, batch)
     draws, subsets = [], []

@@ -97,6 +97,25 @@ def text_sources(cfg: AuditConfig) -> list[tuple[str, Path]]:
     return out
 
 
+def check_model_name(model: str) -> None:
+    """Refuse a model the audit cannot build offline (nothing is downloaded): not a known name, an existing
+    ``.gguf`` file, or a local Hugging Face folder (with its ``config.json``)."""
+    from ...models import pretrained
+
+    if model in BYTE_MODELS or model in pretrained.PRETRAINED:
+        return
+    path = Path(model).expanduser()
+    if model.lower().endswith(".gguf"):
+        if not path.is_file():
+            raise ValueError(f"model {model!r}: no such .gguf file")
+        return
+    if not (path / "config.json").is_file():
+        known = ", ".join([*BYTE_MODELS, *pretrained.PRETRAINED])
+        raise ValueError(f"model {model!r} is neither a known name ({known}) "
+                         "nor a .gguf file nor a local Hugging Face folder with a config.json (nothing is downloaded: "
+                         "save the checkpoint locally with save_pretrained and pass its folder)")
+
+
 @lru_cache(maxsize=8)
 def _tokenizer(model: str):
     if model in BYTE_MODELS:

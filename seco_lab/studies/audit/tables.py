@@ -50,6 +50,21 @@ def load_units(out: Path) -> dict[str, dict]:
     return {k: v for k, v in units.items() if isinstance(v, dict) and stale_reason(v) is None}
 
 
+def unusable_units(out: Path) -> dict[str, str]:
+    """Stored unit files left out of the tables, by stem, with why: damaged (not a JSON object) or stale."""
+    bad = {}
+    for p in sorted((Path(out) / "units").glob("*.json")):
+        try:
+            unit = json.loads(p.read_text())
+        except ValueError:
+            unit = None
+        if not isinstance(unit, dict):
+            bad[p.stem] = "damaged (not a readable JSON object)"
+        elif (why := stale_reason(unit)) is not None:
+            bad[p.stem] = f"stale: {why}"
+    return bad
+
+
 def stale_reason(unit: dict) -> str | None:
     """Why a stored unit must be computed again by this code (None when it is current): a Monte Carlo unit whose
     draw remainders were a float32 difference (see :data:`~seco_lab.studies.audit.measure.MC_REMAINDER`)."""
@@ -253,6 +268,11 @@ def summary(cfg: AuditConfig, units: dict, out: Path) -> dict:
         s["wall_s"] += u["unit_wall_s"]
         s["cpu_s"] += u["unit_cpu_s"]
     planned = [stem for stem, _ in plan_units(replace(cfg, stages=STAGES))]  # a --stages run is part of the whole
+    unusable = unusable_units(out)
+    for stem, why in unusable.items():
+        print(f"audit: {out}/units/{stem}.json is {why}; it is left out of the tables (rerun the audit to compute "
+              "it again)", file=sys.stderr)
     return {"config": cfg.to_json(), "digest": cfg.digest(), "versions": versions(), "stages": stages,
             "units_done": sorted(units), "units_missing": [s for s in planned if s not in units],
+            "units_unusable": unusable,
             "exactness": units.get("exact"), "command": " ".join(sys.argv)}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .extensions import extension_plan, folder_configs, write_costs
+from .extensions import extension_plan, folder_configs, tier_folders, write_costs
 from .study import StudyConfig, collect_partial, quick_config, run_study
 
 __all__ = ["add_arguments", "run_from_args"]
@@ -34,6 +34,9 @@ def run_from_args(args) -> int:
     its settings only, so the tiers share it and a stopped tier resumes)."""
     cfg = quick_config() if args.quick else StudyConfig()
     out, jobs = Path(args.out), 2 if args.jobs is None else args.jobs
+    tiers = [tier for tier, _ in tier_folders(cfg)]
+    if args.part not in ("main", "extensions", "all", *tiers):  # before any folder is read or written
+        raise ValueError(f"unknown --part {args.part!r}; use main, extensions, all or one of {tiers}")
     if args.part in ("main", "all"):
         if args.collect_only:
             meta = collect_partial(cfg, out)
@@ -45,8 +48,6 @@ def run_from_args(args) -> int:
     n_layers = 2 if args.quick else 4
     plan = extension_plan(cfg, out, n_layers)
     tiers = [p for p in plan if args.part in ("all", "extensions", p[0])]
-    if not tiers:
-        raise SystemExit(f"unknown --part {args.part!r}; use main, extensions, all or one of {[p[0] for p in plan]}")
     unions = folder_configs(cfg, out, n_layers)
     if not args.collect_only:
         for tier, sub, tier_cfg in tiers:

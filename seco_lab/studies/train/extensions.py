@@ -46,7 +46,7 @@ from .study import StudyConfig, atomic_write_csv
 from .summary import summarize
 
 __all__ = ["best_and_worst", "equal_compute_config", "extension_plan", "folder_configs", "measure_costs",
-           "near_rates", "second_config", "tuned_rates"]
+           "near_rates", "second_config", "tier_folders", "tuned_rates"]
 
 NOISE_PROBE = {"variance_groups": 4, "variance_draws": 4}
 
@@ -166,16 +166,20 @@ def second_config(main: StudyConfig, main_folder: Path, n_layers: int = 4, tiers
     return _cells_config(main, replace(s, model={**s.model, "n_layers": n_layers}), cells)
 
 
+def tier_folders(main: StudyConfig) -> list[tuple[str, str]]:
+    """(tier, folder name) in run order; the names depend on the main study's budgets only (no files read)."""
+    hi, lo = max(main.budgets), min(main.budgets)
+    return [("equal-compute", "equal_compute"), ("equal-compute-spaco", "equal_compute"),
+            (f"replay-t{hi}", "equal_compute"), ("second", "second_L4"), ("equal-compute-worst", "equal_compute"),
+            (f"equal-compute-t{lo}", "equal_compute"), (f"replay-t{lo}", "equal_compute"),
+            ("second-more", "second_L4"), ("fewer-steps", "equal_compute"), ("lr-neighbours", "equal_compute")]
+
+
 def extension_plan(main: StudyConfig, main_folder: Path, n_layers: int = 4) -> list[tuple[str, str, StudyConfig]]:
     """(tier, folder name, config) in the order the driver runs them (priority: the equal-compute verdict at
     the larger budget, its replays, the second configuration, then the rest)."""
-    hi, lo = max(main.budgets), min(main.budgets)
-    order = [("equal-compute", "equal_compute"), ("equal-compute-spaco", "equal_compute"),
-             (f"replay-t{hi}", "equal_compute"), ("second", "second_L4"), ("equal-compute-worst", "equal_compute"),
-             (f"equal-compute-t{lo}", "equal_compute"), (f"replay-t{lo}", "equal_compute"),
-             ("second-more", "second_L4"), ("fewer-steps", "equal_compute"), ("lr-neighbours", "equal_compute")]
     plan = []
-    for tier, folder in order:
+    for tier, folder in tier_folders(main):
         cfg = second_config(main, main_folder, n_layers, (tier,)) if folder == "second_L4" else \
             equal_compute_config(main, main_folder, (tier,))
         plan.append((tier, folder, cfg))
