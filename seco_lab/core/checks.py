@@ -120,6 +120,8 @@ def guard_memory(what: str, nbytes: float, detail: str, fix: str, force: bool | 
     """Refuse, before allocating, work that would hold more than :data:`MEMORY_GUARD_BYTES`: the message
     states the cost and how to lower it; ``force=True`` is the override for those who mean it (``None``:
     the caller has no override, and the message offers none)."""
+    if force is not None:
+        force = as_bool(force, "force")  # 'no' is truthy: read as True it would switch the guard off
     if force or nbytes <= MEMORY_GUARD_BYTES:
         return
     override = "" if force is None else ", or pass force=True if you mean it"
@@ -291,17 +293,19 @@ def check_recomputed(first: Sequence[torch.Tensor], rebuilt: Sequence[torch.Tens
                                          f"{float(b64.sum())!r} vs {float(a64.sum())!r}): {hint}")
 
 
-def as_float(value, what: str, *, finite: bool = True) -> float:
+def as_float(value, what: str, *, finite: bool = True, allowed: str | None = None) -> float:
     """``value`` as a Python float: ints and floats (numpy's too); bools, strings and None are refused,
-    and so are NaN and infinities unless ``finite=False``."""
+    and so are NaN and infinities unless ``finite=False``.  ``allowed`` says what the caller accepts in the
+    messages (e.g. ``"a number in (0, 1]"``) instead of "a number"; the caller checks its range itself."""
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
-        raise TypeError(f"{what} must be a number, got {value!r} ({type(value).__name__})")
+        raise TypeError(f"{what} must be {allowed or 'a number'}, got {value!r} ({type(value).__name__})")
     try:
         out = float(value)
     except OverflowError:
-        raise ValueError(f"{what} must be a finite number, got an integer too large for a float") from None
+        raise ValueError(f"{what} must be {allowed or 'a finite number'}, got an integer too large for a float"
+                         ) from None
     if finite and not np.isfinite(out):
-        raise ValueError(f"{what} must be a finite number, got {out}")
+        raise ValueError(f"{what} must be {allowed or 'a finite number'}, got {out}")
     return out
 
 

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from .checks import as_float
+
 __all__ = ["GradDict", "accumulate_grads", "flatten", "grads_in_isolation", "named_grads", "unflatten"]
 
 GradDict = dict[str, torch.Tensor]
@@ -53,7 +55,9 @@ def accumulate_grads(model, grads: GradDict, scale: float = 1.0) -> None:
     """``p.grad += scale * grads[name]`` for the named parameters (``p.grad`` created when absent).
 
     At ``scale == 1`` a fresh ``.grad`` takes the tensor itself (no copy): the caller hands it over.
+    ``scale`` is checked as :func:`~seco_lab.core.engine.seco_step` checks it: a real, finite number.
     """
+    scale = as_float(scale, "scale")  # NaN or inf would be written into every .grad
     params = dict(model.named_parameters())
     missing = set(grads) - set(params)
     if missing:

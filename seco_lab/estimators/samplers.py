@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core.checks import as_float, check_budget, check_rng
 
-__all__ = ["BERNOULLI", "Num", "Sampler", "UNIFORM", "falling"]
+__all__ = ["BERNOULLI", "Num", "Sampler", "UNIFORM", "check_rho", "falling"]
 
 Num = Union[Fraction, int]
 
@@ -50,8 +50,7 @@ class Sampler:
         if self.rho is not None:
             if self.kind != "bernoulli":
                 raise ValueError("rho applies to the bernoulli sampler only")
-            if not 0.0 < as_float(self.rho, "Bernoulli inclusion probability rho") <= 1.0:
-                raise ValueError(f"Bernoulli inclusion probability rho must lie in (0, 1], got {self.rho}")
+            object.__setattr__(self, "rho", check_rho(self.rho))
 
     def rate(self, num_chunks: int, budget: int) -> Fraction:
         """rho as an exact fraction (t/k unless set)."""
@@ -110,6 +109,16 @@ class Sampler:
                 p = rho**size * (1 - rho) ** (k - size)
                 for s in itertools.combinations(range(k), size):
                     yield s, p
+
+
+def check_rho(rho) -> float:
+    """A Bernoulli inclusion probability: a real number (int, float, Fraction or numpy's) in (0, 1], as a Python
+    float; ``True``, ``"0.5"``, NaN and ints beyond float range are refused naming rho, never coerced."""
+    what = "Bernoulli inclusion probability rho"
+    value = as_float(rho, what, allowed="a number in (0, 1] (or None for t/k)")
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{what} must lie in (0, 1], got {rho}")
+    return value
 
 
 UNIFORM = Sampler("uniform")

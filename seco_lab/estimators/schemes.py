@@ -157,8 +157,19 @@ class Scheme:
         return [W[p] * self.sampler.inclusion(k, t, p + 1) for p in range(max_hops + 1)]
 
     def expected_weights(self, num_chunks: int, budget: int, max_hops: int) -> np.ndarray:
+        """w(p) as floats.  Each factor is a float but their product need not be: a weight beyond float range
+        (a user's scheme with huge factors; no built-in one) is refused, naming it, rather than an
+        OverflowError or an inf that every bias metric would turn into NaN."""
         k, t = num_chunks, budget
-        return np.array([float(w) for w in self.expected_weights_exact(k, t, max_hops)])
+        out = []
+        for p, w in enumerate(self.expected_weights_exact(k, t, max_hops)):
+            value = fraction_to_float(w)
+            if math.isinf(value):  # p >= 1: w(0) = c_0 pi(0) <= c_0 is a float
+                size = (w.numerator.bit_length() - w.denominator.bit_length()) * math.log10(2)
+                raise ValueError(f"scheme {self.name!r}: the expected weight w({p}) at k={k}, t={t} is beyond float "
+                                 f"range (about 1e{size:.0f}); pass max_hops <= {p - 1} or use smaller factors")
+            out.append(value)
+        return np.array(out)
 
     def with_params(self, **params) -> Scheme:
         return _with_params(self, params)
@@ -207,7 +218,7 @@ def _with_params(scheme: Scheme, params: dict) -> Scheme:
         elif key == "rho":
             if scheme.sampler.kind != "bernoulli":
                 raise ValueError(f"scheme {scheme.name!r} samples without replacement; rho needs a bernoulli scheme")
-            out = replace(out, sampler=Sampler("bernoulli", None if value is None else float(value)))
+            out = replace(out, sampler=Sampler("bernoulli", value))  # the sampler checks rho (check_rho)
         else:
             raise ValueError(f"unknown scheme parameter {key!r}; schemes take cap= or rho=")
     return out
@@ -238,10 +249,18 @@ def make_scheme(
 
 
 def check_factor(value, what: str) -> Fraction:
-    """A constant compensation factor: a finite number >= 0 (int, float or Fraction), exactly."""
+    """A compensation factor: a finite number >= 0 (int, float or Fraction) within float range, exactly.
+
+    The factors are used as floats (:meth:`Scheme.factors`, the engines' relay scales), so one beyond float
+    range is refused here, naming it, rather than failing later with an OverflowError from deep in a sweep."""
     if isinstance(value, Fraction) or (isinstance(value, (int, np.integer)) and not isinstance(value, bool)):
         exact = Fraction(int(value)) if not isinstance(value, Fraction) else value
-    else:
+        try:
+            float(exact)
+        except OverflowError:
+            raise ValueError(f"{what} must be a finite number >= 0 within float range (about 1.8e308), got "
+                             f"{short_repr(value)}") from None
+    else:  # a finite float is within float range
         exact = Fraction(as_float(value, what))
     if exact < 0:
         raise ValueError(f"{what} must be >= 0, got {value!r}")

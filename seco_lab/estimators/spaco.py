@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.checks import check_budget, check_max_hops, check_subset, guard_memory
+from ..core.checks import as_bool, check_budget, check_max_hops, check_subset, guard_memory
 from ..core.engine import accumulate_into, backward_sweep, cache_leaves, checked_batch, hop_sweep, trainable
 from ..core.grads import GradDict, flatten, named_grads
 from .schemes import Scheme, get_scheme
@@ -158,7 +158,9 @@ def hop_strata(
     buffer: more than :data:`~seco_lab.core.checks.MEMORY_GUARD_BYTES` in all is refused unless ``force``.
     ``remainder=True`` measures what was dropped, ``HopStrata.remainder`` = g(>P) = g - sum_{p<=P} g(p), as one
     more stratum of the same sweep (the chains of more than P hops; see :func:`strata_sweep`).
+    Both flags must be True or False (``force="no"`` is refused, not read as True).
     """
+    force, remainder = as_bool(force, "force"), as_bool(remainder, "remainder")
     batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     k = batch.num_chunks
     max_hops = k - 1 if max_hops is None else min(check_max_hops(max_hops), k - 1)
@@ -237,8 +239,9 @@ def chain_basis(model, tokens, targets, chunk_size: int, max_hops: int, ignore_i
     that reach a chunk share one rebuild and one batched vector-Jacobian product.
     A chain is a decreasing run of chunks, so there are N = sum_{m=1}^{P+1} C(k, m) of them
     (2^k - 1 at P = k-1), each a gradient-sized vector: N times the gradient's bytes above
-    :data:`~seco_lab.core.checks.MEMORY_GUARD_BYTES` is refused unless ``force``.
+    :data:`~seco_lab.core.checks.MEMORY_GUARD_BYTES` is refused unless ``force`` (True or False).
     """
+    force = as_bool(force, "force")
     batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     k = batch.num_chunks
     if k > 62:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from ..core.checks import check_budget, checked_batch
+from ..core.checks import as_bool, as_int, check_budget, checked_batch, guard_memory
+from ..core.engine import trainable
 from ..core.grads import GradDict, flatten, unflatten
 from ..estimators.schemes import Scheme, get_scheme
 from ..estimators.spaco import spaco_grad
@@ -49,11 +50,19 @@ def enumerate_expectation(
     full_cov_max_params: int = DEFAULT_FULL_COV_MAX_PARAMS,
     ignore_index: int = -100,
     progress: bool = False,
+    force: bool = False,
 ) -> Expectation:
     """Exact mean and covariance of ``scheme``'s estimate at budget t over every possible draw.
 
-    Refuses (ValueError) when there are more than ``max_subsets`` draws.
+    Refuses (ValueError) when there are more than ``max_subsets`` draws.  The full (d, d) covariance is
+    computed when the model has d <= ``full_cov_max_params`` trainable parameters (only its trace otherwise).
+    What this holds -- every draw's gradient (three copies: the draws, stacked, centred) and the full
+    covariance -- is checked against :data:`~seco_lab.core.checks.MEMORY_GUARD_BYTES` before the first draw
+    and refused (MemoryError, stating the bytes) unless ``force=True``.
     """
+    progress, force = as_bool(progress, "progress"), as_bool(force, "force")
+    max_subsets = as_int(max_subsets, "max_subsets", 1)
+    full_cov_max_params = as_int(full_cov_max_params, "full_cov_max_params", 0)
     batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     scheme = get_scheme(scheme)
     k = batch.num_chunks
@@ -64,6 +73,16 @@ def enumerate_expectation(
             f"enumerating {scheme.name!r} at k={k}, t={budget} needs {n_sub} subsets, more than "
             f"max_subsets={max_subsets}; use fewer chunks or raise the limit"
         )
+    params = [p for _, p in trainable(model)]
+    d, dtype = sum(p.numel() for p in params), params[0].dtype
+    item = params[0].element_size()
+    draws_bytes, cov_bytes = 3 * n_sub * d * item, d * d * item if d <= full_cov_max_params else 0
+    cov = (f", and the full {d:,} x {d:,} covariance of {str(dtype).removeprefix('torch.')} = {cov_bytes:,} bytes "
+           f"(d = {d:,} <= full_cov_max_params = {full_cov_max_params:,})" if cov_bytes else "")
+    guard_memory("enumerate_expectation", draws_bytes + cov_bytes,
+                 f"{n_sub:,} draw(s) x {d:,} parameters x {item} bytes x 3 copies = {draws_bytes:,} bytes{cov}",
+                 (f"lower full_cov_max_params below d = {d:,} (the covariance's trace is computed without it), "
+                  if cov_bytes else "") + "use fewer chunks or a smaller model", force)
     probs, flats, like = [], [], None
     for subset, p in tqdm(scheme.sampler.subsets(k, budget), total=n_sub, disable=not progress, desc="subsets"):
         if subset:
