@@ -153,7 +153,7 @@ class TrainConfig:
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
         check_lr_cycles(self.lr_cycles, self.steps)
-        if self.model.max_positions < self.seq_len:
+        if self.hf_model is None and self.model.max_positions < self.seq_len:  # an HF model's own limit: builders
             raise ValueError(f"model.max_positions={self.model.max_positions} < seq_len={self.seq_len}; raise "
                              "--max-positions")
         if self.data == "text" and self.hf_model is None and self.model.vocab_size != TEXT_VOCAB:
@@ -185,6 +185,12 @@ class TrainConfig:
             if self.warmup != TRAIN_DEFAULTS["warmup"]:
                 raise ValueError(msg + "; lower --warmup below --steps")
             warn_once(msg + f" (the default --warmup is {self.warmup}); pass --warmup N < --steps")
+        dropouts = {k: v for k, v in (self.hf_overrides or {}).items() if "dropout" in str(k).lower()
+                    and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0)}
+        if dropouts:
+            raise ValueError(f"--hf-override {', '.join(f'{k}={v}' for k, v in dropouts.items())}: training runs chunk "
+                             "by chunk and rebuilds each chunk's forward pass, which dropout would change (a wrong "
+                             "gradient); leave the dropout fields at 0")
         if self.hf_overrides and self.hf_model not in HF_ARCHITECTURES:
             raise ValueError("--hf-override applies to the named architectures (llama, qwen2), not to a checkpoint "
                              f"directory ({self.hf_model})")

@@ -149,3 +149,23 @@ def test_the_stale_unit_record_is_json(tmp_path):
     (folder / "units" / "cost-s00.json").write_text("[]")
     main(["audit", "--tables-only", "--out", str(folder), "--no-progress"])
     assert "cost-s00" in json.loads((folder / "audit.json").read_text())["units_unusable"]
+
+
+def test_f16_an_hf_dropout_override_is_refused_before_the_run_folder_exists(tmp_path, capsys):
+    argv = ["train", "--hf-model", "llama", "--hf-override", "attention_dropout=0.5", "--steps", "2", "--warmup", "0",
+            "--seq-len", "32", "--chunk-size", "8", "--batch-size", "2", "--no-progress", "--run-dir",
+            str(tmp_path / "r")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "attention_dropout=0.5" in err and "Traceback" not in err and not (tmp_path / "r").exists()
+
+
+def test_f15_an_hf_model_takes_a_sequence_beyond_the_tiny_models_position_limit():
+    """F15: --seq-len 5000 with an HF model was refused by the tiny transformer's max_positions (4096), with advice
+    (--max-positions) that --hf-model refuses; the HF model's own limit is the builder's to check."""
+    from seco_lab.config import TrainConfig
+
+    cfg = TrainConfig(hf_model="llama", data="text", seq_len=5000, chunk_size=1000, steps=2, warmup=0)
+    assert cfg.validate().seq_len == 5000
+    with pytest.raises(ValueError, match="max_positions=4096 < seq_len=5000"):
+        TrainConfig(data="text", seq_len=5000, chunk_size=1000, steps=2, warmup=0).validate()
