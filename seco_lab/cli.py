@@ -301,12 +301,12 @@ def fail(command: str, e: Exception) -> int:
 
 
 def plot_main(argv: list[str]) -> int:
-    from .report.runs import plot_runs
-
     ap = argparse.ArgumentParser(prog="seco-lab plot", description="Draw several runs' loss curves on one figure.")
     ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)")
     ap.add_argument("--out", type=path_arg, default=Path("runs_loss.png"), help="output image (default: runs_loss.png)")
-    ns = ap.parse_args(argv)
+    ns = ap.parse_args(argv)  # before matplotlib and pandas are imported: --help and usage errors answer at once
+    from .report.runs import plot_runs
+
     try:
         out = plot_runs(ns.run_dirs, ns.out)
     except (ValueError, OSError) as e:
