@@ -18,6 +18,7 @@ from pathlib import Path
 from .estimators.schemes import SCHEME_NAMES, get_scheme
 from .field_types import check_fields
 from .models.tiny_config import TinyConfig
+from .store import CONFIG_MAX_BYTES, checked_file
 
 __all__ = ["ATTENTION", "DATA", "DTYPE_NAMES", "GATHER_POLICIES", "HF_ARCHITECTURE_DEFAULTS", "HF_ARCHITECTURES",
            "MODES", "SHARD_MODES", "TEXT_VOCAB", "RunControl", "TrainConfig", "check_fields", "flag_of",
@@ -350,14 +351,12 @@ def load_config_file(path: Path) -> dict:
     if path.is_dir():
         raise ValueError(f"config file {path} is a directory, not a JSON or TOML file; name the file, e.g. "
                          "--config configs/demo.toml")
-    if path.exists() and not path.is_file():
-        raise ValueError(f"config file {path} is not a regular file (a device, FIFO or socket); name a JSON or TOML "
-                         "file, e.g. --config configs/demo.toml")
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(f"config file not found: {path}")
+    checked_file(path, "config file", CONFIG_MAX_BYTES, "name a JSON or TOML file, e.g. --config configs/demo.toml")
     try:
         text = path.read_text()
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)  # c.TOML is TOML too
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"config file {path}: cannot parse ({e})") from None
     if not isinstance(data, dict):

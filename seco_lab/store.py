@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import re
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,12 +33,46 @@ from .folder_lock import hold_lock, release_lock
 
 _HELD_LOCKS: dict[Path, IO] = {}  # study folders this process has locked (a rerun in the process reuses its lock)
 
-__all__ = ["DefinitionMismatch", "StudyFolder", "StudyFolderError", "atomic_write", "atomic_write_csv",
-           "atomic_write_json", "check_study_out", "clear_stale", "fingerprint", "protected_paths",
-           "software_versions", "study_owner", "TEMP_TAG"]
+__all__ = ["CONFIG_MAX_BYTES", "RECORD_MAX_BYTES", "TABLE_MAX_BYTES", "DefinitionMismatch", "StudyFolder",
+           "StudyFolderError", "atomic_write", "atomic_write_csv", "atomic_write_json", "check_study_out",
+           "checked_file", "clear_stale", "fingerprint", "protected_paths", "software_versions", "study_owner",
+           "TEMP_TAG"]
 
 #: the tag of atomic_write's temporary files, ``NAME.seco-tmp<pid>``
 TEMP_TAG = "seco-tmp"
+
+#: the largest file read as a settings file (``--config``, a run's or an audit's ``config.json``): a few KiB in
+#: practice, so a file above this is surely something else (a data file or checkpoint named by mistake)
+CONFIG_MAX_BYTES = 1 << 20
+#: the largest stored JSON record read whole (a study's ``study.json``, an audit unit)
+RECORD_MAX_BYTES = 64 << 20
+#: the largest stored table read whole (a results CSV, a run's ``metrics.jsonl``): far above any this tool writes
+TABLE_MAX_BYTES = 1 << 30
+
+_NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO, a named pipe: reading it would wait for a "
+                                                            "writer, maybe forever"),
+                (stat.S_ISCHR, "a character device: reading it may never end"), (stat.S_ISBLK, "a block device"),
+                (stat.S_ISSOCK, "a socket"))
+
+
+def checked_file(path: str | Path, what: str, max_bytes: int | None = None, fix: str = "") -> Path:
+    """``path`` when it is a regular file (a symlink to one is followed) of at most ``max_bytes`` bytes; else a
+    ValueError that names the file, says what it is and (``fix``) what to do.  Checked before the file is opened:
+    a FIFO would block its reader forever, ``/dev/zero`` never ends, and a huge file read whole exhausts memory.
+    A missing file raises the :class:`FileNotFoundError` of ``stat`` (callers keep their own message for it)."""
+    path = Path(path)
+    st = path.stat()  # follows a symlink: a link to /dev/zero is the device
+    mode, size = st.st_mode, st.st_size
+    fix = f"; {fix}" if fix else ""
+    for test, kind in _NOT_REGULAR:
+        if test(mode):
+            raise ValueError(f"{what} {path} is not a regular file ({kind}){fix}")
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{what} {path} is not a regular file{fix}")
+    if max_bytes is not None and size > max_bytes:
+        raise ValueError(f"{what} {path} is {size:,} bytes, {size - max_bytes:,} over the limit of {max_bytes:,} "
+                         f"bytes for a {what}: it is not one (named by mistake, or damaged){fix}")
+    return path
 
 
 def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[bytes]], object]) -> Path:

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..store import atomic_write
+from ..store import RECORD_MAX_BYTES, TABLE_MAX_BYTES, atomic_write, checked_file
 
 __all__ = ["MissingResultsError", "check_bounds", "fmt", "generated_note", "read_json_table", "read_results_csv",
-           "require", "table", "write_markdown"]
+           "require", "stored_file", "table", "write_markdown"]
 
 
 class MissingResultsError(FileNotFoundError):
@@ -27,12 +27,24 @@ def require(folder: Path, names: tuple[str, ...], produce: str) -> None:
                                   "that holds them with --results")
 
 
+def stored_file(path: Path, what: str, max_bytes: int, produce: str) -> Path:
+    """``path`` when it is a regular file of at most ``max_bytes`` (:func:`seco_lab.store.checked_file`); a FIFO,
+    device, folder or huge file among the stored results is refused (a :class:`MissingResultsError` naming it and
+    ``produce``), never opened: a read would block forever, never end or exhaust memory."""
+    try:
+        return checked_file(path, what, max_bytes, f"remove it and rerun {produce}")
+    except ValueError as e:
+        raise MissingResultsError(str(e)) from None
+
+
 def read_json_table(path: Path, produce: str) -> dict:
     """A JSON file that must hold an object (``study.json``, ``bench.json``): parse errors, an empty file
     or a list are refused with a message naming the file."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(stored_file(path, "stored record", RECORD_MAX_BYTES, produce).read_text())
+    except MissingResultsError:  # a FIFO, device, folder or huge file: said as it is
+        raise
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise MissingResultsError(f"{path} cannot be read as JSON ({e}): rerun {produce}") from None
     if not isinstance(data, dict):
@@ -50,6 +62,7 @@ def read_results_csv(path: Path, columns: tuple[str, ...], produce: str, text_co
     where ``nan_allowed(df)`` (a boolean row mask) allows it; no two rows with the same ``key`` columns (a
     repeated or conflicting result).  Each refusal names the file and the fix."""
     path = Path(path)
+    stored_file(path, "stored results table", TABLE_MAX_BYTES, produce)  # pandas would block on a FIFO
     try:
         df = pd.read_csv(path)
     except pd.errors.EmptyDataError:

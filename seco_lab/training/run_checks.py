@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from ..folder_lock import LOCK_NAME, is_own_lock
-from ..store import protected_paths
+from ..store import CONFIG_MAX_BYTES, checked_file, protected_paths
 
 __all__ = ["CHECKPOINTS_TREE", "DCP_TREE", "FILE", "MARKER_NAME", "RUN_TREE", "RunDirError", "check_path_given",
            "checkpoint_steps", "orphan_checkpoints",
@@ -98,8 +98,8 @@ def is_run(path: Path) -> bool:
     if (path / MARKER_NAME).is_file():
         return True
     try:
-        d = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
+        d = json.loads(checked_file(path / "config.json", "run config", CONFIG_MAX_BYTES).read_text())
+    except (OSError, ValueError):  # missing, not a regular file (a FIFO would block), too large, not JSON
         return False
     from ..config import MODES, RunControl, TrainConfig
 

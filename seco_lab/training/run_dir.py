@@ -59,11 +59,14 @@ from .run_files import (  # noqa: F401 (re-export)
     checkpoint_steps,
     read_config,
     read_metrics,
+    run_file,
     safe_load,
 )
 
 __all__ = ["CHECKPOINT_KEYS", "DCP_TREE", "MARKER_NAME", "RUN_TREE", "RunDir", "RunDirError", "check_usable",
            "checkpoint_steps", "read_config", "read_metrics", "remove_own", "safe_load"]
+
+LATEST_MAX_BYTES = 4096  # ``latest`` holds one checkpoint name
 
 
 class RunDir:
@@ -166,7 +169,7 @@ class RunDir:
         if not latest.is_file():
             raise RunDirError(f"--resume: {latest} is not a file (it names the newest checkpoint); remove it to "
                               "resume from the newest checkpoint present")
-        pointed = latest.read_text(errors="replace").strip()
+        pointed = self._pointed()
         if not re.fullmatch(r"step_\d+\.(pt|dcp)", pointed):
             raise RunDirError(f"--resume: {latest} holds {pointed[:60]!r}, not a checkpoint name; remove it to resume "
                               "from the newest checkpoint present")
@@ -174,11 +177,18 @@ class RunDir:
             raise RunDirError(f"--resume: {latest} names {pointed}, which is missing (deleted or moved); restore it, "
                               "or start again with --overwrite")
 
+    def _pointed(self) -> str | None:
+        """The name ``latest`` holds (None without one); a ``latest`` of more than a name's bytes is refused, not
+        read whole."""
+        latest = self.checkpoints / "latest"
+        if not latest.is_file():
+            return None
+        return run_file(latest, "checkpoint pointer", LATEST_MAX_BYTES).read_text(errors="replace").strip()
+
     def prune_checkpoints(self, keep: int) -> list[Path]:
         """Delete all but the newest ``keep`` checkpoints -- only this tool's ``step_NNNNNN.pt`` files and
         sharded ``step_NNNNNN.dcp`` directories (file by file), never the one ``latest`` names."""
-        latest = self.checkpoints / "latest"
-        pointed = latest.read_text().strip() if latest.is_file() else None
+        pointed = self._pointed()
         found = sorted((p for p in self.checkpoints.iterdir()
                         if re.fullmatch(r"step_\d+\.pt", p.name) and p.is_file() and not p.is_symlink()
                         or re.fullmatch(r"step_\d+\.dcp", p.name) and p.is_dir() and not p.is_symlink()),
@@ -199,9 +209,8 @@ class RunDir:
         A damaged one is reported with a warning and skipped; ``check(state, name)`` may refuse one
         (raising :class:`RunDirError`, which is not damage and stops the search)."""
         names = sorted((p.name for p in self.checkpoints.glob("step_*.pt")), reverse=True)
-        latest = self.checkpoints / "latest"
-        if latest.is_file():
-            pointed = latest.read_text().strip()
+        pointed = self._pointed()
+        if pointed is not None:
             if pointed in names:  # the pointer names the newest file written completely
                 names.remove(pointed)
                 names.insert(0, pointed)

@@ -12,12 +12,24 @@ from pathlib import Path
 
 import torch
 
+from ..store import CONFIG_MAX_BYTES, TABLE_MAX_BYTES, checked_file
 from .run_checks import RunDirError, checkpoint_steps
 
-__all__ = ["CHECKPOINT_FILE", "CHECKPOINT_KEYS", "checkpoint_steps", "read_config", "read_metrics", "safe_load"]
+__all__ = ["CHECKPOINT_FILE", "CHECKPOINT_KEYS", "checkpoint_steps", "read_config", "read_metrics", "run_file",
+           "safe_load"]
 
 CHECKPOINT_KEYS = ("step", "model", "optimizer", "scheduler", "torch_rng", "numpy_rng")
 CHECKPOINT_FILE = re.compile(r"step_(\d+)\.pt")
+
+
+def run_file(path: Path, what: str, max_bytes: int | None = None) -> Path:
+    """``path`` if it is a regular file of at most ``max_bytes`` (:func:`seco_lab.store.checked_file`), else a
+    :class:`RunDirError` naming it: a FIFO, device or folder in a run directory is never opened (a read would
+    block or never end), and a file far larger than the run writes is not read whole."""
+    try:
+        return checked_file(path, what, max_bytes, "remove it, or restore the file the run wrote")
+    except ValueError as e:
+        raise RunDirError(str(e)) from None
 
 
 def safe_load(path: Path, map_location=None):
@@ -26,7 +38,8 @@ def safe_load(path: Path, map_location=None):
     import numpy as np
     from numpy._core.multiarray import _reconstruct
 
-    if Path(path).is_file() and not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else is
+    run_file(path, "checkpoint")  # a FIFO would block torch.load forever
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else is
         raise ValueError("not a torch checkpoint archive (no zip structure): truncated, overwritten or foreign")
     with torch.serialization.safe_globals([_reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]):
         try:
@@ -41,7 +54,7 @@ def safe_load(path: Path, map_location=None):
 def read_config(run_dir) -> dict:
     path = Path(run_dir) / "config.json"
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(run_file(path, "run config", CONFIG_MAX_BYTES).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RunDirError(f"{path}: cannot read the run's config ({e})") from None
     if not isinstance(config, dict):
@@ -56,7 +69,7 @@ def read_metrics(run_dir) -> list[dict]:
     if not path.exists():
         return []
     try:
-        lines = path.read_text().split("\n")
+        lines = run_file(path, "metrics file", TABLE_MAX_BYTES).read_text().split("\n")
     except UnicodeDecodeError:
         raise RunDirError(f"{path} is not text (not UTF-8): the metrics file is damaged or was overwritten") from None
     rows = []

@@ -106,7 +106,7 @@ def check_audit_out(out: str | Path) -> Path:
 
 def _is_audit_config(path: Path) -> bool:
     try:
-        stored = json.loads(path.read_text())
+        stored = json.loads(store.checked_file(path, "audit config", store.CONFIG_MAX_BYTES).read_text())
         return isinstance(stored, dict) and isinstance(stored.get("config"), dict) and "digest" in stored
     except (OSError, ValueError):
         return False
@@ -237,7 +237,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--lora-r", type=int)
     ap.add_argument("--lora-alpha", type=int)
     ap.add_argument("--lora-targets", nargs="+")
-    ap.add_argument("--texts", nargs="+", metavar="[KIND:]PATH", help="text files or folders")
+    ap.add_argument("--texts", nargs="+", metavar="[KIND:]PATH",
+                    help="text files or folders (windows come from the first 16 MiB of each file)")
     ap.add_argument("--length", type=int, help=f"tokens per sequence (default: {d.length})")
     ap.add_argument("--chunk-size", type=int, help=f"(default: {d.chunk_size})")
     ap.add_argument("--dtype", choices=["float32", "float64"])

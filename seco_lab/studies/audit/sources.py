@@ -30,6 +30,9 @@ __all__ = ["SequenceSpec", "AuditSequence", "build_model", "sequence_specs", "se
            "text_sources", "BYTE_MODELS"]
 
 BYTE_MODELS = ("tiny", "hf-llama")  # random models that read bytes (vocabulary 256)
+#: the most of one text file an audit reads (its head): windows are taken from the start of each file, and the
+#: same bound as ``seco-lab train --data text``'s corpus; a longer file's tail is not read
+TEXT_MAX_BYTES = 16 << 20
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -131,15 +134,21 @@ def _tokenizer(model: str):
 
 @lru_cache(maxsize=64)
 def _file_ids(model: str, path: Path) -> np.ndarray:
-    text = read_text(path)
+    """The token ids of the file's first :data:`TEXT_MAX_BYTES` bytes (the whole file when it is not longer; a
+    longer one is cut at the last line end within them, so no word is split), as bytes (``uint8``) for a byte
+    model and ``int32`` otherwise: the windows come from the head of a file, and a 700 MB corpus is neither read
+    whole nor widened to ``int64`` (:func:`sequence_tokens` widens a window)."""
+    text = read_text(path, TEXT_MAX_BYTES)
     if text is None:
         raise ValueError(f"text {path} is binary or not UTF-8: name text files or folders")
+    if path.stat().st_size > TEXT_MAX_BYTES and "\n" in text:
+        text = text[: text.rindex("\n") + 1]
     tok = _tokenizer(model)
     if tok is None:
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
     from ...data.token_corpus import encode_text
 
-    return np.asarray(encode_text(tok, text), dtype=np.int64)
+    return np.asarray(encode_text(tok, text), dtype=np.int32)
 
 
 def sequence_specs(cfg: AuditConfig, count: int, length: int) -> list[SequenceSpec]:
@@ -161,14 +170,16 @@ def sequence_specs(cfg: AuditConfig, count: int, length: int) -> list[SequenceSp
             taken[f] += 1
             progressed = True
         if not progressed:
-            raise ValueError(f"the texts {list(cfg.texts)} hold only {len(out)} windows of {length + 1} tokens; "
-                             f"{count} are needed: add texts or ask for fewer sequences")
+            raise ValueError(f"the texts {list(cfg.texts)} hold only {len(out)} windows of {length + 1} tokens "
+                             f"(in the first {TEXT_MAX_BYTES >> 20} MiB of each file, all an audit reads); {count} are "
+                             "needed: add texts or ask for fewer sequences")
     return out
 
 
 def sequence_tokens(cfg: AuditConfig, spec: SequenceSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, targets) of a window: ids[offset : offset + length] and the next token of each."""
-    ids = torch.from_numpy(_file_ids(cfg.model, _resolve(spec.path))[spec.offset: spec.offset + spec.length + 1].copy())
+    ids = torch.from_numpy(_file_ids(cfg.model, _resolve(spec.path))[spec.offset: spec.offset + spec.length + 1]
+                           .astype(np.int64))
     return ids[:-1], ids[1:]
 
 
