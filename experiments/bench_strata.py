@@ -36,8 +36,12 @@ def child(job: dict) -> dict:
 
     import seco_lab
     from seco_lab import hop_strata, seco_grad
-    from seco_lab.models.hf import HFChunkModel
-    from seco_lab.studies.real import RealStudyConfig, load_model, window
+    try:
+        from seco_lab.models.hf import HFChunkModel
+        from seco_lab.studies.real import RealStudyConfig, load_model, window
+    except ImportError:  # a 'before' revision from before the subpackages (d6fd243)
+        from seco_lab.hf import HFChunkModel
+        from seco_lab.real_study import RealStudyConfig, load_model, window
 
     torch.set_num_threads(1)
     cfg = RealStudyConfig(text_file=job["text_file"])
