@@ -90,7 +90,8 @@ def _what_ran(audit: dict, cfg: dict) -> list[str]:
     md = ["## What ran\n"]
     rows = [{"stage": s, "units": v["units"], "wall h": v["wall_s"] / 3600, "CPU h": v["cpu_s"] / 3600,
              "wall per unit (min)": v["wall_s"] / 60 / v["units"],
-             "peak RSS (GiB)": v.get("peak_rss_gib", float("nan"))} for s, v in audit["stages"].items()]
+             "peak RSS (GiB)": "n/a" if v.get("peak_rss_gib") is None else f"{v['peak_rss_gib']:.2f}"}
+            for s, v in audit["stages"].items()]
     if rows:
         md.append(table(pd.DataFrame(rows), ("units",)))
     missing = audit["units_missing"]
@@ -207,7 +208,9 @@ def _equal_compute(results: Path, audit: dict) -> list[str]:
               f"the {n_strata} strata sequences' own gradients (the data stage has not finished: "
               f"{n_strata - 1} degree(s) of freedom)")
     mc_seq = sorted({u.split("-")[1] for u in audit["units_done"] if u.startswith("mc-")})
-    pending = [u for u in audit["units_missing"] if u.split("-")[0] in ("strata", "data", "mc")]
+    shown = {f"t{t}" for t in eq.t.unique()}  # a Monte Carlo unit at another budget changes no row shown here
+    pending = [u for u in audit["units_missing"] if u.split("-")[0] in ("strata", "data")
+               or (u.startswith("mc-") and u.split("-")[2] in shown)]
     md.append("Best-scale MSE of one optimizer step at equal compute (docs/audit.md): SeCO averages B sequences, "
               "a scheme B·c_SeCO/c_s. B* = the batch above which SeCO's error is the smaller (0: SeCO wins at "
               f"every B; inf: never). The data noise tr Σ_d / ‖ḡ‖² = {fmt(first.a / first.G)} comes from {source}; "

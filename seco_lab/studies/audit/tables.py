@@ -262,9 +262,10 @@ def summary(cfg: AuditConfig, units: dict, out: Path) -> dict:
 
     stages: dict[str, dict] = {}
     for u in units.values():
-        s = stages.setdefault(u["stage"], {"units": 0, "wall_s": 0.0, "cpu_s": 0.0, "peak_rss_gib": 0.0})
+        s = stages.setdefault(u["stage"], {"units": 0, "wall_s": 0.0, "cpu_s": 0.0, "peak_rss_gib": None})
         s["units"] += 1
-        s["peak_rss_gib"] = max(s["peak_rss_gib"], float(u.get("peak_rss_gib", 0.0)))
+        if "peak_rss_gib" in u:  # units stored before it was recorded have none
+            s["peak_rss_gib"] = max(s["peak_rss_gib"] or 0.0, float(u["peak_rss_gib"]))
         s["wall_s"] += u["unit_wall_s"]
         s["cpu_s"] += u["unit_cpu_s"]
     planned = [stem for stem, _ in plan_units(replace(cfg, stages=STAGES))]  # a --stages run is part of the whole
