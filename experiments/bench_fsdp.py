@@ -72,9 +72,9 @@ def child(spec: dict) -> None:
            "loadavg": os.getloadavg()[0]}
     with open(Path(spec["out"]) / f"rank{t.rank}.json", "w") as f:
         json.dump(rec, f)
-    import torch.distributed as dist
+    from seco_lab.training.launch import leave_process_group
 
-    dist.destroy_process_group()
+    leave_process_group(0)  # no interpreter teardown: a live gloo thread there can abort a finished rank
 
 
 def _free_port() -> int:

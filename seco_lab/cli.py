@@ -227,6 +227,9 @@ def train_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         cfg, run = resolve_train_config(vars(ns))
     except (ValueError, OSError) as e:
         return fail("train", e)
+    import torch.distributed as dist
+
+    from .training.launch import leave_process_group
     from .training.run_dir import RunDirError
     from .training.trainer import Trainer, init_distributed_from_env
 
@@ -235,14 +238,17 @@ def train_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         trainer = Trainer(cfg, run)
         trainer.prepare()
     except (ValueError, OSError, ImportError, RunDirError) as e:  # bad input, missing files or extras: a message
-        return fail("train", e)
-    try:
-        return run_training(trainer, cfg, run)
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        code = fail("train", e)
+    else:
+        try:
+            code = run_training(trainer, cfg, run)
+        except BaseException:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            raise
+    if dist.is_initialized():  # under torchrun: leave without the interpreter's teardown (its docstring says why)
+        leave_process_group(code)
+    return code
 
 
 def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:

@@ -26,6 +26,7 @@ from helpers import rel_err
 
 from seco_lab.config import RunControl, TrainConfig
 from seco_lab.estimators.schemes import Sampler
+from seco_lab.training.launch import leaving_process_group
 from seco_lab.training.run_dir import checkpoint_steps, read_metrics
 from seco_lab.training.sharding import ShardingError, count_collectives
 from seco_lab.training.trainer import Trainer
@@ -111,7 +112,7 @@ def _worker(rank, world, init_file, jobs, root):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))  # a hang fails the test instead of stalling it
     torch.set_num_threads(1)
-    try:
+    with leaving_process_group():  # exits the worker without the interpreter's teardown (see its docstring)
         for spec in jobs:
             if "copy" in spec:  # rank 0 copies a run directory (a checkpoint for the 1-process resume)
                 if rank == 0:
@@ -121,8 +122,6 @@ def _worker(rank, world, init_file, jobs, root):
             res = run_job(spec, root, resume=spec.get("resume", False))
             if rank == 0:
                 torch.save(res, root / f"{spec['name']}{'.resumed' if spec.get('resume') else ''}.result.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def launch(jobs, root):

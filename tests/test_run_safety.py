@@ -370,3 +370,41 @@ def test_a_file_that_is_no_checkpoint_falls_back_to_the_earlier_one(tmp_path):
         assert t.step == 2  # ckpt_every=2: the checkpoint before step 4
     finally:
         t.close()
+
+
+LEAVE = """
+import atexit, datetime, pathlib, sys
+import torch.distributed as dist
+from seco_lab.training.launch import leave_process_group, leaving_process_group
+out, how = pathlib.Path(sys.argv[1]), sys.argv[2]
+atexit.register(lambda: (out / "teardown").write_text("ran"))
+dist.init_process_group("gloo", init_method=f"file://{out / 'init'}", rank=0, world_size=1,
+                        timeout=datetime.timedelta(seconds=60))
+if how == "code":
+    print("work done", flush=False)
+    leave_process_group(3)
+with leaving_process_group():
+    if how == "raise":
+        raise RuntimeError("a failing worker")
+    print("work done", flush=False)
+print("never reached")
+"""
+
+
+@pytest.mark.parametrize("how, code", [("code", 3), ("block", 0), ("raise", 1)])
+def test_a_distributed_process_leaves_with_its_code_its_output_and_no_interpreter_teardown(tmp_path, how, code):
+    """leave_process_group: the exit status is the given code, stdout is flushed, and the interpreter's teardown
+    (where a live gloo thread can abort a finished rank) is skipped -- an atexit handler never runs; an exception
+    inside leaving_process_group propagates with its traceback (and then the interpreter exits normally)."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", LEAVE, str(tmp_path), how], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == code, p.stderr
+    if how == "raise":
+        assert "RuntimeError: a failing worker" in p.stderr
+        assert (tmp_path / "teardown").exists()  # an ordinary exit: atexit ran
+    else:
+        assert "work done" in p.stdout and "never reached" not in p.stdout
+        assert not (tmp_path / "teardown").exists()

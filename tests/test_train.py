@@ -13,6 +13,7 @@ from helpers import rel_err
 
 from seco_lab.config import RunControl, TrainConfig
 from seco_lab.estimators.schemes import SCHEME_NAMES, get_scheme
+from seco_lab.training.launch import leaving_process_group
 from seco_lab.training.run_dir import read_metrics
 from seco_lab.training.step import allreduce_mean, lr_factor
 from seco_lab.training.trainer import NonFiniteLoss, Trainer
@@ -63,13 +64,11 @@ def _dist_worker(rank, world, init_file, cfg_dict, run_dict, out):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))  # a hang fails the test instead of stalling it
     torch.set_num_threads(1)
-    try:
+    with leaving_process_group():  # exits the worker without the interpreter's teardown (see its docstring)
         t = Trainer(TrainConfig.from_dict(cfg_dict), RunControl(**run_dict))
         t.fit()
         if rank == 0:
             torch.save({"params": params_of(t), "allreduce_calls": t.allreduce_calls}, out)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ the logits to float32, which would hide float64 agreement).
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
@@ -17,6 +16,7 @@ from transformers import Trainer, TrainingArguments
 
 from seco_lab.integrations.transformers import SeCOArguments, SeCOTrainer
 from seco_lab.models.hf import add_lora, build_hf_model
+from seco_lab.training.launch import leave_process_group
 
 VOCAB = 64
 PAD = 0
@@ -129,12 +129,4 @@ if __name__ == "__main__":  # the 2-process worker: python -m torch.distributed.
         torch.save({"before": before, "after": trainable_state(trainer.model), "ddp_hook_calls": calls["ddp"],
                     "seco_allreduce_calls": getattr(trainer, "seco_allreduce_calls", 0),
                     "world": dist.get_world_size(), "log": trainer.state.log_history}, f"{out}/result.pt")
-    # leave in order: every rank done, the process group destroyed, then exit without the interpreter's teardown
-    # (a gloo worker thread still alive at C++ static destruction aborts with 'terminate called without an active
-    # exception' on a loaded machine: seen once as exit -6 in a fresh-clone suite)
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_process_group(0)  # every rank done, the group destroyed, no interpreter teardown (see its docstring)
