@@ -349,9 +349,12 @@ def main(argv=None) -> int:
     if argv and argv[0] == "plot":
         return plot_main(argv[1:])
     if argv and argv[0] == "audit":
-        from .studies.audit import main as audit_main
+        from .studies.audit.options import build_parser as audit_parser
 
-        return audit_main(argv[1:])
+        ns = audit_parser().parse_args(argv[1:])  # --help and usage errors before torch is imported
+        from .studies.audit.driver import run_args
+
+        return run_args(ns)
     if argv and argv[0] == "train":
         return train_main(train, argv[1:])
     commands = ("train", "plot", "study", "bias-study", "report", "audit")

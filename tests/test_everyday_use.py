@@ -9,12 +9,15 @@ import pytest
 from seco_lab.cli import end_summary
 from seco_lab.cli import main as cli_main
 
+HEAVY = ("torch", "pandas", "scipy")  # each costs a second or more to import
+
 
 def _imports_torch(*args) -> tuple[bool, str]:
+    """Whether the command imported torch, pandas or scipy (and what it printed)."""
     code = ("import sys\nfrom seco_lab.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+            f"print('HEAVY', [m for m in {HEAVY!r} if m in sys.modules])")
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
-    return proc.stdout.strip().endswith("NO-TORCH") is False, proc.stdout + proc.stderr
+    return proc.stdout.strip().endswith("HEAVY []") is False, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("args", [
@@ -27,9 +30,14 @@ def _imports_torch(*args) -> tuple[bool, str]:
     ["trian"],                        # misspelt command
     ["report", "--help"],             # 3.7 s before (the report modules imported first)
     ["report", "nope"],               # unknown report
+    *([*c, "--help"] for c in (["study", "bias"], ["study", "train"], ["study", "real"], ["study", "audit"],
+                               ["bias-study"], ["audit"])),  # 3-5 s each before (issue 19, campaign 5 T1)
+    ["study", "bias", "--draws", "x"],
+    ["audit", "--budgets", "x"],
+    ["audit", "--stages", "nope"],
 ])
 def test_help_and_refusals_do_not_import_torch(args):
-    """torch costs seconds to import: --help and every refusal of bad input must come before it."""
+    """torch, pandas and scipy cost seconds to import: --help and every refusal of bad input come before them."""
     imported, out = _imports_torch(*args)
     assert not imported, out
 

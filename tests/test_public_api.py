@@ -48,3 +48,28 @@ def test_every_module_declares_all():
         if path.name != "__main__.py" and "__all__" not in names:
             missing.append(str(path.relative_to(ROOT)))
     assert not missing, f"modules without __all__: {missing}"
+
+
+def test_lazy_package_fronts_export_every_name_of_their_all_and_refuse_unknown_ones():
+    """The study packages' fronts import their modules on first use (seco_lab._lazy): every name of __all__
+    resolves to the object of the module it comes from, dir() lists it, an unknown name is an AttributeError,
+    and a name exported by two modules is refused when the table is built."""
+    import importlib
+
+    import pytest
+
+    from seco_lab._lazy import lazy_exports
+
+    for name in ("seco_lab.studies.bias", "seco_lab.studies.audit", "seco_lab.studies.train"):
+        pkg = importlib.import_module(name)
+        for export in pkg.__all__:
+            assert export in dir(pkg)
+            assert getattr(pkg, export) is not None
+        with pytest.raises(AttributeError, match="no attribute 'nope'"):
+            _ = pkg.nope
+    from seco_lab.studies.audit import run_audit
+    from seco_lab.studies.audit.driver import run_audit as from_driver
+
+    assert run_audit is from_driver
+    with pytest.raises(ValueError, match="'x' is exported by both .a and .b"):
+        lazy_exports("pkg", {".a": ["x"], ".b": ["x", "y"]})

@@ -260,23 +260,23 @@ register(Study("bias", "every SpaCO compensation scheme against the exact gradie
                "budgets t and seeds.", results="reports/bias_study", report_file="reports/bias_study.md",
                quick_results="reports/_work/bias_study_quick", report="seco_lab.report.bias:bias_report",
                run="seco_lab.studies.bias.driver:run_from_args",
-               add_arguments="seco_lab.studies.bias.driver:add_arguments",
+               add_arguments="seco_lab.studies.bias.options:add_arguments",
                produce="`make bias-study` (`seco-lab study bias`, alias `seco-lab bias-study`)"))
 register(Study("train", "does the bias change what a model learns? every scheme trained against SeCO.",
                results="reports/training_study", report_file="reports/training_study.md",
                quick_results="reports/_work/training_study_quick", aliases=("training-study",),
                report="seco_lab.studies.train.report:training_study_report",
                run="seco_lab.studies.train.driver:run_from_args",
-               add_arguments="seco_lab.studies.train.driver:add_arguments"))
+               add_arguments="seco_lab.studies.train.options:add_arguments"))
 register(Study("real", "hop strata and each scheme's exact bias on the pretrained SmolLM2-135M (stdlib text).",
                results="reports/real_study/k16x16", report_file="reports/real_study.md",
                report="seco_lab.report.real:real_report", run="seco_lab.studies.real:run_from_args",
-               add_arguments="seco_lab.studies.real:add_arguments"))
+               add_arguments="seco_lab.studies.real_config:add_arguments"))
 register(Study("audit", "a gradient estimator audited on SmolLM2-135M at k = 128: strata with the remainder, exact "
                "bias, sampling against data noise, cost, equal compute.", results="reports/audit/k128",
                report_file="reports/audit.md", quick_results="reports/_work/audit_quick",
                report="seco_lab.report.audit:write_report", run="seco_lab.studies.audit.driver:run_from_args",
-               add_arguments="seco_lab.studies.audit.driver:add_arguments",
+               add_arguments="seco_lab.studies.audit.options:add_arguments",
                produce="`make audit` (`seco-lab study audit`, or `seco-lab audit --committed`)"))
 register(Study("bench", "time and memory of every method as sequences grow (benchmarks in experiments/).",
                results="reports/bench", report_file="reports/benchmarks.md",

@@ -13,22 +13,21 @@ in :mod:`seco_lab.studies.audit.stats` and derived in docs/audit.md.
     seq = load_sequence(out, "s00")          # the model, tokens and targets of a stored sequence
 """
 
-from .config import COMMITTED, DEFAULT, QUICK, STAGES, AuditConfig
-from .driver import DEFAULT_OUT, main, run_audit
-from .plan import plan_units
-from .sources import AuditSequence, SequenceSpec, build_model, load_sequence, sequence_specs, sequence_tokens
-from .stats import (
-    crossover_batch,
-    data_noise,
-    equal_compute_mse,
-    mc_stats,
-    population_terms,
-    remainder_bound,
-    strata_bias,
-)
-from .tables import write_results
+from ..._lazy import lazy_exports
 
 __all__ = ["AuditConfig", "AuditSequence", "COMMITTED", "DEFAULT", "DEFAULT_OUT", "QUICK", "STAGES", "SequenceSpec",
            "build_model", "crossover_batch", "data_noise", "equal_compute_mse", "load_sequence", "main", "mc_stats",
            "plan_units", "population_terms", "remainder_bound", "run_audit", "sequence_specs", "sequence_tokens",
            "strata_bias", "write_results"]
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    ".config": ["COMMITTED", "DEFAULT", "QUICK", "STAGES", "AuditConfig"],
+    ".driver": ["DEFAULT_OUT", "main", "run_audit"],
+    ".plan": ["plan_units"],
+    ".sources": ["AuditSequence", "SequenceSpec", "build_model", "load_sequence", "sequence_specs", "sequence_tokens"],
+    ".stats": [
+        "crossover_batch", "data_noise", "equal_compute_mse", "mc_stats", "population_terms", "remainder_bound",
+        "strata_bias"
+    ],
+    ".tables": ["write_results"],
+})

@@ -26,17 +26,16 @@ from tqdm.auto import tqdm
 
 from ... import store
 from ...folder_lock import LOCK_NAME, FolderBusy, locked
-from ..registry import check_report_target, path_arg
+from ..registry import check_report_target
 from . import measure
-from .config import COMMITTED, DEFAULT, QUICK, STAGES, AuditConfig
+from .config import COMMITTED, DEFAULT, QUICK, AuditConfig
+from .options import DEFAULT_OUT, add_arguments, build_parser
 from .plan import data_name, plan_units, sequence_sets
 from .sources import SequenceSpec, check_model_name
 from .tables import check_units, load_units, stale_reason, write_results
 
 __all__ = ["run_audit", "main", "build_parser", "add_arguments", "run_from_args", "config_from_args",
-           "check_audit_out", "rewrite_tables", "AUDIT_FILES", "DEFAULT_OUT"]
-
-DEFAULT_OUT = Path("audit-results")
+           "check_audit_out", "rewrite_tables", "AUDIT_FILES", "DEFAULT_OUT", "run_args"]
 
 
 def _check_folder(cfg: AuditConfig, out: Path) -> None:
@@ -214,49 +213,6 @@ def _restore_vectors(cfg: AuditConfig, out: Path, stage: str, specs: dict[str, S
 # --------------------------------------------------------------------------- command line
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="seco-lab audit", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="a tiny random HF Llama, < 2 minutes (tests, first look)")
-    ap.add_argument("--out", type=path_arg, default=None, help=f"results folder (default: ./{DEFAULT_OUT})")
-    ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument("--report", type=path_arg, default=None, help="also write the Markdown report here")
-    ap.add_argument("--tables-only", action="store_true",
-                    help="rewrite the tables (and the report) of --out from its stored units; compute nothing")
-    add_arguments(ap)
-    return ap
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    """The audit's own options (also for a study registry's ``seco-lab study audit``)."""
-    d = DEFAULT
-    ap.add_argument("--committed", action="store_true", help="the committed study's settings (issue 21 §4)")
-    ap.add_argument("--model", help=f"smollm2-135m | a .gguf file | a local HF folder | tiny | hf-llama "
-                                    f"(default: {d.model})")
-    ap.add_argument("--params", choices=["lora", "full"])
-    ap.add_argument("--lora-r", type=int)
-    ap.add_argument("--lora-alpha", type=int)
-    ap.add_argument("--lora-targets", nargs="+")
-    ap.add_argument("--texts", nargs="+", metavar="[KIND:]PATH",
-                    help="text files or folders (windows come from the first 16 MiB of each file)")
-    ap.add_argument("--length", type=int, help=f"tokens per sequence (default: {d.length})")
-    ap.add_argument("--chunk-size", type=int, help=f"(default: {d.chunk_size})")
-    ap.add_argument("--dtype", choices=["float32", "float64"])
-    ap.add_argument("--budgets", type=int, nargs="+", metavar="T")
-    ap.add_argument("--schemes", nargs="+")
-    ap.add_argument("--max-hops", type=int, metavar="P")
-    ap.add_argument("--num-sequences", type=int)
-    ap.add_argument("--mc-draws", type=int)
-    ap.add_argument("--mc-budgets", type=int, nargs="+", metavar="T")
-    ap.add_argument("--mc-sequences", type=int)
-    ap.add_argument("--cost-sequences", type=int)
-    ap.add_argument("--cost-draws", type=int)
-    ap.add_argument("--data-sequences", type=int)
-    ap.add_argument("--data-length", type=int)
-    ap.add_argument("--threads", type=int)
-    ap.add_argument("--stages", nargs="+", choices=STAGES)
-
-
 def run_from_args(args: argparse.Namespace) -> int:
     """Run the audit an argument namespace describes (``add_arguments`` plus quick/out/progress): for a study
     registry; ``--out`` defaults to the committed folder with --committed."""
@@ -282,8 +238,12 @@ def config_from_args(ns: argparse.Namespace) -> AuditConfig:
 
 
 def main(argv=None) -> int:
-    ap = build_parser()
-    ns = ap.parse_args(argv)
+    """``seco-lab audit ARGS``."""
+    return run_args(build_parser().parse_args(argv))
+
+
+def run_args(ns: argparse.Namespace) -> int:
+    """``seco-lab audit`` on parsed options (:func:`seco_lab.studies.audit.options.build_parser`)."""
     out = ns.out or (Path("audit-quick") if ns.quick else DEFAULT_OUT)
     try:
         if ns.report is not None:  # before anything is computed: never over a user's file or a folder

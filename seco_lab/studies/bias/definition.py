@@ -38,6 +38,7 @@ import torch
 
 from ...estimators.schemes import Scheme, get_scheme
 from ...models.tiny import TinyConfig, TinyTransformer
+from .options import DEFAULT_DRAWS, DEFAULT_PAPER_DRAWS, QUICK_DRAWS, QUICK_PAPER_DRAWS
 
 __all__ = [
     "BERNOULLI", "CHECK_COLUMNS", "CONVERGENCE_COLUMNS", "DEFAULT", "FALLING_FACTORIAL", "GROUP_COLUMNS",
@@ -106,7 +107,7 @@ class StudyConfig:
     chunk_counts: tuple[int, ...] = (4, 8, 16)
     budgets: dict = field(default_factory=lambda: {4: (1, 2, 3, 4), 8: (1, 2, 3, 4, 8), 16: (1, 2, 3, 4, 8, 16)})
     seeds: tuple[int, ...] = (0, 1, 2)
-    draws: int = 10_000
+    draws: int = DEFAULT_DRAWS
     batches: int = 50
     ci_level: float = 0.95
     base_seed: int = 20250607
@@ -122,7 +123,7 @@ class StudyConfig:
     paper_cells: tuple[tuple[int, int], ...] = ((2, 128), (4, 128), (2, 256))
     paper_budgets: tuple[int, ...] = (8, 16, 32)
     paper_seeds: tuple[int, ...] = (0, 1)
-    paper_draws: int = 30
+    paper_draws: int = DEFAULT_PAPER_DRAWS
     paper_batches: int = 10
 
     def groups(self) -> list[tuple[int, int, int]]:
@@ -159,8 +160,8 @@ class StudyConfig:
 
 DEFAULT = StudyConfig()
 QUICK = replace(DEFAULT, depths=(1, 2), chunk_counts=(4, 8), budgets={4: (1, 2, 4), 8: (1, 2, 3, 8)}, seeds=(0, 1),
-                draws=2000, paper_cells=((2, 32),), paper_budgets=(2, 8), paper_seeds=(0,), paper_draws=12,
-                paper_batches=3)
+                draws=QUICK_DRAWS, paper_cells=((2, 32),), paper_budgets=(2, 8), paper_seeds=(0,),
+                paper_draws=QUICK_PAPER_DRAWS, paper_batches=3)
 
 
 def seed_sequence(cfg: StudyConfig, n_layers: int, num_chunks: int, seed: int, purpose: Purpose,

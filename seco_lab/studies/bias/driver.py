@@ -39,6 +39,7 @@ from .definition import (
     StudyConfig,
 )
 from .group import run_group
+from .options import COST_GUARD_HOURS, MAX_DRAWS, MAX_PAPER_DRAWS, add_arguments
 from .paper import run_paper_group
 
 __all__ = [
@@ -188,30 +189,9 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, fresh: bool = False, p
     return manifest
 
 
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    """The bias study's own options of ``seco-lab study bias`` (``seco_lab.studies.registry`` adds the common ones)."""
-    ap.add_argument("--draws", type=int, default=None,
-                    help=f"Monte Carlo draws per cell and sampler (default: {DEFAULT.draws}, {QUICK.draws} "
-                         "with --quick; rounded down to a multiple of the batch count)")
-    ap.add_argument("--paper-draws", type=int, default=None,
-                    help=f"Monte Carlo draws per paper-settings cell and sampler (default: {DEFAULT.paper_draws}, "
-                         f"{QUICK.paper_draws} with --quick; rounded down to a multiple of the batch count; 0 skips "
-                         "the paper-settings groups)")
-    ap.add_argument("--arch", default="tiny", choices=("tiny", "hf-llama", "hf-qwen2"),
-                    help="model of every cell (HF architectures need the [hf] extra; the default folder gets the "
-                         "suffix _ARCH)")
-    ap.add_argument("--force", action="store_true",
-                    help=f"run a study estimated above {COST_GUARD_HOURS} hours of worker time (refused otherwise)")
-
-
-#: the most Monte Carlo draws per cell and sampler the command line takes (1000 times the defaults): beyond it
-#: a draw count is a typo, not a study
-MAX_DRAWS, MAX_PAPER_DRAWS = 1000 * DEFAULT.draws, 1000 * DEFAULT.paper_draws
 #: rough worker rates, measured on the committed study (one core): chain-basis draws per second, and seconds
 #: per paper-settings draw at k = 128 (growing about as k squared)
 CHAIN_DRAWS_PER_SECOND, PAPER_SECONDS_PER_DRAW_K128 = 10_000, 0.4
-#: a study estimated above this much worker time is refused unless --force
-COST_GUARD_HOURS = 48
 
 
 def estimated_worker_seconds(cfg: StudyConfig) -> float:

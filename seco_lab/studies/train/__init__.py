@@ -17,10 +17,14 @@ trainer's learning-rate schedule and chunk gradient (:mod:`seco_lab.training.ste
   :mod:`.equal_finals`, :mod:`.equal_format` -- its equal-compute sections.
 """
 
-from .runner import Arm, RunSpec, TrainSettings, train_run
-from .stats import detectable_difference, paired_difference, t_interval
-from .study import StudyConfig, default_arms, quick_config, run_study
-from .task import RecallBatch, RecallTask
+from ..._lazy import lazy_exports
 
 __all__ = ["Arm", "RecallBatch", "RecallTask", "RunSpec", "StudyConfig", "TrainSettings", "default_arms",
            "detectable_difference", "paired_difference", "quick_config", "run_study", "t_interval", "train_run"]
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    ".runner": ["Arm", "RunSpec", "TrainSettings", "train_run"],
+    ".stats": ["detectable_difference", "paired_difference", "t_interval"],
+    ".study": ["StudyConfig", "default_arms", "quick_config", "run_study"],
+    ".task": ["RecallBatch", "RecallTask"],
+})

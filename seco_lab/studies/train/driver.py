@@ -14,18 +14,10 @@ import json
 from pathlib import Path
 
 from .extensions import extension_plan, folder_configs, tier_folders, write_costs
+from .options import add_arguments
 from .study import StudyConfig, collect_partial, quick_config, run_study
 
 __all__ = ["add_arguments", "run_from_args"]
-
-
-def add_arguments(ap) -> None:
-    """The training study's own options of ``seco-lab study train``."""
-    ap.add_argument("--collect-only", action="store_true",
-                    help="assemble the runs finished so far (status 'partial') without running anything")
-    ap.add_argument("--part", default="all",
-                    help="'main' (issue 14's study), 'extensions' (issue 22's tiers in priority order: equal compute, "
-                         "replays with noise probes, L = 4, ...), one tier's name, or 'all' (default)")
 
 
 def run_from_args(args) -> int:
