@@ -56,6 +56,7 @@ class HFBenchConfig:
     warmup: int = 1  # untimed rounds before the timed ones
     seed: int = 0
     threads: int | None = None
+    pass1_tokens: int | None = -1  # -1: the adapter's own (HFChunkModel.pass1_tokens); 0: pass 1 chunk by chunk
     hidden_size: int = SMOLLM2_135M["hidden_size"]
     intermediate_size: int = SMOLLM2_135M["intermediate_size"]
     vocab_size: int = SMOLLM2_135M["vocab_size"]
@@ -109,6 +110,8 @@ def build(cfg: HFBenchConfig, n: int, lora: bool):
         model = add_lora(model, r=8, alpha=16)
     model.train()  # HF gradient checkpointing is active in training mode only; dropout is 0
     adapter = HFChunkModel(model)
+    if cfg.pass1_tokens is not None and cfg.pass1_tokens >= 0:
+        adapter.pass1_tokens = cfg.pass1_tokens or None
     gen = torch.Generator().manual_seed(cfg.seed)
     tokens = torch.randint(0, cfg.vocab_size, (1, n + 1), generator=gen)
     return model, adapter, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
@@ -285,6 +288,9 @@ def main(argv=None):
     ap.add_argument("--profile", type=int, default=None,
                     help="length of the profiled SeCO step (at the first chunk size)")
     ap.add_argument("--profile-lora", action="store_true", help="profile the LoRA model")
+    ap.add_argument("--pass1-tokens", type=int, default=None,
+                    help="tokens the engine's pass 1 forwards at once (default: the adapter's, 512; 0: chunk by chunk, "
+                         "the engine before pass-1 spans)")
     ap.add_argument("--tag", default="after", help="label of this run in the CSV (e.g. before/after a change)")
     ap.add_argument("--out", type=Path, default=Path("reports/bench"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -301,7 +307,8 @@ def main(argv=None):
     over = {"n_layers": a.layers, "lengths": tuple(a.lengths) if a.lengths else None, "rounds": a.rounds,
             "methods": tuple(a.methods) if a.methods else None, "schemes": tuple(a.schemes) if a.schemes else None,
             "lora": (False,) if a.no_lora else (True,) if a.lora_only else None, "warmup": a.warmup,
-            "chunk_sizes": tuple(a.chunk_sizes) if a.chunk_sizes else None, "draws": a.draws, "threads": a.threads}
+            "chunk_sizes": tuple(a.chunk_sizes) if a.chunk_sizes else None, "draws": a.draws, "threads": a.threads,
+            "pass1_tokens": a.pass1_tokens}
     cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
     t0 = time.perf_counter()
     run(cfg, a.out, a.tag, memory=not a.no_memory, profile_length=a.profile, timing=not a.no_time,

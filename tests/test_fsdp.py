@@ -148,13 +148,22 @@ def expected_counts(spec, work: dict, hf=False) -> dict:
 
 
 def engine_work(spec) -> dict:
-    """F and B of one optimizer step: per micro-batch, SeCO runs k - 1 no-grad chunk forwards (the last
-    chunk's cache is never read) and k rebuilds, each with one backward; constant-relay SpaCO runs k
-    no-grad forwards and t rebuilds with one backward each."""
+    """F and B of one optimizer step: per micro-batch, SeCO's pass 1 forwards k - 1 chunks without a graph
+    (the last chunk's cache is never read) and runs k rebuilds, each with one backward; constant-relay SpaCO
+    forwards k chunks without a graph and runs t rebuilds with one backward each.  Pass 1 takes one forward
+    per span of chunks (seco_lab.core.engine.pass1_span: the HF model forwards up to pass1_tokens at once,
+    the tiny model one chunk at a time)."""
+    from seco_lab.models.hf import HFChunkModel
+
     c = spec["cfg"]
+    span = max(1, HFChunkModel.pass1_tokens // c["chunk_size"]) if c.get("hf_model") else 1
+
+    def pass1(n):
+        return -(-n // span)
+
     if c["mode"] == "seco":
-        return {"forward": c["grad_accum"] * (2 * K - 1), "backward": c["grad_accum"] * K}
-    return {"forward": c["grad_accum"] * (K + c["budget"]), "backward": c["grad_accum"] * c["budget"]}
+        return {"forward": c["grad_accum"] * (pass1(K - 1) + K), "backward": c["grad_accum"] * K}
+    return {"forward": c["grad_accum"] * (pass1(K) + c["budget"]), "backward": c["grad_accum"] * c["budget"]}
 
 
 def check_against_single_process(jobs, root, hf=False):

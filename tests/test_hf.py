@@ -134,6 +134,41 @@ def test_cache_leaves_hold_the_kv_cache_once():
     assert len(storages) == 2 * cfg.num_hidden_layers and sum(storages.values()) == kv_bytes
 
 
+@pytest.mark.parametrize("with_loss", [False, True])
+def test_pass1_in_spans_gives_the_chunk_by_chunk_leaves_with_fewer_forwards(with_loss):
+    """Pass 1 forwards whole spans of chunks (HFChunkModel.pass1_tokens, split along cache_seq_dim): the
+    leaves, and the loss, equal those of a chunk-by-chunk pass 1 to float64 rounding, keep each chunk's
+    length, stay adjacent views of one buffer, and take ceil(k / span) forwards instead of k."""
+    from seco_lab.core.engine import cache_leaves, checked_batch, pass1_span
+
+    adapter = HFChunkModel(build_hf_model("llama", attn_implementation="sdpa", dtype=torch.float64))
+    tok, tgt = tokens(batch=2, length=45)
+    batch = checked_batch(adapter, tok, tgt, chunk_size=4)  # k = 12, the last chunk 1 token
+    calls = []
+    forward = adapter.chunk_forward
+    adapter.chunk_forward = lambda tok, *a, **kw: calls.append(tok.shape[1]) or forward(tok, *a, **kw)
+    adapter.pass1_tokens = 20  # spans of 5 chunks: 5 + 5 + 2
+    assert pass1_span(adapter, 4) == 5
+    spans, loss = cache_leaves(adapter, batch, with_loss=with_loss)
+    assert calls == [20, 20, 5]
+    adapter.pass1_tokens = None  # chunk by chunk
+    calls.clear()
+    single, ref = cache_leaves(adapter, batch, with_loss=with_loss)
+    assert calls == [4] * 11 + [1]
+    assert len(spans) == len(single) == 12
+    for a, b in zip(spans, single):
+        for (ka, va), (kb, vb) in zip(a, b):
+            assert ka.shape == kb.shape and va.shape == vb.shape and ka.requires_grad and ka.is_leaf
+            assert float((ka - kb).abs().max()) <= 1e-13 * float(kb.abs().max())
+            assert float((va - vb).abs().max()) <= 1e-13 * float(vb.abs().max())
+    if with_loss:
+        assert abs(float(loss - ref)) <= 1e-13 * abs(float(ref))
+    from seco_lab.models.hf_attention import adjacent_view
+
+    for layer in range(adapter.n_layers):
+        assert adjacent_view([cache[layer][0] for cache in spans]) is not None
+
+
 COPYING_OPS = ("aten.cat", "aten.stack", "aten.copy_", "aten.clone", "aten._to_copy", "aten.contiguous")
 
 

@@ -151,9 +151,17 @@ class ChunkedBatch:
         return ceil_div(self.length, self.chunk_size)
 
     def chunk(self, j: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        return self.span(j, 1)
+
+    def span(self, j: int, m: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(tokens, targets, start) of the m chunks j..j+m-1 together (the last may be shorter)."""
         s = j * self.chunk_size
-        e = min(s + self.chunk_size, self.length)
+        e = min(s + m * self.chunk_size, self.length)
         return self.tokens[:, s:e], self.targets[:, s:e], s
+
+    def chunk_lengths(self, j: int, m: int) -> list[int]:
+        """Token counts of the chunks j..j+m-1."""
+        return [min(self.chunk_size, self.length - i * self.chunk_size) for i in range(j, j + m)]
 
 
 def as_token_matrix(x, what: str) -> torch.Tensor:

@@ -132,6 +132,11 @@ class HFChunkModel(nn.Module):
     # a sweep runs one backward product per relay label: vmap has no batching rule for the attention
     # kernels' backward on CPU and would loop over the labels anyway (seco_lab.core.engine.backward_sweep)
     batched_backward = False
+    # the engine's pass 1 (no graph) forwards up to this many tokens at once, whole chunks, and splits their
+    # keys/values, (B, H_kv, T, d), along the sequence axis into the chunks' leaves
+    # (seco_lab.core.engine.pass1_span)
+    pass1_tokens = 512
+    cache_seq_dim = -2
 
     def __init__(self, model: nn.Module, chunk_attention: bool = True):
         super().__init__()
