@@ -233,8 +233,9 @@ def train_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     from .training.run_dir import RunDirError
     from .training.trainer import Trainer, init_distributed_from_env
 
+    created = False  # a process group this command created (under torchrun), not one of its caller
     try:
-        init_distributed_from_env()
+        created = init_distributed_from_env()
         trainer = Trainer(cfg, run)
         trainer.prepare()
     except (ValueError, OSError, ImportError, RunDirError) as e:  # bad input, missing files or extras: a message
@@ -243,10 +244,10 @@ def train_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         try:
             code = run_training(trainer, cfg, run)
         except BaseException:
-            if dist.is_initialized():
+            if created and dist.is_initialized():
                 dist.destroy_process_group()
             raise
-    if dist.is_initialized():  # under torchrun: leave without the interpreter's teardown (its docstring says why)
+    if created and dist.is_initialized():  # under torchrun: leave without the interpreter's teardown (see its doc)
         leave_process_group(code)
     return code
 

@@ -302,3 +302,24 @@ def test_chunk_attention_equals_explicit_softmax(kv_heads):
         assert max(float((a - b).abs().max()) for a, b in zip(grads, ref_grads)) <= 1e-13
     # a full-sequence or padded call is not the chunk pattern: transformers' own sdpa mask
     assert not isinstance(chunk_sdpa_mask(2, c, c, dtype=torch.float64, config=cfg), ChunkCausal)
+
+
+def test_a_pass1_span_with_a_loss_keeps_its_logits_under_the_bound():
+    """With a loss, a span's logits (span x batch x vocabulary, at >= 4 bytes) stay under PASS1_LOGITS_BYTES,
+    and never below one chunk; without a loss only pass1_tokens counts; a model that does not declare its cache
+    axis is forwarded chunk by chunk."""
+    from types import SimpleNamespace
+
+    from seco_lab.core.checks import PASS1_LOGITS_BYTES
+    from seco_lab.core.engine import pass1_span
+
+    param = torch.zeros(1)
+    model = SimpleNamespace(pass1_tokens=512, cache_seq_dim=-2, vocab_size=49152, parameters=lambda: iter([param]))
+    assert pass1_span(model, 64) == 8 and pass1_span(model, 64, with_loss=False, batch_size=8) == 8
+    assert pass1_span(model, 64, with_loss=True) == PASS1_LOGITS_BYTES // (64 * 49152 * 4) == 5
+    assert pass1_span(model, 128, with_loss=True) == 2
+    assert pass1_span(model, 64, with_loss=True, batch_size=8) == 1  # one chunk's logits exceed the bound
+    assert pass1_span(model, 1024, with_loss=True) == 1
+    model.parameters = lambda: iter([torch.zeros(1, dtype=torch.float64)])
+    assert pass1_span(model, 64, with_loss=True) == PASS1_LOGITS_BYTES // (64 * 49152 * 8) == 2
+    assert pass1_span(SimpleNamespace(pass1_tokens=512), 64) == 1

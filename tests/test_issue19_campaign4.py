@@ -446,3 +446,26 @@ def test_the_bias_report_prices_unbiasedness_at_matched_scale(tmp_path):
 
     assert shown[0] == pytest.approx(ratio("noise_to_signal"), rel=2e-3)
     assert shown[1] == pytest.approx(ratio("rel_var"), rel=2e-3)
+
+
+def test_cost_units_of_engines_that_ran_pass_1_differently_are_not_averaged(tiny_audit, tmp_path, capsys):
+    """A cost unit records how its engine ran pass 1 (pass1_tokens; none recorded: chunk by chunk, as before
+    pass-1 spans); units that differ make --tables-only and the report refuse, naming them, instead of averaging
+    times that do not compare into the equal-compute table."""
+    import json
+    import shutil
+
+    from seco_lab.cli import main
+
+    folder = tmp_path / "a"
+    shutil.copytree(tiny_audit, folder)
+    unit = json.loads((folder / "units" / "cost-s00.json").read_text())
+    assert "pass1_tokens" in unit and unit["pass1_tokens"] is None  # the tiny model: chunk by chunk
+    (folder / "units" / "cost-s01.json").write_text(json.dumps({**unit, "unit": "cost-s01", "sequence": "s01",
+                                                                "pass1_tokens": 512}))
+    assert main(["audit", "--tables-only", "--out", str(folder), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "cost units measured by engines that ran pass 1 differently (cost-s00: pass 1 chunk by chunk; " \
+           "cost-s01: pass 1 in spans of 512 tokens)" in err, err
+    (folder / "units" / "cost-s01.json").write_text(json.dumps({**unit, "unit": "cost-s01", "sequence": "s01"}))
+    assert main(["audit", "--tables-only", "--out", str(folder), "--no-progress"]) == 0

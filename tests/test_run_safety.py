@@ -408,3 +408,28 @@ def test_a_distributed_process_leaves_with_its_code_its_output_and_no_interprete
     else:
         assert "work done" in p.stdout and "never reached" not in p.stdout
         assert not (tmp_path / "teardown").exists()
+
+
+CALLER_GROUP = """
+import datetime, pathlib, sys
+import torch.distributed as dist
+from seco_lab.cli import main
+out = pathlib.Path(sys.argv[1])
+dist.init_process_group("gloo", init_method=f"file://{out / 'init'}", rank=0, world_size=1,
+                        timeout=datetime.timedelta(seconds=60))
+(out / "afile").write_text("a file, not a folder")
+code = main(["train", "--data", "synthetic", "--steps", "1", "--run-dir", str(out / "afile" / "sub")])
+print("caller continues", code, dist.is_initialized(), flush=True)
+"""
+
+
+def test_train_called_in_a_process_that_has_a_process_group_returns_and_leaves_the_group(tmp_path):
+    """'seco-lab train' leaves (os._exit) only a process group it created itself under torchrun: called from code
+    that has its own group, it returns its exit status and the caller's group stays."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", CALLER_GROUP, str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "caller continues 2 True" in p.stdout, p.stdout + p.stderr

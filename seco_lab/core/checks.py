@@ -26,6 +26,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+#: the most logits bytes a no-grad pass-1 span with a loss may hold (its cross-entropy adds about twice that);
+#: a span is never cut below one chunk (seco_lab.core.engine.pass1_span)
+PASS1_LOGITS_BYTES = 64 << 20
+
 if TYPE_CHECKING:  # torch is imported by the functions that need it: the CLI's argument checks stay torch-free
     import torch
 
@@ -233,8 +237,9 @@ def checked_batch(model, tokens, targets, chunk_size: int | None = None, ignore_
     return ChunkedBatch(tokens.to(device), targets.to(device), chunk_size, ignore_index, n_targets)
 
 
-def checked_chunk(out, j: int) -> ChunkOutput:
-    """``out`` if it is a valid chunk output with a finite loss; otherwise a clear error naming chunk j."""
+def checked_chunk(out, j: int | str) -> ChunkOutput:
+    """``out`` if it is a valid chunk output with a finite loss; otherwise a clear error naming chunk j (or the
+    chunks ``"a..b"`` of a pass-1 span)."""
     import torch
 
     from .protocol import ChunkOutput
@@ -245,8 +250,9 @@ def checked_chunk(out, j: int) -> ChunkOutput:
         )
     if not torch.isfinite(out.loss_sum).all():
         raise FloatingPointError(
-            f"the loss of chunk {j} is {float(out.loss_sum.detach())}: the model's forward produced NaN/inf "
-            "(non-finite weights, a negative or zero norm eps, or overflow in a low-precision dtype)"
+            f"the loss of chunk{'s' if isinstance(j, str) else ''} {j} is {float(out.loss_sum.detach())}: the model's "
+            "forward produced NaN/inf (non-finite weights, a negative or zero norm eps, or overflow in a low-precision "
+            "dtype)"
         )
     return out
 

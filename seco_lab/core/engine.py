@@ -23,7 +23,7 @@ from contextlib import nullcontext
 
 import torch
 
-from .checks import ChunkedBatch, as_float, check_recomputed, checked_batch, checked_chunk
+from .checks import PASS1_LOGITS_BYTES, ChunkedBatch, as_float, check_recomputed, checked_batch, checked_chunk
 from .chunk_vjp import add_relayed, chunk_products, summed_seed
 from .chunk_vjp import add_relayed as _add_relayed  # noqa: F401 (the names before seco_lab.core.chunk_vjp)
 from .chunk_vjp import chunk_products as _products  # noqa: F401
@@ -63,7 +63,7 @@ def cache_leaves(model: ChunkModel, batch: ChunkedBatch, with_loss: bool = True,
     leaves: list[ChunkCache] = []
     total = 0.0
     n_chunks = batch.num_chunks if include_last else batch.num_chunks - 1
-    span = pass1_span(model, batch.chunk_size)
+    span = pass1_span(model, batch.chunk_size, with_loss, batch.tokens.shape[0])
     # a model may keep the leaves in one buffer (so a chunk reads its prefix without copying it)
     buffer = getattr(model, "cache_buffer", None)
     end = min(n_chunks * batch.chunk_size, batch.length)
@@ -72,7 +72,7 @@ def cache_leaves(model: ChunkModel, batch: ChunkedBatch, with_loss: bool = True,
             m = min(span, n_chunks - j)
             tok, tgt, start = batch.span(j, m)
             out = checked_chunk(model.chunk_forward(tok, tgt if with_loss else None, leaves, start,
-                                                    batch.ignore_index), j)
+                                                    batch.ignore_index), j if m == 1 else f"{j}..{j + m - 1}")
             total = total + out.loss_sum
             parts = [t.detach().split(batch.chunk_lengths(j, m), dim=model.cache_seq_dim) if m > 1 else (t.detach(),)
                      for t in flat_cache(out.cache)]
@@ -80,17 +80,28 @@ def cache_leaves(model: ChunkModel, batch: ChunkedBatch, with_loss: bool = True,
     return leaves, total / batch.n_targets if with_loss else None
 
 
-def pass1_span(model: ChunkModel, chunk_size: int) -> int:
+def pass1_span(model: ChunkModel, chunk_size: int, with_loss: bool = False, batch_size: int = 1) -> int:
     """How many chunks pass 1 forwards at once: ``model.pass1_tokens // chunk_size`` (at least 1) for a model
     that declares both ``pass1_tokens`` and ``cache_seq_dim`` (the sequence axis of its cache tensors, along
     which a span's cache is split into its chunks' leaves); 1 for any other.  Pass 1 keeps no graph, so its
     chunking is free: one forward over m chunks gives each chunk's keys/values up to rounding, with larger
     matrix products and m times fewer passes through the layers' Python (at 64-token chunks on SmolLM2's
-    shape, pass 1 costs 8.8 s chunk by chunk and ~5 s in spans of 512 tokens, single-threaded)."""
+    shape, pass 1 costs 8.8 s chunk by chunk and ~5.5 s in spans of 512 tokens, single-threaded).
+
+    With a loss (``with_loss``) the span's logits, m c x batch x vocabulary (counted at 4 bytes or the
+    parameters' width, whichever is larger), are kept under :data:`~seco_lab.core.checks.PASS1_LOGITS_BYTES`
+    or one chunk's, whichever is larger: a small chunk size chosen to bound memory keeps bounding it."""
     tokens, axis = getattr(model, "pass1_tokens", None), getattr(model, "cache_seq_dim", None)
     if not tokens or axis is None:
         return 1
-    return max(1, int(tokens) // chunk_size)
+    span = max(1, int(tokens) // chunk_size)
+    if with_loss:
+        vocab = getattr(model, "vocab_size", None)
+        if not vocab:
+            return 1
+        width = max(4, next(iter(model.parameters())).element_size())
+        span = min(span, max(1, PASS1_LOGITS_BYTES // (chunk_size * batch_size * int(vocab) * width)))
+    return span
 
 
 def hop_relay(max_hops: int, factors=None, lump: bool = False) -> Relay:

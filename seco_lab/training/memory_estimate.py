@@ -7,7 +7,8 @@ B/A, sequence n, chunk c, width d, L layers, KV width d_kv and vocabulary V:
     parameters, gradients, AdamW m and v:   4 P b
     one step's batch (int64 ids, targets):  3 B (n + 1) 8
     KV caches of every chunk:               2 L (B/A) n d_kv b
-    one chunk's logits and their gradient:  3 (B/A) c V b
+    one chunk's logits and their gradient:  3 max((B/A) c V b, PASS1_LOGITS_BYTES)
+                                            (pass 1's spans hold up to 64 MiB of logits with a loss)
     one chunk's activations:                16 L (B/A) c max(d, d_ff) b
 
 The estimate is a lower bound of the true use (allocator slack, Python, torch itself add to it);
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 
 from ..config import HF_ARCHITECTURE_DEFAULTS
+from ..core.checks import PASS1_LOGITS_BYTES
 
 __all__ = ["host_memory_bytes", "training_memory_bytes", "check_fits_in_memory", "hf_parameter_count"]
 
@@ -54,7 +56,7 @@ def training_memory_bytes(cfg) -> int:
         d_kv = h["num_key_value_heads"] * hd
         L, V = h["num_hidden_layers"], h["vocab_size"]
         total += 4 * hf_parameter_count(cfg.hf_model, cfg.hf_overrides or {}) * b
-        total += 2 * L * micro * n * d_kv * b + 3 * micro * c * V * b
+        total += 2 * L * micro * n * d_kv * b + 3 * max(micro * c * V * b, PASS1_LOGITS_BYTES)
         total += 16 * L * micro * c * max(h["hidden_size"], h["intermediate_size"]) * b
     return total
 

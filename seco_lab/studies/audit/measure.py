@@ -191,7 +191,7 @@ def cost_unit(cfg: AuditConfig, spec: SequenceSpec, progress: bool = True) -> di
             continue
         timed("spaco", lambda s=scheme, b=t, i=subset: spaco_grad(model, tok, tgt, cfg.chunk_size, s, b, subset=i),
               scheme=name, t=t, draw=d, chunks=len(subset))
-    return {"sequence": spec.name, "rows": rows,
+    return {"sequence": spec.name, "rows": rows, "pass1_tokens": getattr(model, "pass1_tokens", None),
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 

@@ -34,7 +34,8 @@ from .stats import (
     weights_with_remainder,
 )
 
-__all__ = ["check_units", "derive_results", "write_results", "load_units", "cross_gram", "scheme_cost",
+__all__ = ["check_cost_engines", "pass1_of",
+           "check_units", "derive_results", "write_results", "load_units", "cross_gram", "scheme_cost",
            "strata_tables", "mc_table", "cost_table", "equal_compute_table", "recommend", "summary"]
 
 
@@ -90,6 +91,27 @@ def check_units(cfg: AuditConfig, units: dict[str, dict], out: Path) -> None:
                 raise ValueError(f"{out}/units/{stem}.json is not a unit of this audit ({key} {have!r}, this audit's "
                                  f"{want!r}): it was copied from another audit's folder; move it away (this audit "
                                  "computes it again), or pass the folder it belongs to")
+    check_cost_engines(units, out)
+
+
+def pass1_of(unit: dict) -> str:
+    """How a cost unit's engine ran pass 1: in spans of ``pass1_tokens`` tokens, or chunk by chunk (units measured
+    before pass-1 spans carry no ``pass1_tokens``)."""
+    tokens = unit.get("pass1_tokens")
+    return f"in spans of {tokens} tokens" if tokens else "chunk by chunk"
+
+
+def check_cost_engines(units: dict[str, dict], out: Path) -> None:
+    """Refuse cost units whose engines ran pass 1 differently: their times do not compare (pass-1 spans make a
+    SpaCO step ~30% cheaper at 64-token chunks), and the equal-compute table averages them."""
+    ways: dict[str, list[str]] = {}
+    for stem, unit in sorted(units.items()):
+        if unit.get("stage") == "cost":
+            ways.setdefault(pass1_of(unit), []).append(stem)
+    if len(ways) > 1:
+        listed = "; ".join(f"{', '.join(stems)}: pass 1 {way}" for way, stems in ways.items())
+        raise ValueError(f"{out}/units: cost units measured by engines that ran pass 1 differently ({listed}); their "
+                         "times do not compare. Move the older ones away (this audit measures them again)")
 
 
 def cross_gram(out: Path, prefix: str, names: list[str], stored: Path,
