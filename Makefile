@@ -13,7 +13,7 @@ STUDIES       := bias train real audit
 QUICK_STUDIES := bias train audit
 JOBS_real     := 1
 
-.PHONY: install test test-unit lint report train-demo train-compare bench bench-hf bench-hf-chunks bench-fsdp clean \
+.PHONY: install test test-unit lint report train-demo train-compare bench bench-hf bench-hf-chunks bench-hf-spans bench-fsdp clean \
         $(addsuffix -study,$(STUDIES)) $(addsuffix -study-quick,$(QUICK_STUDIES))
 
 install: $(STAMP)
@@ -107,6 +107,21 @@ bench-hf-chunks: $(STAMP)
 	$(HF24) --lengths 8192 --chunk-sizes 64 128 --methods forward hf_checkpoint seco spaco --schemes released-unbiased \
 	  --no-memory --no-lora
 	$(HF24) --lengths 2048 --chunk-sizes 64 --methods seco --no-memory --no-time --profile 2048 --profile-lora
+
+# Issue 24, pass-1 spans: the engine before them (--pass1-tokens 0: pass 1 chunk by chunk, tag spans-before) and
+# with them (spans-after), side by side at 2K (LoRA and full), then SpaCO at 8K (the mean over 8 random draws) and
+# the chunk-64 profile.  About 80 CPU-minutes, single-threaded.
+SPANS2K = $(HF) --layers 30 --lengths 2048 --chunk-sizes 64 128 512 --methods forward hf_full hf_checkpoint seco \
+  --no-memory --rounds 2 --warmup 0
+bench-hf-spans: $(STAMP)
+	$(SPANS2K) --lora-only --tag spans-before --pass1-tokens 0
+	$(SPANS2K) --lora-only --tag spans-after
+	$(SPANS2K) --no-lora --tag spans-before --pass1-tokens 0
+	$(SPANS2K) --no-lora --tag spans-after
+	$(HF) --layers 30 --lengths 8192 --chunk-sizes 64 128 --methods forward spaco --schemes released-unbiased \
+	  --no-memory --no-lora --rounds 1 --warmup 0 --tag spans-after
+	$(HF) --layers 30 --lengths 2048 --chunk-sizes 64 --methods seco --no-memory --no-time --profile 2048 \
+	  --profile-lora --tag spans-after
 
 # Per-rank memory and step time of --shard fsdp against replicated data parallelism (2 CPU ranks, ~5 min).
 bench-fsdp: $(STAMP)
