@@ -316,10 +316,10 @@ def test_a_pass1_span_with_a_loss_keeps_its_logits_under_the_bound():
     param = torch.zeros(1)
     model = SimpleNamespace(pass1_tokens=512, cache_seq_dim=-2, vocab_size=49152, parameters=lambda: iter([param]))
     assert pass1_span(model, 64) == 8 and pass1_span(model, 64, with_loss=False, batch_size=8) == 8
-    assert pass1_span(model, 64, with_loss=True) == PASS1_LOGITS_BYTES // (64 * 49152 * 4) == 5
-    assert pass1_span(model, 128, with_loss=True) == 2
-    assert pass1_span(model, 64, with_loss=True, batch_size=8) == 1  # one chunk's logits exceed the bound
+    assert pass1_span(model, 64, with_loss=True, batch_size=2) == PASS1_LOGITS_BYTES // (64 * 2 * 49152 * 4) == 5
+    assert pass1_span(model, 64, with_loss=True) == 8  # 10 chunks' logits fit: pass1_tokens bounds it
+    assert pass1_span(model, 64, with_loss=True, batch_size=16) == 1  # one chunk's logits exceed the bound
     assert pass1_span(model, 1024, with_loss=True) == 1
     model.parameters = lambda: iter([torch.zeros(1, dtype=torch.float64)])
-    assert pass1_span(model, 64, with_loss=True) == PASS1_LOGITS_BYTES // (64 * 49152 * 8) == 2
+    assert pass1_span(model, 64, with_loss=True, batch_size=2) == PASS1_LOGITS_BYTES // (64 * 2 * 49152 * 8) == 2
     assert pass1_span(SimpleNamespace(pass1_tokens=512), 64) == 1

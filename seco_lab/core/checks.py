@@ -28,7 +28,7 @@ import numpy as np
 
 #: the most logits bytes a no-grad pass-1 span with a loss may hold (its cross-entropy adds about twice that);
 #: a span is never cut below one chunk (seco_lab.core.engine.pass1_span)
-PASS1_LOGITS_BYTES = 64 << 20
+PASS1_LOGITS_BYTES = 128 << 20
 
 if TYPE_CHECKING:  # torch is imported by the functions that need it: the CLI's argument checks stay torch-free
     import torch

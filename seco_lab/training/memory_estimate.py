@@ -8,7 +8,7 @@ B/A, sequence n, chunk c, width d, L layers, KV width d_kv and vocabulary V:
     one step's batch (int64 ids, targets):  3 B (n + 1) 8
     KV caches of every chunk:               2 L (B/A) n d_kv b
     one chunk's logits and their gradient:  3 max((B/A) c V b, PASS1_LOGITS_BYTES)
-                                            (pass 1's spans hold up to 64 MiB of logits with a loss)
+                                            (pass 1's spans hold up to 128 MiB of logits with a loss)
     one chunk's activations:                16 L (B/A) c max(d, d_ff) b
 
 The estimate is a lower bound of the true use (allocator slack, Python, torch itself add to it);
