@@ -109,8 +109,9 @@ bench-hf-chunks: $(STAMP)
 	$(HF24) --lengths 2048 --chunk-sizes 64 --methods seco --no-memory --no-time --profile 2048 --profile-lora
 
 # Issue 24, pass-1 spans: the engine before them (--pass1-tokens 0: pass 1 chunk by chunk, tag spans-before) and
-# with them (spans-after), side by side at 2K (LoRA and full), then SpaCO at 8K (the mean over 8 random draws) and
-# the chunk-64 profile.  About 80 CPU-minutes, single-threaded.
+# with them (spans-after), in separate processes at 2K (LoRA and full), SpaCO at 8K (the mean over 8 random draws),
+# the chunk-64 profile, and both engines interleaved in one process (--pass1-compare, tag spans-side) for SeCO and
+# SpaCO at 2K.  About 100 CPU-minutes, single-threaded.
 SPANS2K = $(HF) --layers 30 --lengths 2048 --chunk-sizes 64 128 512 --methods forward hf_full hf_checkpoint seco \
   --no-memory --rounds 2 --warmup 0
 bench-hf-spans: $(STAMP)
@@ -122,6 +123,10 @@ bench-hf-spans: $(STAMP)
 	  --no-memory --no-lora --rounds 1 --warmup 0 --tag spans-after
 	$(HF) --layers 30 --lengths 2048 --chunk-sizes 64 --methods seco --no-memory --no-time --profile 2048 \
 	  --profile-lora --tag spans-after
+	$(HF) --layers 30 --lengths 2048 --chunk-sizes 64 128 --methods forward hf_full seco spaco --schemes \
+	  released-unbiased --draws 4 --pass1-compare --no-memory --rounds 2 --warmup 0 --lora-only --tag spans-side
+	$(HF) --layers 30 --lengths 2048 --chunk-sizes 64 128 --methods forward hf_full seco spaco --schemes \
+	  released-unbiased --draws 4 --pass1-compare --no-memory --rounds 2 --warmup 0 --no-lora --tag spans-side
 
 # Per-rank memory and step time of --shard fsdp against replicated data parallelism (2 CPU ranks, ~5 min).
 bench-fsdp: $(STAMP)

@@ -57,6 +57,7 @@ class HFBenchConfig:
     seed: int = 0
     threads: int | None = None
     pass1_tokens: int | None = -1  # -1: the adapter's own (HFChunkModel.pass1_tokens); 0: pass 1 chunk by chunk
+    pass1_compare: bool = False  # also time SeCO and SpaCO with pass 1 chunk by chunk, interleaved in one process
     hidden_size: int = SMOLLM2_135M["hidden_size"]
     intermediate_size: int = SMOLLM2_135M["intermediate_size"]
     vocab_size: int = SMOLLM2_135M["vocab_size"]
@@ -79,6 +80,8 @@ def methods(cfg: HFBenchConfig, n: int) -> list[dict]:
         if "spaco" in cfg.methods and k % cfg.ratio == 0:
             out += [{"method": "spaco", "scheme": s, "budget": k // cfg.ratio, "ratio": cfg.ratio, "chunk_size": c}
                     for s in cfg.schemes]
+    if cfg.pass1_compare:
+        out += [{**m, "pass1": "chunks"} for m in out if m["method"] in ("seco", "spaco")]
     return out
 
 
@@ -87,8 +90,13 @@ def rows_of(cfg: HFBenchConfig, m: dict) -> list[int]:
     return [m["chunk_size"]] if "chunk_size" in m else list(cfg.chunk_sizes)
 
 
+#: the label suffix of a measurement whose engine ran pass 1 chunk by chunk (``--pass1-compare``)
+PASS1_CHUNKS = " (pass 1 chunk by chunk)"
+
+
 def label(m: dict) -> str:
-    return m["method"] if m["method"] != "spaco" else f"spaco {m['scheme']} t/k=1/{m['ratio']}"
+    base = m["method"] if m["method"] != "spaco" else f"spaco {m['scheme']} t/k=1/{m['ratio']}"
+    return base + (PASS1_CHUNKS if m.get("pass1") == "chunks" else "")
 
 
 def key(m: dict) -> str:
@@ -126,6 +134,12 @@ def step(cfg: HFBenchConfig, m: dict, model, adapter, tokens, targets, draw: int
     from seco_lab.core.engine import cache_leaves, checked_batch
 
     name = m["method"]
+    if m.get("pass1") == "chunks":  # the same step with the engine's pass 1 chunk by chunk (before pass-1 spans)
+        saved, adapter.pass1_tokens = adapter.pass1_tokens, None
+        try:
+            return step(cfg, {k: v for k, v in m.items() if k != "pass1"}, model, adapter, tokens, targets, draw)
+        finally:
+            adapter.pass1_tokens = saved
     if name == "forward":
         with torch.no_grad():
             model(input_ids=tokens, labels=tokens)
@@ -291,6 +305,8 @@ def main(argv=None):
     ap.add_argument("--pass1-tokens", type=int, default=None,
                     help="tokens the engine's pass 1 forwards at once (default: the adapter's, 512; 0: chunk by chunk, "
                          "the engine before pass-1 spans)")
+    ap.add_argument("--pass1-compare", action="store_true",
+                    help="also time SeCO and SpaCO with pass 1 chunk by chunk, interleaved in the same process")
     ap.add_argument("--tag", default="after", help="label of this run in the CSV (e.g. before/after a change)")
     ap.add_argument("--out", type=Path, default=Path("reports/bench"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -308,7 +324,7 @@ def main(argv=None):
             "methods": tuple(a.methods) if a.methods else None, "schemes": tuple(a.schemes) if a.schemes else None,
             "lora": (False,) if a.no_lora else (True,) if a.lora_only else None, "warmup": a.warmup,
             "chunk_sizes": tuple(a.chunk_sizes) if a.chunk_sizes else None, "draws": a.draws, "threads": a.threads,
-            "pass1_tokens": a.pass1_tokens}
+            "pass1_tokens": a.pass1_tokens, "pass1_compare": a.pass1_compare or None}
     cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
     t0 = time.perf_counter()
     run(cfg, a.out, a.tag, memory=not a.no_memory, profile_length=a.profile, timing=not a.no_time,

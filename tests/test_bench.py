@@ -77,3 +77,34 @@ def test_hf_benchmark_chunk_sizes_and_random_draws():
     assert all(r["cpu_s"] > 0 and len(r["cpu_times"]) == 1 for r in res)
     stored = {(r["label"], c) for r in res for c in bench_hf.rows_of(cfg, r["m"])}
     assert stored == {("forward", 8), ("forward", 16), ("seco", 8), ("seco", 16), (spaco, 8)}
+
+
+def test_the_pass1_comparison_times_the_same_step_with_pass_1_chunk_by_chunk():
+    """--pass1-compare adds SeCO and SpaCO with the engine's pass 1 chunk by chunk: that step forwards every
+    chunk of pass 1 on its own (counted), the adapter's span setting is restored afterwards, and the report's
+    side-by-side table divides the stored medians (no timing asserted)."""
+    from dataclasses import replace
+
+    from experiments import bench_hf
+    from seco_lab.report.bench_hf import PASS1_CHUNKS, pass1_table
+
+    assert bench_hf.PASS1_CHUNKS == PASS1_CHUNKS
+    cfg = replace(bench_hf.QUICK, lengths=(64,), chunk_sizes=(16,), methods=("forward", "seco", "spaco"),
+                  schemes=("released-unbiased",), ratio=4, pass1_compare=True)
+    labels = [bench_hf.label(m) for m in bench_hf.methods(cfg, 64)]
+    spaco = "spaco released-unbiased t/k=1/4"
+    assert labels == ["forward", "seco", spaco, "seco" + PASS1_CHUNKS, spaco + PASS1_CHUNKS]
+    model, adapter, tok, tgt = bench_hf.build(cfg, 64, False)
+    calls, forward = [], adapter.chunk_forward
+    adapter.chunk_forward = lambda tokens, *a, **kw: calls.append(tokens.shape[1]) or forward(tokens, *a, **kw)
+    bench_hf.step(cfg, {"method": "seco", "chunk_size": 16}, model, adapter, tok, tgt)
+    assert calls == [48, 16, 16, 16, 16]  # pass 1 in one span of 3 chunks, pass 2 chunk by chunk
+    calls.clear()
+    bench_hf.step(cfg, {"method": "seco", "chunk_size": 16, "pass1": "chunks"}, model, adapter, tok, tgt)
+    assert calls == [16] * 7 and adapter.pass1_tokens == 512
+    rows = [{"tag": "t", "n_layers": 2, "chunk_size": 16, "length": 64, "lora": False, "label": lab, "metric": "cpu_s",
+             "value": v} for lab, v in (("hf_full", 2.0), ("forward", 1.0), ("seco", 3.0), ("seco" + PASS1_CHUNKS, 4.0),
+                                        (spaco, 1.5), (spaco + PASS1_CHUNKS, 3.0))]
+    tab = pass1_table(pd.DataFrame(rows)).set_index("method")
+    assert tab.loc["seco", "spans / chunk by chunk"] == 0.75 and tab.loc["seco", "spans / baseline"] == 1.5
+    assert tab.loc[spaco, "chunk by chunk / baseline"] == 3.0 and tab.loc[spaco, "baseline"] == "forward"

@@ -57,7 +57,7 @@ def summarize(results: pd.DataFrame | str | Path) -> pd.DataFrame:
     out["SeCO/HF-ckpt time"] = _ratio(t, "seco", "hf_checkpoint")
     out["SeCO/HF-full memory"] = _ratio(m, "seco", "hf_full")
     out["SeCO/HF-ckpt memory"] = _ratio(m, "seco", "hf_checkpoint")
-    for lab in sorted(c for c in t.columns if c.startswith("spaco")):
+    for lab in sorted(c for c in t.columns if c.startswith("spaco") and not c.endswith(PASS1_CHUNKS)):
         out[f"{lab} / forward time"] = _ratio(t, lab, "forward")
         out[f"{lab} / SeCO time"] = _ratio(t, lab, "seco")
     loads = df[df.metric == clock(df)].groupby(KEYS).load1.mean()
@@ -293,9 +293,41 @@ def render(results_dir: str | Path) -> list[str]:
     if missed:
         parts += ["What stands in the way where a target is not met:",
                   "\n".join(f"- *{t}*: {NOT_MET_REASONS[t]}" for t in missed)]
+    parts += _pass1_parts(df)
     parts += ["### Stratified relay cost", STRATIFIED_COST]
     parts += _profile_parts(results_dir)
     return [p + "\n" for p in parts]
+
+
+#: the label suffix of a step timed with the engine's pass 1 chunk by chunk (experiments/bench_hf.py)
+PASS1_CHUNKS = " (pass 1 chunk by chunk)"
+
+
+def pass1_table(df: pd.DataFrame) -> pd.DataFrame:
+    """SeCO and SpaCO steps with pass 1 in spans against the same steps with pass 1 chunk by chunk, timed
+    interleaved in one process (``--pass1-compare``): seconds, their ratio, and each against its baseline
+    (SeCO / HF full backprop, SpaCO / forward)."""
+    t = _wide(df, clock(df))
+    rows = []
+    for lab in (c[: -len(PASS1_CHUNKS)] for c in t.columns if c.endswith(PASS1_CHUNKS)):
+        base = "hf_full" if lab == "seco" else "forward"
+        for idx, r in t[[lab, lab + PASS1_CHUNKS, base]].dropna(subset=[lab, lab + PASS1_CHUNKS]).iterrows():
+            rows.append({**dict(zip(KEYS, idx)), "method": lab, "chunk by chunk s": r[lab + PASS1_CHUNKS],
+                         "spans s": r[lab], "spans / chunk by chunk": r[lab] / r[lab + PASS1_CHUNKS],
+                         "baseline": base, "chunk by chunk / baseline": r[lab + PASS1_CHUNKS] / r[base],
+                         "spans / baseline": r[lab] / r[base]})
+    return pd.DataFrame(rows)
+
+
+def _pass1_parts(df: pd.DataFrame) -> list[str]:
+    tab = pass1_table(df)
+    if not len(tab):
+        return []
+    return ["### Pass 1 in spans, side by side (one process, interleaved rounds)",
+            "The engine's pass 1 keeps no graph, so it forwards spans of up to 512 tokens (whole chunks) and splits "
+            "their keys/values into the chunks' leaves (docs/cost.md); the same steps with pass 1 chunk by chunk, "
+            "timed in the same process, are the 'before'. Baselines: SeCO against plain HF backprop, SpaCO against "
+            "the forward.", _shown(tab)]
 
 
 def _before_after_parts(summary: pd.DataFrame, df: pd.DataFrame, results_dir: Path, before: str,
