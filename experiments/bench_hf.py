@@ -34,6 +34,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from seco_lab.report.bench_hf import PASS1_CHUNKS  # the label suffix of --pass1-compare, as the report reads it
+
 from .child import reset_peak_rss, rss_bytes, run_child
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -90,8 +92,6 @@ def rows_of(cfg: HFBenchConfig, m: dict) -> list[int]:
     return [m["chunk_size"]] if "chunk_size" in m else list(cfg.chunk_sizes)
 
 
-#: the label suffix of a measurement whose engine ran pass 1 chunk by chunk (``--pass1-compare``)
-PASS1_CHUNKS = " (pass 1 chunk by chunk)"
 
 
 def label(m: dict) -> str:

@@ -74,7 +74,8 @@ def cache_leaves(model: ChunkModel, batch: ChunkedBatch, with_loss: bool = True,
             out = checked_chunk(model.chunk_forward(tok, tgt if with_loss else None, leaves, start,
                                                     batch.ignore_index), j if m == 1 else f"{j}..{j + m - 1}")
             total = total + out.loss_sum
-            parts = [t.detach().split(batch.chunk_lengths(j, m), dim=model.cache_seq_dim) if m > 1 else (t.detach(),)
+            sizes = batch.chunk_lengths(j, m)
+            parts = [t.detach().split(sizes, dim=model.cache_seq_dim) if m > 1 else (t.detach(),)
                      for t in flat_cache(out.cache)]
             leaves += [unflat_cache([p[i].requires_grad_(True) for p in parts]) for i in range(m)]
     return leaves, total / batch.n_targets if with_loss else None
