@@ -13,7 +13,7 @@ STUDIES       := bias train real audit
 QUICK_STUDIES := bias train audit
 JOBS_real     := 1
 
-.PHONY: install test test-unit lint report train-demo train-compare bench bench-hf bench-hf-chunks bench-hf-spans bench-fsdp clean \
+.PHONY: install test test-unit lint report train-demo train-compare bench bench-hf bench-hf-chunks bench-hf-spans bench-hf-fused bench-fsdp clean \
         $(addsuffix -study,$(STUDIES)) $(addsuffix -study-quick,$(QUICK_STUDIES))
 
 install: $(STAMP)
@@ -127,6 +127,19 @@ bench-hf-spans: $(STAMP)
 	  released-unbiased --draws 4 --pass1-compare --no-memory --rounds 2 --warmup 0 --lora-only --tag spans-side
 	$(HF) --layers 30 --lengths 2048 --chunk-sizes 64 128 --methods forward hf_full seco spaco --schemes \
 	  released-unbiased --draws 4 --pass1-compare --no-memory --rounds 2 --warmup 0 --no-lora --tag spans-side
+
+# Issue 24, layer gradients into .grad (seco_lab.models.fused_grads): SeCO and SpaCO with and without it,
+# interleaved in one process (--compare fused, tag fused-side), at 2K (full parameters and LoRA) and SpaCO at 8K
+# (full parameters, the mean over 8 random draws); then the chunk-64 profile.  About 90 CPU-minutes, single-threaded.
+FUSED = $(HF) --layers 30 --compare fused --no-memory --warmup 0 --tag fused-side --methods forward hf_full seco spaco \
+  --schemes released-unbiased
+bench-hf-fused: $(STAMP)
+	$(FUSED) --lengths 2048 --chunk-sizes 64 128 --draws 4 --rounds 2 --no-lora
+	$(FUSED) --lengths 2048 --chunk-sizes 64 128 --draws 4 --rounds 2 --lora-only
+	$(HF) --layers 30 --lengths 8192 --chunk-sizes 64 128 --methods forward spaco --schemes released-unbiased \
+	  --compare fused --no-memory --no-lora --rounds 1 --warmup 0 --tag fused-side
+	$(HF) --layers 30 --lengths 2048 --chunk-sizes 64 --methods seco --no-memory --no-time --profile 2048 --tag fused-after
+	$(BIN)/seco-lab report bench
 
 # Per-rank memory and step time of --shard fsdp against replicated data parallelism (2 CPU ranks, ~5 min).
 bench-fsdp: $(STAMP)

@@ -28,13 +28,14 @@ import json
 import os
 import resource
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from seco_lab.report.bench_hf import PASS1_CHUNKS  # the label suffix of --pass1-compare, as the report reads it
+from seco_lab.report.bench_hf import ENGINE_VARIANTS  # the label suffixes of --compare, as the report reads them
 
 from .child import reset_peak_rss, rss_bytes, run_child
 
@@ -59,7 +60,7 @@ class HFBenchConfig:
     seed: int = 0
     threads: int | None = None
     pass1_tokens: int | None = -1  # -1: the adapter's own (HFChunkModel.pass1_tokens); 0: pass 1 chunk by chunk
-    pass1_compare: bool = False  # also time SeCO and SpaCO with pass 1 chunk by chunk, interleaved in one process
+    compare: tuple[str, ...] = ()  # engine variants (ENGINE_VARIANTS) also timed for SeCO and SpaCO, interleaved
     hidden_size: int = SMOLLM2_135M["hidden_size"]
     intermediate_size: int = SMOLLM2_135M["intermediate_size"]
     vocab_size: int = SMOLLM2_135M["vocab_size"]
@@ -82,8 +83,7 @@ def methods(cfg: HFBenchConfig, n: int) -> list[dict]:
         if "spaco" in cfg.methods and k % cfg.ratio == 0:
             out += [{"method": "spaco", "scheme": s, "budget": k // cfg.ratio, "ratio": cfg.ratio, "chunk_size": c}
                     for s in cfg.schemes]
-    if cfg.pass1_compare:
-        out += [{**m, "pass1": "chunks"} for m in out if m["method"] in ("seco", "spaco")]
+    out += [{**m, "variant": v} for v in cfg.compare for m in list(out) if m["method"] in ("seco", "spaco")]
     return out
 
 
@@ -96,7 +96,7 @@ def rows_of(cfg: HFBenchConfig, m: dict) -> list[int]:
 
 def label(m: dict) -> str:
     base = m["method"] if m["method"] != "spaco" else f"spaco {m['scheme']} t/k=1/{m['ratio']}"
-    return base + (PASS1_CHUNKS if m.get("pass1") == "chunks" else "")
+    return base + (ENGINE_VARIANTS[m["variant"]][0] if "variant" in m else "")
 
 
 def key(m: dict) -> str:
@@ -125,6 +125,23 @@ def build(cfg: HFBenchConfig, n: int, lora: bool):
     return model, adapter, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
+@contextmanager
+def engine_variant(adapter, name: str):
+    """Within: the adapter runs the engine as it was before a change -- ``pass1``: pass 1 chunk by chunk
+    (before pass-1 spans); ``fused``: every layer gradient through autograd (before
+    seco_lab.models.fused_grads)."""
+    attr, value = {"pass1": ("pass1_tokens", None), "fused": ("fused_grads", None)}[name]
+    had = attr in vars(adapter)
+    saved, _ = getattr(adapter, attr), setattr(adapter, attr, value)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(adapter, attr, saved)
+        else:
+            delattr(adapter, attr)
+
+
 def step(cfg: HFBenchConfig, m: dict, model, adapter, tokens, targets, draw: int = 0) -> None:
     """One training step's gradient work for method m (no optimizer); .grad is cleared afterwards.
     SpaCO visits a uniformly random set of ``budget`` chunks, seeded by ``draw``."""
@@ -134,12 +151,9 @@ def step(cfg: HFBenchConfig, m: dict, model, adapter, tokens, targets, draw: int
     from seco_lab.core.engine import cache_leaves, checked_batch
 
     name = m["method"]
-    if m.get("pass1") == "chunks":  # the same step with the engine's pass 1 chunk by chunk (before pass-1 spans)
-        saved, adapter.pass1_tokens = adapter.pass1_tokens, None
-        try:
-            return step(cfg, {k: v for k, v in m.items() if k != "pass1"}, model, adapter, tokens, targets, draw)
-        finally:
-            adapter.pass1_tokens = saved
+    if "variant" in m:  # the same step with an engine variant (ENGINE_VARIANTS): the engine before a change
+        with engine_variant(adapter, m["variant"]):
+            return step(cfg, {k: v for k, v in m.items() if k != "variant"}, model, adapter, tokens, targets, draw)
     if name == "forward":
         with torch.no_grad():
             model(input_ids=tokens, labels=tokens)
@@ -305,8 +319,11 @@ def main(argv=None):
     ap.add_argument("--pass1-tokens", type=int, default=None,
                     help="tokens the engine's pass 1 forwards at once (default: the adapter's, 512; 0: chunk by chunk, "
                          "the engine before pass-1 spans)")
-    ap.add_argument("--pass1-compare", action="store_true",
-                    help="also time SeCO and SpaCO with pass 1 chunk by chunk, interleaved in the same process")
+    ap.add_argument("--compare", nargs="+", choices=tuple(ENGINE_VARIANTS), default=None,
+                    help="also time SeCO and SpaCO with the engine before a change, interleaved in the same process: "
+                         "pass1 = pass 1 chunk by chunk (before pass-1 spans), fused = every layer gradient through "
+                         "autograd (before seco_lab.models.fused_grads)")
+    ap.add_argument("--pass1-compare", action="store_true", help="the same as --compare pass1")
     ap.add_argument("--tag", default="after", help="label of this run in the CSV (e.g. before/after a change)")
     ap.add_argument("--out", type=Path, default=Path("reports/bench"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -324,7 +341,8 @@ def main(argv=None):
             "methods": tuple(a.methods) if a.methods else None, "schemes": tuple(a.schemes) if a.schemes else None,
             "lora": (False,) if a.no_lora else (True,) if a.lora_only else None, "warmup": a.warmup,
             "chunk_sizes": tuple(a.chunk_sizes) if a.chunk_sizes else None, "draws": a.draws, "threads": a.threads,
-            "pass1_tokens": a.pass1_tokens, "pass1_compare": a.pass1_compare or None}
+            "pass1_tokens": a.pass1_tokens,
+            "compare": tuple(dict.fromkeys((a.compare or []) + (["pass1"] if a.pass1_compare else []))) or None}
     cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
     t0 = time.perf_counter()
     run(cfg, a.out, a.tag, memory=not a.no_memory, profile_length=a.profile, timing=not a.no_time,

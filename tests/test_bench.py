@@ -79,32 +79,44 @@ def test_hf_benchmark_chunk_sizes_and_random_draws():
     assert stored == {("forward", 8), ("forward", 16), ("seco", 8), ("seco", 16), (spaco, 8)}
 
 
-def test_the_pass1_comparison_times_the_same_step_with_pass_1_chunk_by_chunk():
-    """--pass1-compare adds SeCO and SpaCO with the engine's pass 1 chunk by chunk: that step forwards every
-    chunk of pass 1 on its own (counted), the adapter's span setting is restored afterwards, and the report's
+def test_engine_variants_time_the_same_step_with_the_engine_before_a_change():
+    """--compare pass1 fused adds SeCO and SpaCO with the engine's pass 1 chunk by chunk, and with every layer
+    gradient through autograd: the first forwards every chunk of pass 1 on its own (counted), the second never
+    runs the fused backward (counted), the adapter's settings are restored afterwards, and the report's
     side-by-side table divides the stored medians (no timing asserted)."""
     from dataclasses import replace
 
     from experiments import bench_hf
-    from seco_lab.report.bench_hf import PASS1_CHUNKS, pass1_table
+    from seco_lab.models import fused_grads
+    from seco_lab.report.bench_hf import ENGINE_VARIANTS, PASS1_CHUNKS, pass1_table, variant_table
 
-    assert bench_hf.PASS1_CHUNKS == PASS1_CHUNKS
     cfg = replace(bench_hf.QUICK, lengths=(64,), chunk_sizes=(16,), methods=("forward", "seco", "spaco"),
-                  schemes=("released-unbiased",), ratio=4, pass1_compare=True)
+                  schemes=("released-unbiased",), ratio=4, compare=("pass1", "fused"))
     labels = [bench_hf.label(m) for m in bench_hf.methods(cfg, 64)]
-    spaco = "spaco released-unbiased t/k=1/4"
-    assert labels == ["forward", "seco", spaco, "seco" + PASS1_CHUNKS, spaco + PASS1_CHUNKS]
+    spaco, unfused = "spaco released-unbiased t/k=1/4", ENGINE_VARIANTS["fused"][0]
+    assert labels == ["forward", "seco", spaco, "seco" + PASS1_CHUNKS, spaco + PASS1_CHUNKS, "seco" + unfused,
+                      spaco + unfused]
     model, adapter, tok, tgt = bench_hf.build(cfg, 64, False)
     calls, forward = [], adapter.chunk_forward
     adapter.chunk_forward = lambda tokens, *a, **kw: calls.append(tokens.shape[1]) or forward(tokens, *a, **kw)
-    bench_hf.step(cfg, {"method": "seco", "chunk_size": 16}, model, adapter, tok, tgt)
-    assert calls == [48, 16, 16, 16, 16]  # pass 1 in one span of 3 chunks, pass 2 chunk by chunk
-    calls.clear()
-    bench_hf.step(cfg, {"method": "seco", "chunk_size": 16, "pass1": "chunks"}, model, adapter, tok, tgt)
-    assert calls == [16] * 7 and adapter.pass1_tokens == 512
+    fused_calls, backward = [], fused_grads._LinearIntoGrad.backward
+    fused_grads._LinearIntoGrad.backward = staticmethod(lambda ctx, g: fused_calls.append(1) or backward(ctx, g))
+    try:
+        bench_hf.step(cfg, {"method": "seco", "chunk_size": 16}, model, adapter, tok, tgt)
+        assert calls == [48, 16, 16, 16, 16] and fused_calls  # pass 1 in one span of 3 chunks, pass 2 chunk by chunk
+        calls.clear(), fused_calls.clear()
+        bench_hf.step(cfg, {"method": "seco", "chunk_size": 16, "variant": "pass1"}, model, adapter, tok, tgt)
+        assert calls == [16] * 7 and adapter.pass1_tokens == 512
+        fused_calls.clear()
+        bench_hf.step(cfg, {"method": "seco", "chunk_size": 16, "variant": "fused"}, model, adapter, tok, tgt)
+        assert not fused_calls and adapter.fused_grads is not None and "fused_grads" not in vars(adapter)
+    finally:
+        fused_grads._LinearIntoGrad.backward = staticmethod(backward)
     rows = [{"tag": "t", "n_layers": 2, "chunk_size": 16, "length": 64, "lora": False, "label": lab, "metric": "cpu_s",
              "value": v} for lab, v in (("hf_full", 2.0), ("forward", 1.0), ("seco", 3.0), ("seco" + PASS1_CHUNKS, 4.0),
-                                        (spaco, 1.5), (spaco + PASS1_CHUNKS, 3.0))]
+                                        (spaco, 1.5), (spaco + PASS1_CHUNKS, 3.0), ("seco" + unfused, 6.0))]
     tab = pass1_table(pd.DataFrame(rows)).set_index("method")
     assert tab.loc["seco", "spans / chunk by chunk"] == 0.75 and tab.loc["seco", "spans / baseline"] == 1.5
     assert tab.loc[spaco, "chunk by chunk / baseline"] == 3.0 and tab.loc[spaco, "baseline"] == "forward"
+    tab = variant_table(pd.DataFrame(rows), "fused").set_index("method")
+    assert list(tab.index) == ["seco"] and tab.loc["seco", "into .grad / through autograd"] == 0.5

@@ -323,3 +323,77 @@ def test_a_pass1_span_with_a_loss_keeps_its_logits_under_the_bound():
     model.parameters = lambda: iter([torch.zeros(1, dtype=torch.float64)])
     assert pass1_span(model, 64, with_loss=True, batch_size=2) == PASS1_LOGITS_BYTES // (64 * 2 * 49152 * 8) == 2
     assert pass1_span(SimpleNamespace(pass1_tokens=512), 64) == 1
+
+
+@pytest.mark.parametrize("arch, over", [("llama", {"tie_word_embeddings": True, "pad_token_id": 3}),
+                                        ("qwen2", {})])  # tied head + padding row; q/k/v biases
+@pytest.mark.parametrize("lora", [False, True])
+def test_pass2_adds_layer_gradients_into_grad_in_place_and_equals_hf_backward(arch, over, lora, monkeypatch):
+    """Within SeCO's pass 2 the linear and embedding layers add their gradients into .grad themselves
+    (seco_lab.models.fused_grads): every such trainable weight gets them from the fused backward once per
+    chunk, the result (on top of a prior .grad, times a scale) is still HF's own backward, and every layer
+    is restored afterwards."""
+    from collections import Counter
+
+    from seco_lab import seco_step
+    from seco_lab.models import fused_grads as fg
+
+    calls = Counter()
+    spied = ((fg._LinearIntoGrad, lambda ctx: ctx.params[0]), (fg._EmbeddingIntoGrad, lambda ctx: ctx.param))
+    for fn, param_of in spied:
+        def spy(ctx, g, _orig=fn.backward, _param_of=param_of):
+            calls[id(_param_of(ctx))] += 1
+            return _orig(ctx, g)
+        monkeypatch.setattr(fn, "backward", staticmethod(spy))
+    model = build_hf_model(arch, over, attn_implementation="sdpa", dtype=torch.float64)
+    if lora:
+        model = add_lora(model, r=4, alpha=8, init_lora_weights=False).double()
+    tok, tgt = tokens()
+    tok[0, :3] = 3  # the padding id is looked up: with pad_token_id = 3 its row must receive nothing
+    _, ref = hf_reference(model, tok, tgt)
+    params = {"model." + n: p for n, p in model.named_parameters() if p.requires_grad}
+    own_forward = [m for m in model.modules() if "forward" in vars(m)]  # exact_float64's norms
+
+    def step(adapter):
+        prior = {n: torch.randn_like(p) for n, p in params.items()}
+        for n, p in params.items():
+            p.grad = prior[n].clone()
+        seco_step(adapter, tok, tgt, chunk_size=4, scale=0.5)
+        return {n: (p.grad - prior[n]) / 0.5 for n, p in params.items()}
+
+    adapter = HFChunkModel(model)
+    assert rel_err(step(adapter), ref) <= TOL
+    layers = [n for n in params if "norm" not in n]  # linear and embedding weights (and biases)
+    weights = [n for n in layers if n.endswith("weight")]
+    k = -(-tok.shape[1] // 4)
+    uses = 2 if over.get("tie_word_embeddings") and not lora else 1  # a tied weight is the embedding and the head
+    assert weights and all(calls[id(params[n])] == k * (uses if "embed" in n else 1) for n in weights), calls
+    assert len(calls) == len(weights)
+    assert [m for m in model.modules() if "forward" in vars(m)] == own_forward  # restored
+    calls.clear()
+    adapter.fused_grads = None  # the engine without it: every gradient through autograd, the same result
+    assert rel_err(step(adapter), ref) <= TOL and not calls
+
+
+def test_fused_layer_gradients_touch_only_the_named_parameters_and_restore_after_an_error():
+    """A subset of the parameters (only the attention's query projections): those layers are fused and get HF's
+    gradient; nothing else receives a gradient; an error inside the context still restores every layer."""
+    from seco_lab.core.engine import cache_leaves, checked_batch, relay_sweep
+    from seco_lab.models.fused_grads import fused_param_grads
+
+    model = build_hf_model("llama", attn_implementation="sdpa", dtype=torch.float64)
+    adapter = HFChunkModel(model)
+    tok, tgt = tokens()
+    _, ref = hf_reference(model, tok, tgt)
+    named = {"model." + n: p for n, p in model.named_parameters() if "q_proj" in n}
+    own_forward = [m for m in model.modules() if "forward" in vars(m)]  # exact_float64's norms
+    batch = checked_batch(adapter, tok, tgt, 4, -100)
+    leaves, _ = cache_leaves(adapter, batch, with_loss=False, include_last=False)
+    relay_sweep(adapter, batch, leaves, list(named.values()), range(batch.num_chunks))
+    assert rel_err({n: p.grad for n, p in named.items()}, {n: ref[n] for n in named}) <= TOL
+    assert all(p.grad is None for n, p in model.named_parameters() if "q_proj" not in n)
+    with pytest.raises(RuntimeError, match="inside"):
+        with fused_param_grads(model, model.parameters()) as n_fused:
+            assert n_fused == 2 * 7 + 2  # 7 projections per layer, the embedding and the head
+            raise RuntimeError("inside")
+    assert [m for m in model.modules() if "forward" in vars(m)] == own_forward

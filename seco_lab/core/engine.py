@@ -287,37 +287,49 @@ def relay_sweep(
     with ``torch.autograd.backward(..., inputs=params + earlier visited leaves)``: parameter
     gradients accumulate in place into ``p.grad`` (added to what is there), and the
     relayed gradient into the earlier leaves' ``.grad`` -- the relay buffers, released
-    once used.  relay_factor = 1 is SeCO; a constant c_q = c is constant-relay SpaCO
+    once used.  A model with ``fused_grads(params)`` (a context; :class:`~seco_lab.models.hf.HFChunkModel`)
+    has its layers add their weight gradients into ``.grad`` themselves, one in-place product per
+    chunk instead of a product and an add (:mod:`seco_lab.models.fused_grads`).
+    relay_factor = 1 is SeCO; a constant c_q = c is constant-relay SpaCO
     (each hop multiplies by c exactly once, when the buffer seeds its chunk).
     Returns the summed token loss of the visited chunks (detached).
     """
     order = sorted(set(int(j) for j in visit), reverse=True)
-    visited = set(order)
+    visited, params = set(order), list(params)
     loss_sum = 0.0
     # a chunk without a leaf (the last one, when pass 1 skipped it) relays nothing to itself
     own_leaves = [flat_cache(leaves[j]) if j < len(leaves) else [] for j in range(max(order, default=-1) + 1)]
     for j in order:
         for leaf in own_leaves[j]:
             leaf.grad = None
-    for j in order:
-        tok, tgt, start = batch.chunk(j)
-        src = [t for i in range(j) if i in visited for t in flat_cache(leaves[i])]
-        with torch.enable_grad():  # checked before its backward: a NaN loss accumulates nothing
-            out = checked_chunk(model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index), j)
-        check_recomputed(own_leaves[j], flat_cache(out.cache), j)
-        outs, seeds = [out.loss_sum], [out.loss_sum.new_tensor(direct_scale / batch.n_targets)]
-        for o, leaf in zip(flat_cache(out.cache), own_leaves[j]):
-            if leaf.grad is not None and o.requires_grad:
-                outs.append(o)
-                seeds.append(leaf.grad if relay_factor == 1.0 else leaf.grad.mul_(relay_factor))
-        loss_sum = loss_sum + out.loss_sum.detach()
-        live = [(o, g) for o, g in zip(outs, seeds) if o.requires_grad]
-        if live:
-            torch.autograd.backward([o for o, _ in live], [g for _, g in live], inputs=list(params) + src)
-        for leaf in own_leaves[j]:
-            leaf.grad = None
-        del out, outs, seeds, live
+    fuse = getattr(model, "fused_grads", None)
+    with fuse(params) if fuse is not None else nullcontext():
+        for j in order:
+            loss_sum = loss_sum + _relay_chunk(model, batch, leaves, params, own_leaves[j], visited, j,
+                                               direct_scale, relay_factor)
     return loss_sum if isinstance(loss_sum, torch.Tensor) else torch.zeros(())
+
+
+def _relay_chunk(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCache], params: Sequence[torch.Tensor],
+                 own: Sequence[torch.Tensor], visited: set[int], j: int, direct_scale: float,
+                 relay_factor: float) -> torch.Tensor:
+    """One chunk of :func:`relay_sweep`: rebuilt, checked, backpropagated; returns its summed token loss."""
+    tok, tgt, start = batch.chunk(j)
+    src = [t for i in range(j) if i in visited for t in flat_cache(leaves[i])]
+    with torch.enable_grad():  # checked before its backward: a NaN loss accumulates nothing
+        out = checked_chunk(model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index), j)
+    check_recomputed(own, flat_cache(out.cache), j)
+    outs, seeds = [out.loss_sum], [out.loss_sum.new_tensor(direct_scale / batch.n_targets)]
+    for o, leaf in zip(flat_cache(out.cache), own):
+        if leaf.grad is not None and o.requires_grad:
+            outs.append(o)
+            seeds.append(leaf.grad if relay_factor == 1.0 else leaf.grad.mul_(relay_factor))
+    live = [(o, g) for o, g in zip(outs, seeds) if o.requires_grad]
+    if live:
+        torch.autograd.backward([o for o, _ in live], [g for _, g in live], inputs=list(params) + src)
+    for leaf in own:
+        leaf.grad = None
+    return out.loss_sum.detach()
 
 
 def dense_grad(model: ChunkModel, tokens, targets, ignore_index: int = -100) -> tuple[torch.Tensor, GradDict]:

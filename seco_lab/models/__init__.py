@@ -5,6 +5,7 @@ pretrained LM offline.
 * :mod:`.tiny`         -- the tiny Llama-style transformer that runs chunk by chunk
 * :mod:`.hf_attention` -- the chunk-wise KV cache and attention kernel behind HFChunkModel
 * :mod:`.hf`           -- Hugging Face causal LMs as chunk models, LoRA through peft
+* :mod:`.fused_grads`  -- linear and embedding gradients added straight into .grad (pass 2 of HF models)
 * :mod:`.pretrained`   -- SmolLM2-135M-Instruct offline, from its GGUF file
 """
 

@@ -205,6 +205,14 @@ class HFChunkModel(nn.Module):
         finally:
             self._kv_buffer = previous
 
+    def fused_grads(self, params):
+        """The engine's pass 2 opens this around its chunk backwards: the model's linear and embedding
+        layers whose parameters are all in ``params`` add their gradients into ``.grad`` in place
+        (:func:`~seco_lab.models.fused_grads.fused_param_grads`)."""
+        from .fused_grads import fused_param_grads
+
+        return fused_param_grads(self.model, params)
+
     @property
     def n_layers(self) -> int:
         return self.config.get_text_config(decoder=True).num_hidden_layers

@@ -57,7 +57,7 @@ def summarize(results: pd.DataFrame | str | Path) -> pd.DataFrame:
     out["SeCO/HF-ckpt time"] = _ratio(t, "seco", "hf_checkpoint")
     out["SeCO/HF-full memory"] = _ratio(m, "seco", "hf_full")
     out["SeCO/HF-ckpt memory"] = _ratio(m, "seco", "hf_checkpoint")
-    for lab in sorted(c for c in t.columns if c.startswith("spaco") and not c.endswith(PASS1_CHUNKS)):
+    for lab in sorted(c for c in t.columns if c.startswith("spaco") and not c.endswith(VARIANT_SUFFIXES)):
         out[f"{lab} / forward time"] = _ratio(t, lab, "forward")
         out[f"{lab} / SeCO time"] = _ratio(t, lab, "seco")
     loads = df[df.metric == clock(df)].groupby(KEYS).load1.mean()
@@ -293,41 +293,63 @@ def render(results_dir: str | Path) -> list[str]:
     if missed:
         parts += ["What stands in the way where a target is not met:",
                   "\n".join(f"- *{t}*: {NOT_MET_REASONS[t]}" for t in missed)]
-    parts += _pass1_parts(df)
+    parts += _variant_parts(df)
     parts += ["### Stratified relay cost", STRATIFIED_COST]
     parts += _profile_parts(results_dir)
     return [p + "\n" for p in parts]
 
 
-#: the label suffix of a step timed with the engine's pass 1 chunk by chunk (experiments/bench_hf.py)
-PASS1_CHUNKS = " (pass 1 chunk by chunk)"
+#: engine variants that experiments/bench_hf.py times beside the engine, interleaved in one process
+#: (``--compare NAME``): the label suffix of the variant's rows, what the variant does, what the engine does,
+#: and the section the report gives the pair
+ENGINE_VARIANTS = {
+    "pass1": (" (pass 1 chunk by chunk)", "chunk by chunk", "spans",
+              "Pass 1 in spans, side by side (one process, interleaved rounds)",
+              "The engine's pass 1 keeps no graph, so it forwards spans of up to 512 tokens (whole chunks) and splits "
+              "their keys/values into the chunks' leaves (docs/cost.md); the same steps with pass 1 chunk by chunk, "
+              "timed in the same process, are the 'before'."),
+    "fused": (" (layer gradients through autograd)", "through autograd", "into .grad",
+              "Layer gradients added into .grad, side by side (one process, interleaved rounds)",
+              "In pass 2 the linear and embedding layers add their weight gradients into .grad themselves, one "
+              "in-place product per chunk (seco_lab.models.fused_grads), instead of a product that autograd then "
+              "adds; the embedding adds only its looked-up rows. The same steps with every gradient through "
+              "autograd, timed in the same process, are the 'before'."),
+}
+#: the label suffix of a step timed with the engine's pass 1 chunk by chunk
+PASS1_CHUNKS = ENGINE_VARIANTS["pass1"][0]
+VARIANT_SUFFIXES = tuple(v[0] for v in ENGINE_VARIANTS.values())
 
 
-def pass1_table(df: pd.DataFrame) -> pd.DataFrame:
-    """SeCO and SpaCO steps with pass 1 in spans against the same steps with pass 1 chunk by chunk, timed
-    interleaved in one process (``--pass1-compare``): seconds, their ratio, and each against its baseline
-    (SeCO / HF full backprop, SpaCO / forward)."""
+def variant_table(df: pd.DataFrame, name: str) -> pd.DataFrame:
+    """SeCO and SpaCO steps of the engine against the same steps of engine variant ``name``
+    (:data:`ENGINE_VARIANTS`), timed interleaved in one process: seconds, their ratio, and each against its
+    baseline (SeCO / HF full backprop, SpaCO / forward)."""
+    suffix, before, after = ENGINE_VARIANTS[name][:3]
     t = _wide(df, clock(df))
     rows = []
-    for lab in (c[: -len(PASS1_CHUNKS)] for c in t.columns if c.endswith(PASS1_CHUNKS)):
+    for lab in (c[: -len(suffix)] for c in t.columns if c.endswith(suffix)):
         base = "hf_full" if lab == "seco" else "forward"
-        for idx, r in t[[lab, lab + PASS1_CHUNKS, base]].dropna(subset=[lab, lab + PASS1_CHUNKS]).iterrows():
-            rows.append({**dict(zip(KEYS, idx)), "method": lab, "chunk by chunk s": r[lab + PASS1_CHUNKS],
-                         "spans s": r[lab], "spans / chunk by chunk": r[lab] / r[lab + PASS1_CHUNKS],
-                         "baseline": base, "chunk by chunk / baseline": r[lab + PASS1_CHUNKS] / r[base],
-                         "spans / baseline": r[lab] / r[base]})
+        for idx, r in t[[lab, lab + suffix, base]].dropna(subset=[lab, lab + suffix]).iterrows():
+            rows.append({**dict(zip(KEYS, idx)), "method": lab, f"{before} s": r[lab + suffix],
+                         f"{after} s": r[lab], f"{after} / {before}": r[lab] / r[lab + suffix],
+                         "baseline": base, f"{before} / baseline": r[lab + suffix] / r[base],
+                         f"{after} / baseline": r[lab] / r[base]})
     return pd.DataFrame(rows)
 
 
-def _pass1_parts(df: pd.DataFrame) -> list[str]:
-    tab = pass1_table(df)
-    if not len(tab):
-        return []
-    return ["### Pass 1 in spans, side by side (one process, interleaved rounds)",
-            "The engine's pass 1 keeps no graph, so it forwards spans of up to 512 tokens (whole chunks) and splits "
-            "their keys/values into the chunks' leaves (docs/cost.md); the same steps with pass 1 chunk by chunk, "
-            "timed in the same process, are the 'before'. Baselines: SeCO against plain HF backprop, SpaCO against "
-            "the forward.", _shown(tab)]
+def pass1_table(df: pd.DataFrame) -> pd.DataFrame:
+    """:func:`variant_table` of pass 1 in spans against pass 1 chunk by chunk (``--compare pass1``)."""
+    return variant_table(df, "pass1")
+
+
+def _variant_parts(df: pd.DataFrame) -> list[str]:
+    parts = []
+    for name, (_, _, _, title, text) in ENGINE_VARIANTS.items():
+        tab = variant_table(df, name)
+        if len(tab):
+            parts += [f"### {title}", text + " Baselines: SeCO against plain HF backprop, SpaCO against the forward.",
+                      _shown(tab)]
+    return parts
 
 
 def _before_after_parts(summary: pd.DataFrame, df: pd.DataFrame, results_dir: Path, before: str,

@@ -92,6 +92,8 @@ class GatheredView:
 
     #: the engine runs each chunk graph's products fused (FSDP's backward hooks reshard after one)
     fused_products = True
+    #: parameter gradients go through autograd (FSDP's post-backward hooks reduce them), never straight into .grad
+    fused_grads = None
 
     def __init__(self, root: nn.Module, full: dict[str, nn.Parameter]):
         self._root, self._full = root, full
