@@ -397,3 +397,118 @@ def test_fused_layer_gradients_touch_only_the_named_parameters_and_restore_after
             assert n_fused == 2 * 7 + 2  # 7 projections per layer, the embedding and the head
             raise RuntimeError("inside")
     assert [m for m in model.modules() if "forward" in vars(m)] == own_forward
+
+
+def _spied_fused_calls(monkeypatch):
+    """Counts of the fused backward per parameter (id), for the module's two autograd Functions."""
+    from collections import Counter
+
+    from seco_lab.models import fused_grads as fg
+
+    calls = Counter()
+    spied = ((fg._LinearIntoGrad, lambda ctx: ctx.params[0]), (fg._EmbeddingIntoGrad, lambda ctx: ctx.param))
+    for fn, param_of in spied:
+        def spy(ctx, g, _orig=fn.backward, _param_of=param_of):
+            calls[id(_param_of(ctx))] += 1
+            return _orig(ctx, g)
+        monkeypatch.setattr(fn, "backward", staticmethod(spy))
+    return calls
+
+
+@pytest.mark.parametrize("case", ["tensor_hook", "grad_dtype", "weight_norm", "weight_norm_one_chunk", "autocast",
+                                  "frozen_bias", "bias_not_named"])
+def test_a_layer_whose_gradient_autograd_must_see_is_not_fused(case, monkeypatch):
+    """The fused path steps aside (that layer's gradients go through autograd as without it) where it would be
+    wrong: a tensor hook on the weight (it would see no gradient), gradients kept in another dtype, a weight
+    computed by a hook (weight_norm: the Parameters are weight_g/weight_v), autocast; a frozen bias receives
+    nothing; a trainable bias the sweep does not name keeps its layer unfused.  Compared with the engine
+    without fusion and with HF's own backward."""
+    import warnings
+
+    from seco_lab import seco_step
+    from seco_lab.core.engine import cache_leaves, checked_batch, relay_sweep
+
+    calls = _spied_fused_calls(monkeypatch)
+    dtype = torch.float32 if case == "autocast" else torch.float64
+    model = build_hf_model("qwen2", attn_implementation="sdpa", dtype=dtype)  # q/k/v carry biases
+    q = model.model.layers[0].self_attn.q_proj
+    seen = []
+    if case == "tensor_hook":
+        q.weight.register_hook(lambda g: seen.append(type(g).__name__) or g * 2.0)
+    elif case == "grad_dtype":
+        q.weight.grad_dtype = torch.float32
+    elif case.startswith("weight_norm"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.nn.utils.weight_norm(q)
+    elif case == "frozen_bias":
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.bias.requires_grad_(False)
+    tok, tgt = tokens()
+    chunk = tok.shape[1] if case == "weight_norm_one_chunk" else 4
+    adapter = HFChunkModel(model)
+    named = [p for n, p in model.named_parameters() if p.requires_grad and not (case == "bias_not_named" and
+                                                                                 n.endswith("q_proj.bias"))]
+
+    def grads(fused: bool) -> dict:
+        for p in model.parameters():
+            p.grad = None
+        if fused:
+            vars(adapter).pop("fused_grads", None)
+        else:
+            adapter.fused_grads = None
+        if case == "bias_not_named":
+            batch = checked_batch(adapter, tok, tgt, chunk, -100)
+            leaves, _ = cache_leaves(adapter, batch, with_loss=False, include_last=False)
+            relay_sweep(adapter, batch, leaves, named, range(batch.num_chunks))
+        else:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast"):
+                hf_reference(model, tok, tgt)  # a forward with a graph just before (weight_norm's weight requires grad)
+                seco_step(adapter, tok, tgt, chunk_size=chunk)
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    plain = grads(False)
+    assert not calls
+    fused = grads(True)
+    assert set(fused) == set(plain) and rel_err(fused, plain) <= (1e-6 if case == "grad_dtype" else TOL)
+    if case != "autocast":
+        _, ref = hf_reference(model, tok, tgt)
+        scale = {"model.model.layers.0.self_attn.q_proj.weight": 2.0} if case == "tensor_hook" else {}
+        assert rel_err(plain, {n: ref["model." + n] * scale.get(n, 1.0) for n in plain}) <= 1e-6
+    if case == "autocast":
+        assert not calls
+    elif case == "frozen_bias":
+        assert calls[id(q.weight)] > 0 and not any(n.endswith("q_proj.bias") for n in fused)
+    elif case == "bias_not_named":
+        assert calls[id(q.weight)] == 0 and calls[id(model.model.layers[0].self_attn.o_proj.weight)] > 0
+        assert not any(n.endswith("q_proj.bias") for n in fused)
+    else:
+        assert calls[id(getattr(q, "weight_v", q.weight))] == calls[id(q.weight)] == 0 and sum(calls.values()) > 0
+    if case == "tensor_hook":
+        assert seen and set(seen) == {"Tensor"}
+    if case == "grad_dtype":
+        assert fused["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float32
+
+
+def test_fused_layer_gradients_add_in_place_and_do_not_nest(monkeypatch):
+    """A fused weight's .grad is added to where it is (the tensor a caller holds is the one updated), and a
+    second context on the same model is refused instead of widening the first one's parameters."""
+    from seco_lab import seco_step
+    from seco_lab.models.fused_grads import fused_param_grads
+
+    calls = _spied_fused_calls(monkeypatch)
+    model = build_hf_model("llama", attn_implementation="sdpa", dtype=torch.float64)
+    adapter = HFChunkModel(model)
+    tok, tgt = tokens()
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    held = {id(p): p.grad for p in params}
+    seco_step(adapter, tok, tgt, chunk_size=4)
+    w = model.model.layers[0].mlp.up_proj.weight
+    assert calls[id(w)] > 0 and w.grad is held[id(w)] and float(held[id(w)].norm()) > 0
+    with fused_param_grads(model, params):
+        with pytest.raises(RuntimeError, match="already open"):
+            with fused_param_grads(model, params[:1]):
+                pass
+    assert not any(getattr(vars(m).get("forward"), "fused_into_grad", False) for m in model.modules())

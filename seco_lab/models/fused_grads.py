@@ -14,10 +14,13 @@ weights are named do both in one step, in place:
 with g = dL/dy of the chunk, the same sums autograd forms, in another order (equal up to rounding: the
 float64 tests hold SeCO to dense autograd at 1e-13).  This is Megatron-LM's "gradient accumulation
 fusion" for the chunk loop.  The fused weights receive nothing through autograd (their ``AccumulateGrad``
-is not reached, so hooks on them do not fire): only callers that want parameter gradients summed into
-``.grad`` may open it (the engine's :func:`~seco_lab.core.engine.relay_sweep`), never a caller that
-collects gradients from ``torch.autograd.grad``.  Under autocast, or for a module whose parameters are
-not all named, the layer runs as it would without it.
+runs with no gradient): only callers that want parameter gradients summed into ``.grad`` may open it
+(the engine's :func:`~seco_lab.core.engine.relay_sweep`), never a caller that collects gradients from
+``torch.autograd.grad``.  A layer runs as it would without it under autocast, when one of its trainable
+parameters is not named, is not a Parameter (``weight_norm``), carries a tensor hook, keeps its
+gradient in another dtype (``grad_dtype``), or has a ``.grad`` of another dtype or layout.  On CUDA,
+``index_add_`` adds the embedding rows with atomics: not bit-reproducible unless
+``torch.use_deterministic_algorithms(True)``.
 """
 
 from __future__ import annotations
@@ -86,49 +89,71 @@ class _EmbeddingIntoGrad(torch.autograd.Function):
         return None, None, None
 
 
-def _fused_forward(module: nn.Module):
+def _plain_grad(p: torch.Tensor | None) -> bool:
+    """A parameter whose gradient autograd would simply add into ``.grad``: a Parameter, no tensor hooks (they
+    would see no gradient), gradients kept in its own dtype, and ``.grad`` absent or a dense tensor of that dtype."""
+    return (isinstance(p, nn.Parameter) and not getattr(p, "_backward_hooks", None)
+            and not getattr(p, "_post_accumulate_grad_hooks", None)
+            and getattr(p, "grad_dtype", None) in (None, p.dtype)
+            and (p.grad is None or (p.grad.dtype == p.dtype and p.grad.layout == torch.strided)))
+
+
+def _fused_forward(module: nn.Module, names: set[int]):
+    """The layer's forward within the context; whether it adds into .grad is decided at each call, from the
+    parameters it holds then (a hook may swap them, as ``weight_norm`` does)."""
+    plain = type(module).forward.__get__(module)
+
+    def fused_now(x) -> tuple | None:
+        if torch.is_autocast_enabled(x.device.type) or not torch.is_grad_enabled():
+            return None
+        ps = [p for p in (module.weight, getattr(module, "bias", None)) if p is not None]
+        trainable = [p for p in ps if p.requires_grad]
+        if not module.weight.requires_grad or not all(id(p) in names and _plain_grad(p) for p in trainable):
+            return None
+        bias = getattr(module, "bias", None)
+        return module.weight, bias if bias is not None and bias.requires_grad else None
+
     if isinstance(module, nn.Linear):
-        bias = module.bias if module.bias is not None and module.bias.requires_grad else None
-        plain, params = type(module).forward.__get__(module), (module.weight, bias)
-
         def forward(x):
-            if torch.is_autocast_enabled(x.device.type) or not torch.is_grad_enabled():
-                return plain(x)
-            return _LinearIntoGrad.apply(x, module.weight, module.bias, params)
+            params = fused_now(x)
+            return plain(x) if params is None else _LinearIntoGrad.apply(x, module.weight, module.bias, params)
     else:
-        plain = type(module).forward.__get__(module)
-
         def forward(ids):
-            if torch.is_autocast_enabled(module.weight.device.type) or not torch.is_grad_enabled():
-                return plain(ids)
-            return _EmbeddingIntoGrad.apply(ids, module.weight, module.padding_idx)
+            params = fused_now(module.weight)
+            return plain(ids) if params is None else _EmbeddingIntoGrad.apply(ids, module.weight, module.padding_idx)
+    forward.fused_into_grad = True
     return forward
 
 
 def _fusable(module: nn.Module, names: set[int]) -> bool:
-    """A plain nn.Linear / nn.Embedding (not a subclass with its own forward) whose every trainable
-    parameter is named, and at least one is; an embedding only in its dense, unscaled form."""
+    """A plain nn.Linear / nn.Embedding (not a subclass, no forward of its own) whose weight is a named
+    Parameter and whose every trainable parameter is named; an embedding only in its dense, unscaled form.
+    The parameters are checked again at each call (:func:`_fused_forward`)."""
     if type(module) not in (nn.Linear, nn.Embedding) or "forward" in vars(module):
         return False
     if type(module) is nn.Embedding and (module.max_norm is not None or module.scale_grad_by_freq or module.sparse):
         return False
-    trainable = [p for p in module.parameters(recurse=False) if p.requires_grad]
-    if type(module) is nn.Linear and not module.weight.requires_grad:
+    if not isinstance(module.weight, nn.Parameter) or not module.weight.requires_grad:
         return False
-    return bool(trainable) and all(id(p) in names for p in trainable)
+    return all(id(p) in names for p in module.parameters(recurse=False) if p.requires_grad)
 
 
 @contextmanager
 def fused_param_grads(model: nn.Module, params: Iterable[torch.Tensor]) -> Iterator[int]:
     """Within: graphs built by ``model``'s linear and embedding layers whose trainable parameters are all in
     ``params`` add their parameter gradients straight into ``.grad`` on backward (module docstring).
-    Yields how many layers are fused; every layer is restored on exit, also after an error."""
+    Yields how many layers are fused; every layer is restored on exit, also after an error.  Not nestable:
+    an inner context would leave the outer one's wider parameter set in force."""
+    if any(getattr(vars(m).get("forward"), "fused_into_grad", False) for m in model.modules()):
+        raise RuntimeError("fused_param_grads is already open on this model (nested, or another thread's sweep); "
+                           "run one sweep at a time per model")
     names = {id(p) for p in params}
     fused = [m for m in model.modules() if _fusable(m, names)]
     try:
         for m in fused:
-            m.forward = _fused_forward(m)
+            m.forward = _fused_forward(m, names)
         yield len(fused)
     finally:
         for m in fused:
-            vars(m).pop("forward", None)
+            if getattr(vars(m).get("forward"), "fused_into_grad", False):
+                del m.forward
