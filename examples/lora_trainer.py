@@ -90,8 +90,8 @@ def train(args: argparse.Namespace) -> dict:
     if args.trainer == "stock":
         trainer = Trainer(**common)
     else:
-        seco = SeCOArguments(chunk_size=args.chunk_size, mode=args.mode, scheme=args.scheme, budget=args.budget,
-                             seed=args.seed)
+        spaco = dict(scheme=args.scheme, budget=args.budget, seed=args.seed) if args.mode == "spaco" else {}
+        seco = SeCOArguments(chunk_size=args.chunk_size, mode=args.mode, **spaco)
         trainer = SeCOTrainer(seco_args=seco, **common)
     before = rss_mib()
     start = time.process_time()

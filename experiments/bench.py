@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import resource
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -30,6 +31,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "experiments"
 from .child import reset_peak_rss, rss_bytes, run_child
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import resource
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
@@ -35,8 +36,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from seco_lab.core.checks import MAX_THREADS
+from seco_lab.estimators.schemes import SCHEME_NAMES
 from seco_lab.report.bench_hf import ENGINE_VARIANTS  # the label suffixes of --compare, as the report reads them
 
+if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "experiments"
 from .child import reset_peak_rss, rss_bytes, run_child
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -72,6 +78,21 @@ QUICK = replace(DEFAULT, lengths=(128, 256), chunk_sizes=(32,), n_layers=2, hidd
 
 
 CHUNKED = ("seco", "spaco", "chunked_forward")
+METHODS = ("forward", "hf_full", "hf_checkpoint", "seco", "spaco", "chunked_forward")
+
+
+def _at_least(minimum: int):
+    """An argparse type: an integer >= ``minimum`` (a wrong count is refused before a minute of benchmarking)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
 
 
 def methods(cfg: HFBenchConfig, n: int) -> list[dict]:
@@ -298,25 +319,27 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="sub-minute smoke run on a tiny Llama")
-    ap.add_argument("--layers", type=int, default=None, help="decoder layers (SmolLM2-135M has 30)")
-    ap.add_argument("--lengths", type=int, nargs="+", default=None)
-    ap.add_argument("--rounds", type=int, default=None)
-    ap.add_argument("--warmup", type=int, default=None, help="untimed rounds first (default 1)")
-    ap.add_argument("--chunk-sizes", type=int, nargs="+", default=None,
+    ap.add_argument("--layers", type=_at_least(1), default=None, help="decoder layers (SmolLM2-135M has 30)")
+    ap.add_argument("--lengths", type=_at_least(1), nargs="+", default=None)
+    ap.add_argument("--rounds", type=_at_least(1), default=None)
+    ap.add_argument("--warmup", type=_at_least(0), default=None, help="untimed rounds first (default 1)")
+    ap.add_argument("--chunk-sizes", type=_at_least(1), nargs="+", default=None,
                     help="chunk sizes of SeCO/SpaCO (default 512); each is a row of its own")
-    ap.add_argument("--draws", type=int, default=None, help="SpaCO: random draws per round, averaged (default 8)")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads per process (1 on a shared machine)")
+    ap.add_argument("--draws", type=_at_least(1), default=None,
+                    help="SpaCO: random draws per round, averaged (default 8)")
+    ap.add_argument("--threads", type=_at_least(1), default=None,
+                    help="torch threads per process (1 on a shared machine)")
     ap.add_argument("--lora-only", action="store_true")
-    ap.add_argument("--methods", nargs="+", default=None)
-    ap.add_argument("--schemes", nargs="+", default=None,
+    ap.add_argument("--methods", nargs="+", choices=METHODS, default=None)
+    ap.add_argument("--schemes", nargs="+", default=None, choices=SCHEME_NAMES,
                     help=f"SpaCO schemes (default: {' '.join(DEFAULT.schemes)})")
     ap.add_argument("--no-lora", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--no-time", action="store_true")
-    ap.add_argument("--profile", type=int, default=None,
+    ap.add_argument("--profile", type=_at_least(1), default=None,
                     help="length of the profiled SeCO step (at the first chunk size)")
     ap.add_argument("--profile-lora", action="store_true", help="profile the LoRA model")
-    ap.add_argument("--pass1-tokens", type=int, default=None,
+    ap.add_argument("--pass1-tokens", type=_at_least(0), default=None,
                     help="tokens the engine's pass 1 forwards at once (default: the adapter's, 512; 0: chunk by chunk, "
                          "the engine before pass-1 spans)")
     ap.add_argument("--compare", nargs="+", choices=tuple(ENGINE_VARIANTS), default=None,
@@ -328,6 +351,12 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=Path("reports/bench"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.no_lora and a.lora_only:
+        ap.error("--no-lora and --lora-only exclude each other: give one (neither measures both)")
+    if a.no_time and a.no_memory and a.profile is None:
+        ap.error("--no-time --no-memory without --profile measures nothing")
+    if a.threads is not None and a.threads > MAX_THREADS:
+        ap.error(f"--threads {a.threads}: at most {MAX_THREADS} (this machine has {os.cpu_count()} cores)")
     if a.child:
         job = json.loads(a.child)
         cfg = HFBenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in job["cfg"].items()})

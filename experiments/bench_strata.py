@@ -28,6 +28,9 @@ from pathlib import Path
 
 import pandas as pd
 
+if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "experiments"
 from .child import ROOT, run_child
 
 

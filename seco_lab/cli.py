@@ -327,6 +327,20 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 
 def main(argv=None) -> int:
+    """The ``seco-lab`` command.  A stored file nested past Python's recursion limit (JSON or TOML of
+    200,000 brackets) is a one-line error in every command, wherever it is read."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(argv)
+    except RecursionError:
+        command = argv[0] if argv and not argv[0].startswith("-") else ""
+        print(f"seco-lab{' ' + command if command else ''}: error: a file it read nests lists or tables too deeply "
+              "to read (past Python's recursion limit); it is not a file seco-lab wrote -- check the paths given",
+              file=sys.stderr)
+        return 2
+
+
+def _dispatch(argv: list[str]) -> int:
     warnings.formatwarning = _one_line_warning  # the command line's warnings read like its errors
     ap = argparse.ArgumentParser(prog="seco-lab", description=__doc__.split("\n\n")[0].replace("\n", " "),
                                  epilog="Run `seco-lab COMMAND --help` for a command's options.")
@@ -340,7 +354,6 @@ def main(argv=None) -> int:
     sub.add_parser("report", help="generate a report from stored results", add_help=False)
     sub.add_parser("audit", help="audit a gradient estimator on a model and text (bias, noise, equal compute)",
                    add_help=False)
-    argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "study":
         return study_main(argv[1:])
     if argv and argv[0] == "bias-study":

@@ -18,7 +18,7 @@ from pathlib import Path
 from .estimators.schemes import SCHEME_NAMES, get_scheme
 from .field_types import check_fields
 from .models.tiny_config import TinyConfig
-from .store import CONFIG_MAX_BYTES, checked_file
+from .store import CONFIG_MAX_BYTES, checked_file, too_deep
 
 __all__ = ["ATTENTION", "DATA", "DTYPE_NAMES", "GATHER_POLICIES", "HF_ARCHITECTURE_DEFAULTS", "HF_ARCHITECTURES",
            "MODES", "SHARD_MODES", "TEXT_VOCAB", "RunControl", "TrainConfig", "check_fields", "flag_of",
@@ -40,6 +40,9 @@ TEXT_VOCAB = 256  # byte-level text: one token per byte value
 SHARD_MODES = ("none", "fsdp")
 GATHER_POLICIES = ("step", "chunk")  # seco_lab.training.sharding documents each
 MAX_STEPS = 10**9  # the bound of step counts (--steps, --warmup, --eval-every, ...): more would run for years
+#: validation batches per evaluation: each is a forward, every --eval-every steps, without a progress bar of its own;
+#: 10**9 of them stalled a 2-step run for good (hostile campaign 6)
+MAX_EVAL_BATCHES = 10**5
 
 
 def opt(default, help: str, group: str, **meta):
@@ -94,7 +97,7 @@ class TrainConfig:
     clip: float | None = opt(1.0, "clip the gradient norm to this value (0 or none: no clipping)", "optimisation",
                              min=0.0)
     eval_every: int = opt(50, "evaluate every this many steps", "optimisation", min=1, max=MAX_STEPS)
-    eval_batches: int = opt(2, "validation batches per evaluation", "optimisation", min=1, max=MAX_STEPS)
+    eval_batches: int = opt(2, "validation batches per evaluation", "optimisation", min=1, max=MAX_EVAL_BATCHES)
     ckpt_every: int = opt(50, "checkpoint every this many steps", "optimisation", min=1, max=MAX_STEPS)
     dtype: str = opt("float32", "parameter dtype", "optimisation", choices=DTYPE_NAMES)
     seed: int = opt(0, "seed of the weights, the data and the SpaCO draws", "optimisation", min=0,
@@ -357,8 +360,8 @@ def load_config_file(path: Path) -> dict:
     try:
         text = path.read_text()
         data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)  # c.TOML is TOML too
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"config file {path}: cannot parse ({e})") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"config file {path}: cannot parse ({too_deep(e)})") from None
     if not isinstance(data, dict):
         raise ValueError(f"config file {path}: expected a table of settings, got {type(data).__name__}")
     return data

@@ -36,7 +36,7 @@ _HELD_LOCKS: dict[Path, IO] = {}  # study folders this process has locked (a rer
 __all__ = ["CONFIG_MAX_BYTES", "RECORD_MAX_BYTES", "TABLE_MAX_BYTES", "DefinitionMismatch", "StudyFolder",
            "StudyFolderError", "atomic_write", "atomic_write_csv", "atomic_write_json", "check_study_out",
            "checked_file", "clear_stale", "fingerprint", "protected_paths", "software_versions", "study_owner",
-           "TEMP_TAG"]
+           "too_deep", "TEMP_TAG"]
 
 #: the tag of atomic_write's temporary files, ``NAME.seco-tmp<pid>``
 TEMP_TAG = "seco-tmp"
@@ -53,6 +53,14 @@ _NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO, a named pip
                                                             "writer, maybe forever"),
                 (stat.S_ISCHR, "a character device: reading it may never end"), (stat.S_ISBLK, "a block device"),
                 (stat.S_ISSOCK, "a socket"))
+
+
+def too_deep(e: BaseException) -> BaseException | str:
+    """What to say of a parse error: a RecursionError (JSON or TOML nested past Python's recursion limit) as
+    what it means for the file, anything else as itself."""
+    if isinstance(e, RecursionError):
+        return "its lists or tables nest too deeply to read; it is not a file seco-lab wrote"
+    return e
 
 
 def checked_file(path: str | Path, what: str, max_bytes: int | None = None, fix: str = "") -> Path:

@@ -333,18 +333,9 @@ def test_pass2_adds_layer_gradients_into_grad_in_place_and_equals_hf_backward(ar
     (seco_lab.models.fused_grads): every such trainable weight gets them from the fused backward once per
     chunk, the result (on top of a prior .grad, times a scale) is still HF's own backward, and every layer
     is restored afterwards."""
-    from collections import Counter
-
     from seco_lab import seco_step
-    from seco_lab.models import fused_grads as fg
 
-    calls = Counter()
-    spied = ((fg._LinearIntoGrad, lambda ctx: ctx.params[0]), (fg._EmbeddingIntoGrad, lambda ctx: ctx.param))
-    for fn, param_of in spied:
-        def spy(ctx, g, _orig=fn.backward, _param_of=param_of):
-            calls[id(_param_of(ctx))] += 1
-            return _orig(ctx, g)
-        monkeypatch.setattr(fn, "backward", staticmethod(spy))
+    calls = _spied_fused_calls(monkeypatch)
     model = build_hf_model(arch, over, attn_implementation="sdpa", dtype=torch.float64)
     if lora:
         model = add_lora(model, r=4, alpha=8, init_lora_weights=False).double()

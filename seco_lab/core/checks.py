@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -38,7 +39,7 @@ if TYPE_CHECKING:  # torch is imported by the functions that need it: the CLI's 
 __all__ = ["MAX_WEIGHT_ENTRIES", "MEMORY_GUARD_BYTES", "RECOMPUTE_CHECKS", "ChunkedBatch", "RecomputationError",
            "as_bool", "as_float", "as_int", "as_token_matrix", "ceil_div", "check_seed", "guard_memory",
            "check_budget", "check_chunk_size", "check_max_hops", "check_model", "check_recomputed", "check_rng",
-           "check_subset", "checked_batch", "checked_chunk", "recompute_check"]
+           "check_subset", "check_threads", "checked_batch", "checked_chunk", "recompute_check", "MAX_THREADS"]
 
 
 def as_int(value, what: str, minimum: int | None = None) -> int:
@@ -48,6 +49,20 @@ def as_int(value, what: str, minimum: int | None = None) -> int:
     value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{what} must be an integer >= {minimum}, got {value}")
+    return value
+
+
+#: the most torch threads a study's process may ask for: more only slows it down, and OpenMP cannot start
+#: 100,000 (``SystemError`` while torch imports)
+MAX_THREADS = 256
+
+
+def check_threads(value, what: str = "threads") -> int:
+    """A thread count: an integer in [1, MAX_THREADS]."""
+    value = as_int(value, what, 1)
+    if value > MAX_THREADS:
+        raise ValueError(f"{what} must be at most {MAX_THREADS}, got {value}: more threads than cores only slow a "
+                         f"run down; give the number of cores to use (this machine has {os.cpu_count()})")
     return value
 
 

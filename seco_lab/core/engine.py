@@ -21,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import nullcontext
 
+import numpy as np
 import torch
 
 from .checks import PASS1_LOGITS_BYTES, ChunkedBatch, as_float, check_recomputed, checked_batch, checked_chunk
@@ -75,10 +76,20 @@ def cache_leaves(model: ChunkModel, batch: ChunkedBatch, with_loss: bool = True,
                                                     batch.ignore_index), j if m == 1 else f"{j}..{j + m - 1}")
             total = total + out.loss_sum
             sizes = batch.chunk_lengths(j, m)
-            parts = [t.detach().split(sizes, dim=model.cache_seq_dim) if m > 1 else (t.detach(),)
-                     for t in flat_cache(out.cache)]
+            parts = [_split_span(model, t.detach(), sizes) if m > 1 else (t.detach(),) for t in flat_cache(out.cache)]
             leaves += [unflat_cache([p[i].requires_grad_(True) for p in parts]) for i in range(m)]
     return leaves, total / batch.n_targets if with_loss else None
+
+
+def _split_span(model: ChunkModel, t: torch.Tensor, sizes: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    """A span's cache tensor split into its chunks' along ``model.cache_seq_dim``, which must hold the span's
+    tokens (another axis of the same length would give wrong leaves)."""
+    axis = model.cache_seq_dim
+    if not -t.dim() <= axis < t.dim() or t.shape[axis] != sum(sizes):
+        raise ValueError(f"{type(model).__name__}.cache_seq_dim = {axis} is not the sequence axis of its cache "
+                         f"tensors (shape {tuple(t.shape)}, {sum(sizes)} tokens in this span); set it to that axis, "
+                         "or pass1_tokens = None to run pass 1 chunk by chunk")
+    return t.split(list(sizes), dim=axis)
 
 
 def pass1_span(model: ChunkModel, chunk_size: int, with_loss: bool = False, batch_size: int = 1) -> int:
@@ -93,8 +104,15 @@ def pass1_span(model: ChunkModel, chunk_size: int, with_loss: bool = False, batc
     parameters' width, whichever is larger), are kept under :data:`~seco_lab.core.checks.PASS1_LOGITS_BYTES`
     or one chunk's, whichever is larger: a small chunk size chosen to bound memory keeps bounding it."""
     tokens, axis = getattr(model, "pass1_tokens", None), getattr(model, "cache_seq_dim", None)
-    if not tokens or axis is None:
+    if tokens is None or tokens == 0 or axis is None:
         return 1
+    name = type(model).__name__
+    if isinstance(tokens, bool) or not isinstance(tokens, (int, np.integer)) or tokens < 0:
+        raise ValueError(f"{name}.pass1_tokens must be a whole number of tokens >= 0 (0 or None: pass 1 chunk by "
+                         f"chunk), got {tokens!r}")
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise ValueError(f"{name}.cache_seq_dim must be the integer axis of the cache tensors that runs along the "
+                         f"sequence (e.g. -2 for (batch, heads, tokens, dim)), got {axis!r}")
     span = max(1, int(tokens) // chunk_size)
     if with_loss:
         vocab = getattr(model, "vocab_size", None)

@@ -5,7 +5,7 @@ refused where the engine would get it wrong.  Needs torch only (not transformers
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
@@ -45,6 +45,12 @@ class SeCOArguments:
         get_scheme(self.scheme)  # unknown names fail here, with the list of known ones
         as_int(self.budget, "budget", 1)
         as_int(self.seed, "seed", 0)
+        spaco_only = [f.name for f in fields(self) if f.name in ("scheme", "budget", "seed")
+                      and getattr(self, f.name) != f.default]
+        if self.mode == "seco" and spaco_only:  # SeCO is exact: it draws nothing and needs no scheme
+            raise ValueError(f"{', '.join(spaco_only)} {'is' if len(spaco_only) == 1 else 'are'} SpaCO's and would be "
+                             "ignored with mode='seco' (the exact gradient): set mode='spaco', or drop "
+                             f"{'it' if len(spaco_only) == 1 else 'them'}")
         if self.subset is not None:
             if self.mode != "spaco":
                 raise ValueError("subset fixes SpaCO's chunk set; it needs mode='spaco'")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..store import RECORD_MAX_BYTES, TABLE_MAX_BYTES, atomic_write, checked_file
+from ..store import RECORD_MAX_BYTES, TABLE_MAX_BYTES, atomic_write, checked_file, too_deep
 
 __all__ = ["MissingResultsError", "check_bounds", "fmt", "generated_note", "read_json_table", "read_results_csv",
            "require", "stored_file", "table", "write_markdown"]
@@ -45,8 +45,8 @@ def read_json_table(path: Path, produce: str) -> dict:
         data = json.loads(stored_file(path, "stored record", RECORD_MAX_BYTES, produce).read_text())
     except MissingResultsError:  # a FIFO, device, folder or huge file: said as it is
         raise
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MissingResultsError(f"{path} cannot be read as JSON ({e}): rerun {produce}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise MissingResultsError(f"{path} cannot be read as JSON ({too_deep(e)}): rerun {produce}") from None
     if not isinstance(data, dict):
         raise MissingResultsError(f"{path} holds a {type(data).__name__}, not the expected JSON object: rerun "
                                   f"{produce}")

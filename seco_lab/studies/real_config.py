@@ -8,7 +8,7 @@ import sysconfig
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..core.checks import as_int
+from ..core.checks import as_int, check_threads
 
 __all__ = ["CELLS", "MAX_WINDOW_TOKENS", "RUN_ONLY", "RealStudyConfig", "add_arguments", "text_path"]
 
@@ -40,8 +40,9 @@ class RealStudyConfig:
         """Refuse (ValueError naming the option) what would fail only inside a cell's process, after the model
         loaded and study.json was written: counts below 1, a window beyond the model's context (the cost
         guard: memory and time grow with it), a text file that is not there."""
-        for name in ("num_chunks", "chunk_size", "threads", "layers_per_group"):
+        for name in ("num_chunks", "chunk_size", "layers_per_group"):
             as_int(getattr(self, name), f"--{name.replace('_', '-')}", 1)
+        check_threads(self.threads, "--threads")
         as_int(self.offset, "offset", 0)
         if self.num_tokens > MAX_WINDOW_TOKENS:
             raise ValueError(f"--num-chunks {self.num_chunks} x --chunk-size {self.chunk_size} = {self.num_tokens:,} "

@@ -86,9 +86,9 @@ def config_differences(saved: TrainConfig, new: TrainConfig) -> list[str]:
     return out
 
 
-def check_checkpoint(state: dict, name: str, cfg: TrainConfig) -> None:
-    """Refuse the checkpoint ``name`` (its ``state``) when it is of another experiment than ``cfg``, or its
-    step is not the step its name says."""
+def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | None = None) -> None:
+    """Refuse the checkpoint ``name`` (its ``state``) when it is of another experiment than ``cfg``, its
+    step is not the step its name says, or (``run_id``: the run folder's) it was written by another run."""
     expected = int(name.split("_")[1].split(".")[0])
     if int(state.get("step", -1)) != expected:
         raise RunDirError(f"--resume: checkpoint {name} holds step {state.get('step')}, not {expected}; it was "
@@ -110,6 +110,10 @@ def check_checkpoint(state: dict, name: str, cfg: TrainConfig) -> None:
         raise RunDirError(f"--resume: checkpoint {name} belongs to another experiment (fingerprint {found}, this "
                           f"run's {expected_fingerprint}" + (f"; differs in {', '.join(diff)}" if diff else "")
                           + "); put this run's checkpoints back or start a new --run-dir")
+    if run_id is not None and state.get("run_id") != run_id:
+        raise RunDirError(f"--resume: checkpoint {name} was written by another run (run id {state.get('run_id')}, "
+                          f"this run folder's {run_id}): it was copied in from elsewhere, and resuming would mix two "
+                          "runs' histories; put this run's checkpoints back or start a new --run-dir")
 
 
 def load_newest_checkpoint(run_dir: RunDir, model, optimizer, cfg: TrainConfig) -> dict | None:
@@ -117,7 +121,7 @@ def load_newest_checkpoint(run_dir: RunDir, model, optimizer, cfg: TrainConfig) 
     is read into ``model`` and ``optimizer`` here (resharded to this run's ranks) and its extras returned; a
     ``.pt`` file is returned whole.  None when ``run_dir`` holds no checkpoint."""
     run_dir.check_latest()
-    check = functools.partial(check_checkpoint, cfg=cfg)
+    check = functools.partial(check_checkpoint, cfg=cfg, run_id=run_dir.run_id)
     sharded = sharded_checkpoint.newest(run_dir.checkpoints)
     files = sorted(run_dir.checkpoints.glob("step_*.pt"))
     if sharded and (not files or sharded[0].name.split(".")[0] >= files[-1].name.split(".")[0]):

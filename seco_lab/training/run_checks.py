@@ -99,7 +99,8 @@ def is_run(path: Path) -> bool:
         return True
     try:
         d = json.loads(checked_file(path / "config.json", "run config", CONFIG_MAX_BYTES).read_text())
-    except (OSError, ValueError):  # missing, not a regular file (a FIFO would block), too large, not JSON
+    except (OSError, ValueError, RecursionError):  # missing, not a regular file (a FIFO would block), too large,
+        # not JSON, nested past Python's recursion limit
         return False
     from ..config import MODES, RunControl, TrainConfig
 

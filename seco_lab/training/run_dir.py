@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import tempfile
 import warnings
 from pathlib import Path
@@ -36,7 +37,7 @@ from pathlib import Path
 import torch
 
 from ..folder_lock import LOCK_NAME, FolderBusy, hold_lock, release_lock
-from ..store import atomic_write, atomic_write_json
+from ..store import atomic_write, atomic_write_json, checked_file
 from .run_checks import (  # noqa: F401 (re-export: defined here before)
     CHECKPOINTS_TREE,
     DCP_TREE,
@@ -65,6 +66,11 @@ from .run_files import (  # noqa: F401 (re-export)
 
 __all__ = ["CHECKPOINT_KEYS", "DCP_TREE", "MARKER_NAME", "RUN_TREE", "RunDir", "RunDirError", "check_usable",
            "checkpoint_steps", "read_config", "read_metrics", "remove_own", "safe_load"]
+
+
+def marker_text() -> str:
+    """The marker file of a new run folder: whose it is, and the run's identity (:attr:`RunDir.run_id`)."""
+    return json.dumps({"tool": "seco-lab", "run_id": secrets.token_hex(8)}) + "\n"
 
 LATEST_MAX_BYTES = 4096  # ``latest`` holds one checkpoint name
 
@@ -96,7 +102,7 @@ class RunDir:
         if not resume and _contents(self.path):
             self._replace()
         if not resume:
-            atomic_write(self.path / MARKER_NAME, json.dumps({"tool": "seco-lab"}) + "\n")
+            atomic_write(self.path / MARKER_NAME, marker_text())
         self.checkpoints.mkdir(exist_ok=True)
         return self
 
@@ -108,7 +114,7 @@ class RunDir:
         (and at worst a ``.NAME.replaced-*`` folder beside it), never a half-emptied run."""
         parent, name = self.path.parent, self.path.name
         fresh = Path(tempfile.mkdtemp(prefix=f".{name}.new-", dir=parent))
-        atomic_write(fresh / MARKER_NAME, json.dumps({"tool": "seco-lab"}) + "\n")
+        atomic_write(fresh / MARKER_NAME, marker_text())
         aside = Path(tempfile.mkdtemp(prefix=f".{name}.replaced-", dir=parent))
         os.rename(self.path, aside / name)  # the old run, with our lock on its .lock, moves aside
         os.rename(fresh, self.path)
@@ -203,6 +209,18 @@ class RunDir:
                 p.unlink()
             removed.append(p)
         return removed
+
+    @property
+    def run_id(self) -> str | None:
+        """The run's identity, drawn when the run folder was made (its marker file); every checkpoint records it,
+        so a checkpoint copied in from another run folder is refused even when the two runs' settings differ only
+        in the schedule length.  None for a run folder made before run ids (its checkpoints are not matched)."""
+        try:
+            record = json.loads(checked_file(self.path / MARKER_NAME, "run marker", 4096).read_text())
+        except (OSError, ValueError, RecursionError):
+            return None
+        run_id = record.get("run_id") if isinstance(record, dict) else None
+        return run_id if isinstance(run_id, str) else None
 
     def load_checkpoint(self, map_location=None, check=None) -> dict | None:
         """The newest intact checkpoint (``latest`` first, then older steps), or None when there is none.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..store import CONFIG_MAX_BYTES, TABLE_MAX_BYTES, checked_file
+from ..store import CONFIG_MAX_BYTES, TABLE_MAX_BYTES, checked_file, too_deep
 from .run_checks import RunDirError, checkpoint_steps
 
 __all__ = ["CHECKPOINT_FILE", "CHECKPOINT_KEYS", "checkpoint_steps", "read_config", "read_metrics", "run_file",
@@ -55,8 +55,8 @@ def read_config(run_dir) -> dict:
     path = Path(run_dir) / "config.json"
     try:
         config = json.loads(run_file(path, "run config", CONFIG_MAX_BYTES).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RunDirError(f"{path}: cannot read the run's config ({e})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise RunDirError(f"{path}: cannot read the run's config ({too_deep(e)})") from None
     if not isinstance(config, dict):
         raise RunDirError(f"{path} holds a {type(config).__name__}, not a run's settings: the file is damaged or "
                           "not written by seco-lab train")

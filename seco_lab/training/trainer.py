@@ -226,7 +226,8 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         extra = {"step": self.step, "scheduler": self.sched.state_dict(), "torch_rng": torch.get_rng_state(),
-                 "numpy_rng": numpy_rng_state(), "config": self.cfg.to_dict(), "fingerprint": self.fingerprint}
+                 "numpy_rng": numpy_rng_state(), "config": self.cfg.to_dict(), "fingerprint": self.fingerprint,
+                 "run_id": self.run_dir.run_id}
         self.parallel.save_checkpoint(self.run_dir, self.opt, extra)  # sharded: collective, every rank its shards
         if self.rank == 0 and self.run.keep_checkpoints is not None:
             self.run_dir.prune_checkpoints(self.run.keep_checkpoints)

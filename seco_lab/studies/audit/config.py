@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from ...core.checks import as_int
+from ...core.checks import as_int, check_threads
 from ...estimators.schemes import SCHEME_NAMES
 
 __all__ = ["AuditConfig", "DEFAULT", "QUICK", "EXTENDABLE", "STAGES", "COMMITTED", "MAX_DRAWS"]
@@ -116,7 +116,7 @@ class AuditConfig:
                      "mc_draws", "cost_sequences", "cost_draws", "data_sequences", "exact_length",
                      "exact_chunk_size", "seed"):
             as_int(getattr(self, name), name)
-        as_int(self.threads, "threads", minimum=1)
+        check_threads(self.threads)
         if self.data_length is not None:
             as_int(self.data_length, "data_length", minimum=1)
         for name in ("budgets", "mc_budgets", "batch_sizes"):

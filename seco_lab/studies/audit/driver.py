@@ -242,6 +242,21 @@ def main(argv=None) -> int:
     return run_args(build_parser().parse_args(argv))
 
 
+def check_tables_only(ns: argparse.Namespace) -> None:
+    """``--tables-only`` computes nothing: the audit's settings are the stored ones, so a setting given with it
+    would be silently ignored -- refused, naming it."""
+    from .options import build_parser
+
+    probe = build_parser().parse_args([])
+    given = [f"--{k.replace('_', '-')}" for k, v in vars(ns).items()
+             if k not in ("out", "report", "no_progress", "tables_only") and v != getattr(probe, k, v)
+             and not (k == "quick" and ns.out is None)]  # --quick without --out names the folder audit-quick
+    if given:
+        raise ValueError(f"--tables-only rewrites the tables of the audit stored in --out with its stored settings; "
+                         f"{', '.join(given)} would be ignored: drop {'it' if len(given) == 1 else 'them'}, or run "
+                         "the audit without --tables-only")
+
+
 def run_args(ns: argparse.Namespace) -> int:
     """``seco-lab audit`` on parsed options (:func:`seco_lab.studies.audit.options.build_parser`)."""
     out = ns.out or (Path("audit-quick") if ns.quick else DEFAULT_OUT)
@@ -249,6 +264,7 @@ def run_args(ns: argparse.Namespace) -> int:
         if ns.report is not None:  # before anything is computed: never over a user's file or a folder
             check_report_target(ns.report, out, "report.md", "--report")
         if ns.tables_only:
+            check_tables_only(ns)
             rewrite_tables(out)
         else:
             run_audit(config_from_args(ns), out, progress=not ns.no_progress)
