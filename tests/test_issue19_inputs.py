@@ -1214,9 +1214,12 @@ def test_build_hf_model_range_checks_its_overrides():
                                   "--stop-at", "--keep-checkpoints"])
 def test_step_counts_are_bounded(tmp_path, capsys, flag):
     """B04/E54: --steps 99999999999999999999 was accepted and ran (for ever)."""
+    from seco_lab.config import MAX_EVAL_BATCHES, MAX_STEPS
+
     run = tmp_path / "run"
+    bound = MAX_EVAL_BATCHES if flag == "--eval-batches" else MAX_STEPS  # validation batches per evaluation: fewer
     rc, _, err = run_cli(capsys, "train", "--run-dir", str(run), *FAST, flag, "99999999999999999999")
-    _one_line_error(rc, err, f"{flag[2:].replace('-', '_')} must be <= 1000000000, got 99999999999999999999")
+    _one_line_error(rc, err, f"{flag[2:].replace('-', '_')} must be <= {bound}, got 99999999999999999999")
     assert not run.exists()
 
 
