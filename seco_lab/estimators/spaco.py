@@ -222,12 +222,18 @@ class ChainBasis:
     like: GradDict
 
     def contained(self, subset) -> np.ndarray:
-        m = sum(1 << int(j) for j in subset)
+        """Which chains lie inside ``subset`` (distinct chunk indices in [0, k), checked)."""
+        m = sum(1 << j for j in check_subset(subset, self.num_chunks))
         return (self.masks & ~np.int64(m)) == 0
 
     def estimate(self, subset, chain_weights) -> torch.Tensor:
-        """sum over chains inside ``subset`` of W(p) v_c (flat)."""
-        coef = np.where(self.contained(subset), np.asarray(chain_weights)[self.hops], 0.0)
+        """sum over chains inside ``subset`` of W(p) v_c (flat); ``chain_weights`` holds W(0), ..., W(P)."""
+        w = np.asarray(chain_weights, dtype=float) if not isinstance(chain_weights, torch.Tensor) else \
+            chain_weights.detach().cpu().double().numpy()
+        if w.ndim != 1 or len(w) < self.max_hops + 1 or not np.isfinite(w[: self.max_hops + 1]).all():
+            raise ValueError(f"chain_weights must hold W(0), ..., W(P) for P = {self.max_hops} hops: "
+                             f"{self.max_hops + 1} finite numbers, got {np.asarray(chain_weights).tolist()!r:.120}")
+        coef = np.where(self.contained(subset), w[self.hops], 0.0)
         return torch.as_tensor(coef, dtype=self.vectors.dtype) @ self.vectors
 
 

@@ -27,9 +27,11 @@ import torch
 
 from ..config import RunControl, TrainConfig, warn_once
 from . import sharded_checkpoint
-from .run_dir import RunDir, RunDirError, checkpoint_steps, read_config, read_metrics, safe_load
+from .run_dir import RunDir, RunDirError, read_config, read_metrics, safe_load
+from .run_files import UnsafeCheckpoint, checkpoint_files, checkpoint_steps
 
-__all__ = ["SCHEDULE_FIELDS", "metrics_gap", "warn_metrics_gap", "check_checkpoint", "check_nothing_to_resume",
+__all__ = ["SCHEDULE_FIELDS", "metrics_gap", "past_schedule", "schedule_cycles", "warn_metrics_gap",
+           "check_checkpoint", "check_nothing_to_resume",
            "config_differences", "continued_cycles", "experiment_fingerprint", "experiment_from_record",
            "experiment_record", "load_newest_checkpoint", "numpy_rng_state", "read_experiment", "recover_record",
            "set_numpy_rng_state"]
@@ -76,7 +78,13 @@ def experiment_from_record(d: dict, source: str) -> TrainConfig:
     d = {k: v for k, v in d.items() if k not in RunControl.__dataclass_fields__}
     if d.get("hf_model") is not None:
         d.pop("model", None)
-    return TrainConfig.from_dict(d, source=source)
+    cfg = TrainConfig.from_dict(d, source=source)
+    try:  # a record is checked as the command line is: an edited or damaged field is named, not used
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its warnings were given when the run started
+            return cfg.validate()
+    except (TypeError, ValueError) as e:
+        raise RunDirError(f"{source}: {e} -- the run's record was edited or is damaged; restore it") from None
 
 
 def config_differences(saved: TrainConfig, new: TrainConfig) -> list[str]:
@@ -86,9 +94,24 @@ def config_differences(saved: TrainConfig, new: TrainConfig) -> list[str]:
     return out
 
 
-def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | None = None) -> None:
+def schedule_cycles(config: dict) -> list[list[int]]:
+    """The warm-up + cosine cycles ``[start, end]`` a run's record (``TrainConfig.to_dict()``) schedules: its
+    ``lr_cycles``, or one cycle over its ``steps``."""
+    return [list(c) for c in (config.get("lr_cycles") or [[0, config.get("steps")]])]
+
+
+def past_schedule(config: dict, step: int) -> list[list[int]]:
+    """The cycles of ``config`` that shaped the learning rate of steps before ``step``: two records with the same
+    past schedule trained their first ``step`` steps alike (an extension or a re-warm adds cycles from then on)."""
+    return [c for c in schedule_cycles(config) if c[0] < step]
+
+
+def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | None = None,
+                     saved: TrainConfig | None = None) -> None:
     """Refuse the checkpoint ``name`` (its ``state``) when it is of another experiment than ``cfg``, its
-    step is not the step its name says, or (``run_id``: the run folder's) it was written by another run."""
+    step is not the step its name says, (``run_id``: the run folder's) it was written by another run, or
+    (``saved``: the run's record) it was trained on another learning-rate schedule than the run's record says
+    (:func:`past_schedule`: a copy of the run extended otherwise, or an edited ``steps``)."""
     expected = int(name.split("_")[1].split(".")[0])
     if int(state.get("step", -1)) != expected:
         raise RunDirError(f"--resume: checkpoint {name} holds step {state.get('step')}, not {expected}; it was "
@@ -114,14 +137,26 @@ def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | Non
         raise RunDirError(f"--resume: checkpoint {name} was written by another run (run id {state.get('run_id')}, "
                           f"this run folder's {run_id}): it was copied in from elsewhere, and resuming would mix two "
                           "runs' histories; put this run's checkpoints back or start a new --run-dir")
+    if saved is not None:
+        step = int(state["step"])
+        theirs = past_schedule(config, step) if isinstance(config, dict) else None
+        ours = past_schedule(saved.to_dict(), step)
+        if theirs != ours:
+            raise RunDirError(f"--resume: checkpoint {name} was trained on another learning-rate schedule up to its "
+                              f"step {step} (warm-up + cosine cycles {theirs}) than this run's config.json records "
+                              f"({ours}): it comes from a copy of this run that was extended or re-warmed otherwise, "
+                              "or config.json was edited; put this run's checkpoints (or its config.json) back, or "
+                              "start a new --run-dir")
 
 
-def load_newest_checkpoint(run_dir: RunDir, model, optimizer, cfg: TrainConfig) -> dict | None:
-    """The newest checkpoint's state, checked against ``cfg`` (:func:`check_checkpoint`): a sharded directory
-    is read into ``model`` and ``optimizer`` here (resharded to this run's ranks) and its extras returned; a
-    ``.pt`` file is returned whole.  None when ``run_dir`` holds no checkpoint."""
+def load_newest_checkpoint(run_dir: RunDir, model, optimizer, cfg: TrainConfig,
+                           saved: TrainConfig | None = None) -> dict | None:
+    """The newest checkpoint's state, checked against ``cfg``, the run folder's run id
+    (:meth:`RunDir.resume_run_id`) and (``saved``) the run's recorded schedule (:func:`check_checkpoint`): a
+    sharded directory is read into ``model`` and ``optimizer`` here (resharded to this run's ranks) and its extras
+    returned; a ``.pt`` file is returned whole.  None when ``run_dir`` holds no checkpoint."""
     run_dir.check_latest()
-    check = functools.partial(check_checkpoint, cfg=cfg, run_id=run_dir.run_id)
+    check = functools.partial(check_checkpoint, cfg=cfg, run_id=run_dir.resume_run_id(), saved=saved)
     sharded = sharded_checkpoint.newest(run_dir.checkpoints)
     files = sorted(run_dir.checkpoints.glob("step_*.pt"))
     if sharded and (not files or sharded[0].name.split(".")[0] >= files[-1].name.split(".")[0]):
@@ -143,23 +178,18 @@ def check_nothing_to_resume(run_dir: RunDir) -> None:
 def recover_record(run_dir) -> tuple[dict, str]:
     """``(experiment, checkpoint name)``: the experiment the newest intact checkpoint of ``run_dir`` records (every
     checkpoint stores its ``TrainConfig`` and its fingerprint), for a run whose ``config.json`` was deleted."""
-    checkpoints = Path(run_dir) / "checkpoints"
-    for step in reversed(checkpoint_steps(run_dir)):
-        for name, path in ((f"step_{step:06d}.pt", None), (f"step_{step:06d}.dcp", sharded_checkpoint.EXTRA)):
-            target = checkpoints / name if path is None else checkpoints / name / path
-            if not target.is_file():
+    for name, target in reversed(checkpoint_files(run_dir)):
+        try:
+            state = safe_load(target, map_location="cpu")
+            config = state["config"]
+            if experiment_fingerprint(config) != state["fingerprint"]:
                 continue
-            try:
-                state = safe_load(target, map_location="cpu")
-                config = state["config"]
-                if experiment_fingerprint(config) != state["fingerprint"]:
-                    continue
-                experiment_from_record(dict(config), name)
-            except RunDirError:
-                raise
-            except Exception:  # noqa: BLE001 -- a damaged or foreign checkpoint: try an earlier one
-                continue
-            return dict(config), name
+            experiment_from_record(dict(config), name)
+        except UnsafeCheckpoint:  # a crafted file: named, not skipped
+            raise
+        except Exception:  # noqa: BLE001 -- a damaged or foreign checkpoint: try an earlier one
+            continue
+        return dict(config), name
     raise RunDirError(f"--resume: {run_dir} has no config.json and none of its checkpoints records the run's "
                       "experiment (damaged or foreign); restore config.json, or start a new --run-dir")
 

@@ -57,6 +57,7 @@ from .run_checks import run_contents as _contents
 from .run_files import (  # noqa: F401 (re-export)
     CHECKPOINT_FILE,
     CHECKPOINT_KEYS,
+    checkpoint_run_ids,
     checkpoint_steps,
     read_config,
     read_metrics,
@@ -73,6 +74,7 @@ def marker_text() -> str:
     return json.dumps({"tool": "seco-lab", "run_id": secrets.token_hex(8)}) + "\n"
 
 LATEST_MAX_BYTES = 4096  # ``latest`` holds one checkpoint name
+MARKER_MAX_BYTES = 4096  # the marker holds a few keys
 
 
 class RunDir:
@@ -214,13 +216,59 @@ class RunDir:
     def run_id(self) -> str | None:
         """The run's identity, drawn when the run folder was made (its marker file); every checkpoint records it,
         so a checkpoint copied in from another run folder is refused even when the two runs' settings differ only
-        in the schedule length.  None for a run folder made before run ids (its checkpoints are not matched)."""
+        in the schedule length.  None when the marker is missing, damaged or of a run folder made before run ids
+        (:meth:`resume_run_id` decides what a resume then checks)."""
+        return self._read_marker()[0]
+
+    def _read_marker(self) -> tuple[str | None, str]:
+        """``(run id, problem)``: the id and "" for a readable marker; ``(None, "missing")``; ``(None, "no id")`` for
+        a marker of a folder made before run ids; otherwise ``(None, what is wrong with it)``."""
+        path = self.path / MARKER_NAME
+        if not path.exists() and not path.is_symlink():
+            return None, "missing"
         try:
-            record = json.loads(checked_file(self.path / MARKER_NAME, "run marker", 4096).read_text())
-        except (OSError, ValueError, RecursionError):
-            return None
-        run_id = record.get("run_id") if isinstance(record, dict) else None
-        return run_id if isinstance(run_id, str) else None
+            text = checked_file(path, "run marker", MARKER_MAX_BYTES).read_text()
+        except (OSError, ValueError) as e:  # a FIFO, a device, a folder, too large, not UTF-8
+            return None, str(e)
+        try:
+            record = json.loads(text)
+        except (ValueError, RecursionError):
+            return None, "not JSON"
+        if not isinstance(record, dict) or record.get("tool") != "seco-lab":
+            return None, "not a marker this tool writes"
+        if "run_id" not in record:
+            return None, "no id"
+        run_id = record["run_id"]
+        if not isinstance(run_id, str) or not re.fullmatch(r"[0-9a-f]{16}", run_id):
+            return None, f"its run id {str(run_id)[:40]!r} is not one this tool draws"
+        return run_id, ""
+
+    def resume_run_id(self) -> str | None:
+        """The run id a resumed run's checkpoint must carry: the marker's; when the marker is missing (deleted) or
+        older than run ids, the one id this folder's checkpoints record (None when they record none: a run made
+        before run ids).  A damaged marker, or checkpoints recording different ids (another run's copied in), is
+        refused: either would switch the check off, and a copied checkpoint would be resumed without a word."""
+        run_id, problem = self._read_marker()
+        if run_id is not None:
+            return run_id
+        if problem not in ("missing", "no id"):
+            raise RunDirError(f"--resume: the run marker {self.path / MARKER_NAME} is damaged ({problem}); it names "
+                              "the run whose checkpoints may be resumed here.  Remove it to resume with the run id "
+                              "this folder's checkpoints record (it is written again)")
+        ids = checkpoint_run_ids(self.path)
+        found = sorted({i for i in ids.values() if i is not None})
+        if len(found) > 1:
+            listed = ", ".join(f"{name} ({i})" for name, i in ids.items() if i is not None)
+            raise RunDirError(f"--resume: {self.checkpoints} holds checkpoints of {len(found)} different runs "
+                              f"(run ids: {listed}) and {self.path / MARKER_NAME}, which names this run, is {problem}; "
+                              "resuming could mix two runs' histories; remove the checkpoints copied in from elsewhere")
+        return found[0] if found else None
+
+    def restore_marker(self, run_id: str | None) -> None:
+        """Write the marker again with ``run_id`` (:meth:`resume_run_id`, after the checkpoint it continues passed
+        its checks) when it was deleted or predates run ids; a readable marker is left as it is."""
+        if run_id is not None and self._read_marker()[1] in ("missing", "no id"):
+            atomic_write(self.path / MARKER_NAME, json.dumps({"tool": "seco-lab", "run_id": run_id}) + "\n")
 
     def load_checkpoint(self, map_location=None, check=None) -> dict | None:
         """The newest intact checkpoint (``latest`` first, then older steps), or None when there is none.

@@ -15,11 +15,16 @@ import torch
 from ..store import CONFIG_MAX_BYTES, TABLE_MAX_BYTES, checked_file, too_deep
 from .run_checks import RunDirError, checkpoint_steps
 
-__all__ = ["CHECKPOINT_FILE", "CHECKPOINT_KEYS", "checkpoint_steps", "read_config", "read_metrics", "run_file",
+__all__ = ["CHECKPOINT_FILE", "CHECKPOINT_KEYS", "UnsafeCheckpoint", "checkpoint_files", "checkpoint_run_ids",
+           "checkpoint_steps", "read_config", "read_metrics", "run_file",
            "safe_load"]
 
 CHECKPOINT_KEYS = ("step", "model", "optimizer", "scheduler", "torch_rng", "numpy_rng")
 CHECKPOINT_FILE = re.compile(r"step_(\d+)\.pt")
+
+
+class UnsafeCheckpoint(RunDirError):
+    """A file in a checkpoint's place holding objects a safe load refuses (loading it could run code)."""
 
 
 def run_file(path: Path, what: str, max_bytes: int | None = None) -> Path:
@@ -32,9 +37,10 @@ def run_file(path: Path, what: str, max_bytes: int | None = None) -> Path:
         raise RunDirError(str(e)) from None
 
 
-def safe_load(path: Path, map_location=None):
+def safe_load(path: Path, map_location=None, mmap: bool = False):
     """``torch.load(weights_only=True)``: tensors and plain values only, so a crafted file cannot run code.
-    numpy arrays (the RNG state of checkpoints written before it was stored as a tensor) are allowed too."""
+    numpy arrays (the RNG state of checkpoints written before it was stored as a tensor) are allowed too.
+    ``mmap``: the tensors are mapped, not read (to look at a checkpoint's plain values cheaply)."""
     import numpy as np
     from numpy._core.multiarray import _reconstruct
 
@@ -43,12 +49,41 @@ def safe_load(path: Path, map_location=None):
         raise ValueError("not a torch checkpoint archive (no zip structure): truncated, overwritten or foreign")
     with torch.serialization.safe_globals([_reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]):
         try:
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
         except pickle.UnpicklingError as e:
             if "Weights only load failed" not in str(e):
                 raise
-            raise RunDirError(f"{path} holds objects a safe load refuses (not tensors or plain values); it is not a "
-                              "seco-lab checkpoint, and loading it could run code -- remove it") from None
+            raise UnsafeCheckpoint(f"{path} holds objects a safe load refuses (not tensors or plain values); it is "
+                                   "not a seco-lab checkpoint, and loading it could run code -- remove it") from None
+
+
+def checkpoint_files(run_dir) -> list[tuple[str, Path]]:
+    """``(checkpoint name, the file holding its plain values)`` of every checkpoint of ``run_dir``, oldest first:
+    a ``step_N.pt`` file itself, a sharded ``step_N.dcp`` directory its extras file (``extra.pt``,
+    :data:`seco_lab.training.sharded_checkpoint.EXTRA`)."""
+    out = []
+    for step in checkpoint_steps(run_dir):
+        for name, inner in ((f"step_{step:06d}.pt", None), (f"step_{step:06d}.dcp", "extra.pt")):
+            path = Path(run_dir) / "checkpoints" / name
+            path = path / inner if inner else path
+            if path.is_file():
+                out.append((name, path))
+    return out
+
+
+def checkpoint_run_ids(run_dir) -> dict[str, str | None]:
+    """``{checkpoint name: the run id it records}`` for every checkpoint of ``run_dir`` (tensors mapped, not
+    read), None for one that records none or cannot be read (a damaged checkpoint is reported when a resume
+    reaches it)."""
+    out = {}
+    for name, path in checkpoint_files(run_dir):
+        try:
+            state = safe_load(path, map_location="cpu", mmap=True)
+            run_id = state.get("run_id") if isinstance(state, dict) else None
+        except Exception:  # noqa: BLE001 -- damaged or foreign: it has no id to agree on
+            run_id = None
+        out[name] = run_id if isinstance(run_id, str) else None
+    return out
 
 
 def read_config(run_dir) -> dict:

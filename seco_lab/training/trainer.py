@@ -186,7 +186,7 @@ class Trainer:
         if diff:
             raise RunDirError(f"--resume: the config differs from the run in {self.run_dir.path} in: "
                               + ", ".join(diff) + "; resume with the saved settings or start a new --run-dir")
-        state = load_newest_checkpoint(self.run_dir, self.model, self.opt, self.cfg)
+        state = load_newest_checkpoint(self.run_dir, self.model, self.opt, self.cfg, saved)
         if state is None:
             check_nothing_to_resume(self.run_dir)
         else:
@@ -204,6 +204,8 @@ class Trainer:
             self.step = int(state["step"])
         self._continue_schedule(saved)
         if self.rank == 0:
+            if state is not None:  # a deleted marker is written again with the id the checkpoints agree on
+                self.run_dir.restore_marker(state.get("run_id"))
             warn_metrics_gap(self.run_dir, self.step)
             # metrics logged after the checkpoint belong to the part of the run redone now
             self.run_dir.truncate_metrics(self.step if state is not None else -1)

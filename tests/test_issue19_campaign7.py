@@ -1,0 +1,147 @@
+"""Issue 19, seventh hostile campaign (244 probes by a reviewer who wrote none of the fixes, on a fresh clone of
+626a65f): each finding with the test of its fix.  G-numbers are the campaign's (docs/hostile_campaign_7.md)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from seco_lab.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["--seq-len", "32", "--chunk-size", "8", "--steps", "2", "--warmup", "0", "--batch-size", "2",
+        "--eval-batches", "1", "--eval-every", "1", "--ckpt-every", "1", "--no-progress", "--device", "cpu",
+        "--d-model", "16", "--d-ff", "32", "--n-layers", "1", "--n-heads", "2"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """r2 (2 steps) and r4 (4 steps): equal settings but the schedule length, so equal fingerprints."""
+    base = tmp_path_factory.mktemp("runs")
+    assert main(["train", *FAST, "--run-dir", str(base / "r2")]) == 0
+    assert main(["train", *FAST, "--steps", "4", "--run-dir", str(base / "r4")]) == 0
+    return base
+
+
+def _copy(runs, name, dest):
+    shutil.copytree(runs / name, dest, ignore=shutil.ignore_patterns(".lock"))
+    return dest
+
+
+def _resume(run, capsys, *extra):
+    capsys.readouterr()
+    rc = main(["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume", *extra])
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("marker", ["deleted", "garbage", "a list", "over 4 KiB", "no run id"])
+def test_g1_without_a_readable_marker_another_runs_checkpoint_is_still_refused(marker, runs, tmp_path, capsys):
+    """G1: with the marker deleted or damaged the run-id check switched itself off, and r4's step-2 checkpoint
+    copied over r2's resumed with r4's learning rates.  A damaged marker is refused by name; a missing one (or
+    one older than run ids) is replaced by the id the folder's checkpoints agree on, and checkpoints of two
+    runs in one folder are refused."""
+    r = _copy(runs, "r2", tmp_path / "r")
+    m = r / ".seco-lab-run"
+    if marker == "deleted":
+        m.unlink()
+    elif marker == "garbage":
+        m.write_text("x")
+    elif marker == "a list":
+        m.write_text(json.dumps({"tool": "seco-lab", "run_id": ["x"]}))
+    elif marker == "over 4 KiB":
+        m.write_text(json.dumps({"tool": "seco-lab", "run_id": json.loads(m.read_text())["run_id"], "x": "y" * 5000}))
+    else:  # a folder made before run ids had {"tool": "seco-lab"}
+        m.write_text(json.dumps({"tool": "seco-lab"}))
+    shutil.copy(runs / "r4/checkpoints/step_000002.pt", r / "checkpoints/step_000002.pt")
+    rc, err = _resume(r, capsys)
+    assert rc == 2 and "Traceback" not in err
+    if marker in ("deleted", "no run id"):
+        assert "different runs" in err and "step_000002.pt" in err
+    else:
+        assert "marker" in err and "damaged" in err
+    assert not (r / "checkpoints/step_000003.pt").exists()
+
+
+def test_g1_a_deleted_marker_is_written_again_from_the_checkpoints_and_the_run_continues_exactly(runs, tmp_path,
+                                                                                                  capsys):
+    """G1 (B12): a resume in a folder without its marker recorded run id None in its new checkpoints, so the
+    folder stayed unprotected.  The marker comes back with the id the checkpoints record, and the continuation
+    equals the undamaged folder's continuation bit for bit."""
+    own = _copy(runs, "r2", tmp_path / "own")
+    r = _copy(runs, "r2", tmp_path / "r")
+    run_id = json.loads((r / ".seco-lab-run").read_text())["run_id"]
+    (r / ".seco-lab-run").unlink()
+    assert _resume(own, capsys)[0] == 0
+    assert _resume(r, capsys)[0] == 0
+    assert json.loads((r / ".seco-lab-run").read_text())["run_id"] == run_id
+    a, b = (torch.load(d / "checkpoints/step_000003.pt", weights_only=True) for d in (own, r))
+    assert b["run_id"] == run_id
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_g1_a_lone_foreign_checkpoint_without_a_marker_is_refused_by_its_schedule(runs, tmp_path, capsys):
+    """G1 (V1a with one checkpoint): no sibling to disagree with, but r4's checkpoint was trained on a 4-step
+    schedule while r2's config.json records 2 steps."""
+    r = _copy(runs, "r2", tmp_path / "r")
+    (r / ".seco-lab-run").unlink()
+    (r / "checkpoints/step_000001.pt").unlink()
+    shutil.copy(runs / "r4/checkpoints/step_000002.pt", r / "checkpoints/step_000002.pt")
+    rc, err = _resume(r, capsys)
+    assert rc == 2 and "another learning-rate schedule" in err and "[[0, 4]]" in err and "[[0, 2]]" in err
+
+
+def test_g2_copies_of_one_run_extended_differently_do_not_swap_checkpoints(runs, tmp_path, capsys):
+    """G2: a and b are copies of r2 (one run id).  a was extended with --rewarm, b without; a's step-3 checkpoint
+    copied into b resumed b on a's trajectory.  The checkpoint's schedule up to its step must be the one b's
+    config.json records; b's own continuation still resumes."""
+    a, b = _copy(runs, "r2", tmp_path / "a"), _copy(runs, "r2", tmp_path / "b")
+    assert main(["train", *FAST, "--steps", "4", "--run-dir", str(a), "--resume", "--rewarm"]) == 0
+    assert main(["train", *FAST, "--steps", "4", "--run-dir", str(b), "--resume", "--stop-at", "3"]) == 0
+    own = tmp_path / "own.pt"
+    shutil.copy(b / "checkpoints/step_000003.pt", own)
+    shutil.copy(a / "checkpoints/step_000003.pt", b / "checkpoints/step_000003.pt")
+    capsys.readouterr()
+    assert main(["train", *FAST, "--steps", "4", "--run-dir", str(b), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "another learning-rate schedule" in err and "[[0, 2], [2, 4]]" in err
+    shutil.copy(own, b / "checkpoints/step_000003.pt")
+    assert main(["train", *FAST, "--steps", "4", "--run-dir", str(b), "--resume"]) == 0
+
+
+@pytest.mark.parametrize("steps, words", [("1e400", "steps"), ('"2"', "steps"), ("4", "another learning-rate "
+                                                                                     "schedule"),
+                                          ("0", "steps")])
+def test_g3_an_edited_schedule_in_config_json_is_refused_on_resume(steps, words, runs, tmp_path, capsys):
+    """G3: config.json's steps edited to 1e400 or 4 was used unchecked (a wrong continuation), "2" raised a
+    TypeError from the schedule.  The record is checked as the command line is, and its schedule against the
+    checkpoint's."""
+    r = _copy(runs, "r2", tmp_path / "r")
+    text = (r / "config.json").read_text()
+    assert '"steps": 2' in text
+    (r / "config.json").write_text(text.replace('"steps": 2', f'"steps": {steps}'))
+    rc, err = _resume(r, capsys)
+    assert rc == 2 and words in err and "config.json" in err and "Traceback" not in err
+
+
+def test_g5_chain_basis_estimate_checks_its_subset_and_weights():
+    """G5: ChainBasis.estimate truncated 2.7 to 2, took index 7 of a 5-chunk sequence as absent, and raised
+    OverflowError / 'negative shift count' / a bare IndexError.  It checks them as spaco_grad does; a valid
+    subset still gives the enumeration's number (sum of W(p) v_c over the chains inside it)."""
+    from seco_lab import TinyConfig, TinyTransformer, chain_basis, get_scheme
+
+    torch.manual_seed(0)
+    model = TinyTransformer(TinyConfig(vocab_size=32, d_model=16, d_ff=32)).double()
+    t = torch.randint(0, 32, (2, 20))
+    cb = chain_basis(model, t, t, 4, max_hops=4)
+    w = get_scheme("paper").chain_weights(5, 2, 4)
+    for bad in ([0, 2.7], [0, 7], [99], [-1], [1, 1], "01"):
+        with pytest.raises((TypeError, ValueError), match="subset"):
+            cb.estimate(bad, w)
+    for weights in (w[:3], [float("nan")] * 5, [[1.0] * 5]):
+        with pytest.raises(ValueError, match="chain_weights"):
+            cb.estimate([0, 2], weights)
+    inside = [c for c, chain in enumerate(cb.chains) if set(chain) <= {0, 2}]
+    want = sum(float(w[cb.hops[c]]) * cb.vectors[c] for c in inside)
+    assert torch.allclose(cb.estimate([2, 0], w), want, rtol=0, atol=1e-14)
