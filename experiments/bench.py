@@ -34,6 +34,7 @@ import pandas as pd
 if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "experiments"
+from .arguments import at_least, check_out_dir, check_threads
 from .child import reset_peak_rss, rss_bytes, run_child
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -235,10 +236,20 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="sub-minute smoke run")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads per process (1 on a shared machine)")
-    ap.add_argument("--lengths", type=int, nargs="+", default=None, help="sequence lengths (default 1K-16K)")
+    ap.add_argument("--threads", type=at_least(1), default=None,
+                    help="torch threads per process (1 on a shared machine)")
+    ap.add_argument("--lengths", type=at_least(1), nargs="+", default=None, help="sequence lengths (default 1K-16K)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    check_threads(ap, a.threads)
+    if a.device != "auto":
+        from seco_lab.config import parse_device
+
+        try:
+            parse_device(a.device)
+        except ValueError as e:
+            ap.error(f"--device: {e}")
+    check_out_dir(ap, a.out)
     if a.child:
         job = json.loads(a.child)
         cfg = BenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in job["cfg"].items()})
@@ -251,7 +262,7 @@ def main(argv=None):
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
     cfg = QUICK if a.quick else DEFAULT
-    if a.threads:
+    if a.threads is not None:
         cfg = replace(cfg, threads=a.threads)
     if a.lengths:
         cfg = replace(cfg, lengths=tuple(a.lengths))

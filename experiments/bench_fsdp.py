@@ -26,6 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
+if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "experiments"
+from .arguments import at_least, check_out_dir
+
 MODES = {"replicated": ("none", "step"), "fsdp step": ("fsdp", "step"), "fsdp chunk": ("fsdp", "chunk")}
 MODEL = dict(vocab_size=256, d_model=512, n_layers=8, n_heads=8, d_ff=2048, max_positions=512)  # 34M parameters
 QUICK_MODEL = dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=512)
@@ -121,11 +126,12 @@ def run(out: Path, rounds: int, steps: int, quick: bool = False, timeout: float 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="seconds-long smoke run on a tiny model")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=4, help="timed optimizer steps per launch (after one untimed)")
+    ap.add_argument("--rounds", type=at_least(1), default=3)
+    ap.add_argument("--steps", type=at_least(1), default=4, help="timed optimizer steps per launch (after one untimed)")
     ap.add_argument("--out", type=Path, default=Path("reports/bench"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    check_out_dir(ap, a.out)
     if a.child:
         child(json.loads(a.child))
         return 0

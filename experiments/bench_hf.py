@@ -43,6 +43,7 @@ from seco_lab.report.bench_hf import ENGINE_VARIANTS  # the label suffixes of --
 if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "experiments"
+from .arguments import at_least
 from .child import reset_peak_rss, rss_bytes, run_child
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -79,20 +80,6 @@ QUICK = replace(DEFAULT, lengths=(128, 256), chunk_sizes=(32,), n_layers=2, hidd
 
 CHUNKED = ("seco", "spaco", "chunked_forward")
 METHODS = ("forward", "hf_full", "hf_checkpoint", "seco", "spaco", "chunked_forward")
-
-
-def _at_least(minimum: int):
-    """An argparse type: an integer >= ``minimum`` (a wrong count is refused before a minute of benchmarking)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
-        return value
-    parse.__name__ = f"integer >= {minimum}"
-    return parse
 
 
 def methods(cfg: HFBenchConfig, n: int) -> list[dict]:
@@ -319,15 +306,15 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="sub-minute smoke run on a tiny Llama")
-    ap.add_argument("--layers", type=_at_least(1), default=None, help="decoder layers (SmolLM2-135M has 30)")
-    ap.add_argument("--lengths", type=_at_least(1), nargs="+", default=None)
-    ap.add_argument("--rounds", type=_at_least(1), default=None)
-    ap.add_argument("--warmup", type=_at_least(0), default=None, help="untimed rounds first (default 1)")
-    ap.add_argument("--chunk-sizes", type=_at_least(1), nargs="+", default=None,
+    ap.add_argument("--layers", type=at_least(1), default=None, help="decoder layers (SmolLM2-135M has 30)")
+    ap.add_argument("--lengths", type=at_least(1), nargs="+", default=None)
+    ap.add_argument("--rounds", type=at_least(1), default=None)
+    ap.add_argument("--warmup", type=at_least(0), default=None, help="untimed rounds first (default 1)")
+    ap.add_argument("--chunk-sizes", type=at_least(1), nargs="+", default=None,
                     help="chunk sizes of SeCO/SpaCO (default 512); each is a row of its own")
-    ap.add_argument("--draws", type=_at_least(1), default=None,
+    ap.add_argument("--draws", type=at_least(1), default=None,
                     help="SpaCO: random draws per round, averaged (default 8)")
-    ap.add_argument("--threads", type=_at_least(1), default=None,
+    ap.add_argument("--threads", type=at_least(1), default=None,
                     help="torch threads per process (1 on a shared machine)")
     ap.add_argument("--lora-only", action="store_true")
     ap.add_argument("--methods", nargs="+", choices=METHODS, default=None)
@@ -336,10 +323,10 @@ def main(argv=None):
     ap.add_argument("--no-lora", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--no-time", action="store_true")
-    ap.add_argument("--profile", type=_at_least(1), default=None,
+    ap.add_argument("--profile", type=at_least(1), default=None,
                     help="length of the profiled SeCO step (at the first chunk size)")
     ap.add_argument("--profile-lora", action="store_true", help="profile the LoRA model")
-    ap.add_argument("--pass1-tokens", type=_at_least(0), default=None,
+    ap.add_argument("--pass1-tokens", type=at_least(0), default=None,
                     help="tokens the engine's pass 1 forwards at once (default: the adapter's, 512; 0: chunk by chunk, "
                          "the engine before pass-1 spans)")
     ap.add_argument("--compare", nargs="+", choices=tuple(ENGINE_VARIANTS), default=None,

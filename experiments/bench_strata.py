@@ -31,6 +31,7 @@ import pandas as pd
 if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "experiments"
+from .arguments import at_least, check_out_dir, check_revision, positive_seconds
 from .child import ROOT, run_child
 
 
@@ -75,15 +76,21 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--before", default=None, help="git revision of the 'before' code (omit: 'after' only)")
-    ap.add_argument("--length", type=int, default=2048)
-    ap.add_argument("--chunk-size", type=int, default=64)
-    ap.add_argument("--max-hops", type=int, default=6)
-    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--length", type=at_least(1), default=2048)
+    ap.add_argument("--chunk-size", type=at_least(1), default=64)
+    ap.add_argument("--max-hops", type=at_least(0), default=6)
+    ap.add_argument("--rounds", type=at_least(1), default=1)
     ap.add_argument("--text-file", default="pydoc_data/topics.py")
-    ap.add_argument("--timeout", type=float, default=14400)
+    ap.add_argument("--timeout", type=positive_seconds, default=14400, help="seconds per measuring process")
     ap.add_argument("--parallel", action="store_true", help="run a round's revisions at the same time")
     ap.add_argument("--out", type=Path, default=Path("reports/bench"))
     a = ap.parse_args(argv)
+    if not a.child:
+        if a.length < 4 * a.chunk_size:
+            ap.error(f"--length {a.length} must be at least 4 chunks of --chunk-size {a.chunk_size} (the warm-up "
+                     f"runs on 4): pass --length {4 * a.chunk_size} or more")
+        check_revision(ap, a.before, ROOT)
+        check_out_dir(ap, a.out)
     if a.child:
         print(json.dumps(child(json.loads(a.child))))
         return

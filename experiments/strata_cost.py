@@ -7,20 +7,27 @@ next to one SeCO step on the same model and sequence: median of interleaved repe
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from seco_lab import TinyConfig, TinyTransformer, hop_strata, seco_grad
 
+if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "experiments"
+from .arguments import at_least
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--chunks", type=int, default=8)
-    ap.add_argument("--chunk-size", type=int, default=4)
-    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--layers", type=at_least(1), default=2)
+    ap.add_argument("--chunks", type=at_least(1), default=8)
+    ap.add_argument("--chunk-size", type=at_least(1), default=4)
+    ap.add_argument("--reps", type=at_least(1), default=30)
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     model = TinyTransformer(TinyConfig(vocab_size=32, d_model=16, n_layers=a.layers, n_heads=4, n_kv_heads=2,

@@ -12,6 +12,7 @@ writes ``reports/training.md`` from them.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +23,11 @@ from seco_lab.data.sources import KeyValueTask
 from seco_lab.estimators.schemes import SCHEME_NAMES
 from seco_lab.store import atomic_write_csv, atomic_write_json, software_versions
 from seco_lab.training.trainer import RunControl, TrainConfig, Trainer, read_metrics
+
+if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "experiments"
+from .arguments import check_out_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,6 +89,7 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "training")
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args(argv)
+    check_out_dir(ap, a.out)
     run(a.out, a.quick)
 
 

@@ -254,7 +254,6 @@ def train_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
 def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
     """Fit a prepared trainer, turning its ends into messages and exit statuses."""
-    from .report.runs import plot_run
     from .training.run_dir import RunDirError
     from .training.trainer import NonFiniteLoss, TrainingInterrupted
 
@@ -282,14 +281,25 @@ def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
         return 1
     except TrainingInterrupted as e:
         if lead:
-            plot_run(run.run_dir)
+            draw_curve(run.run_dir)
             print(f"seco-lab train: interrupted; checkpoint at step {e.step} saved, resume with "
                   f"`seco-lab train --run-dir {run.run_dir} --resume`", file=sys.stderr)
         return 128 + e.signum  # 130 for SIGINT, 143 for SIGTERM, as the shell reports a process they end
     if lead:
-        plot_run(run.run_dir)  # loss.png, from the metrics the run stored
+        draw_curve(run.run_dir)  # loss.png, from the metrics the run stored
         print(end_summary(run.run_dir, first, trainer.step, cfg.steps, last, time.perf_counter() - began))
     return 0
+
+
+def draw_curve(run_dir: str) -> None:
+    """``RUN_DIR/loss.png`` after a run; metrics it cannot draw (edited or damaged meanwhile) are a warning, not
+    an error: the run itself trained and checkpointed."""
+    from .report.runs import plot_run
+
+    try:
+        plot_run(run_dir)
+    except (ValueError, OSError) as e:
+        print(f"seco-lab train: warning: the loss curve was not drawn: {e}", file=sys.stderr)
 
 
 def end_summary(run_dir: str, first: int, step: int, steps: int, last: dict, seconds: float) -> str:

@@ -145,3 +145,101 @@ def test_g5_chain_basis_estimate_checks_its_subset_and_weights():
     inside = [c for c, chain in enumerate(cb.chains) if set(chain) <= {0, 2}]
     want = sum(float(w[cb.hops[c]]) * cb.vectors[c] for c in inside)
     assert torch.allclose(cb.estimate([2, 0], w), want, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("script, argv, words", [
+    ("bench", ["--threads", "0"], "--threads"), ("bench", ["--lengths", "-5"], "--lengths"),
+    ("bench", ["--lengths", "0"], "--lengths"), ("bench", ["--device", "tpu"], "unknown device"),
+    ("bench_fsdp", ["--quick", "--rounds", "0"], "--rounds"), ("bench_fsdp", ["--steps", "-1"], "--steps"),
+    ("bench_strata", ["--length", "-5"], "--length"), ("bench_strata", ["--chunk-size", "0"], "--chunk-size"),
+    ("bench_strata", ["--timeout", "nan"], "--timeout"), ("bench_strata", ["--before", "no-such-rev"], "no such "
+                                                                                                      "commit"),
+    ("bench_strata", ["--length", "100"], "at least 4 chunks"), ("strata_cost", ["--chunks", "0"], "--chunks"),
+    ("strata_cost", ["--layers", "-1"], "--layers"), ("train_compare", [], "not a folder"),
+    ("bench", [], "not a folder"), ("bench_fsdp", [], "not a folder"), ("bench_strata", [], "not a folder"),
+])
+def test_g4_every_benchmark_script_refuses_bad_arguments_before_measuring(script, argv, words, tmp_path, capsys):
+    """G4: the benchmark scripts other than bench_hf took these: `bench_fsdp --rounds 0` wrote an empty table and
+    exited 0, `bench --threads 0` was ignored, `bench_strata --length -5` ran 22 s into a KeyError, `--timeout nan`
+    and `strata_cost --chunks 0` raised tracebacks, `train_compare --out /dev/null/x` failed after training.
+    (--out lies under a file unless the case is about it: an argument accepted again fails at once instead of
+    measuring.)"""
+    import importlib
+
+    (tmp_path / "file").write_text("")
+    module = importlib.import_module(f"experiments.{script}")
+    out = [] if script == "strata_cost" else ["--out", str(tmp_path / "file" / "o")]
+    with pytest.raises(SystemExit) as stop:
+        module.main([*argv, *out])
+    assert stop.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_g8_metrics_whose_steps_repeat_are_refused_before_training(runs, tmp_path, capsys):
+    """G8: metrics.jsonl with its records doubled resumed, trained step 3, then died drawing the curve with a
+    traceback.  The resume refuses it first (nothing trained); a curve that cannot be drawn after a run is a
+    warning, not a failure of the run."""
+    r = _copy(runs, "r2", tmp_path / "r")
+    text = (r / "metrics.jsonl").read_text()
+    (r / "metrics.jsonl").write_text(text + text)
+    rc, err = _resume(r, capsys)
+    assert rc == 2 and "steps repeat or go backwards" in err and "Traceback" not in err
+    assert not (r / "checkpoints/step_000003.pt").exists()
+    from seco_lab.cli import draw_curve
+
+    draw_curve(str(r))
+    assert "the loss curve was not drawn" in capsys.readouterr().err
+
+
+def test_g10_a_model_with_gradient_checkpointing_enabled_is_refused_by_name():
+    """G10: hf.gradient_checkpointing_enable() (transformers then drops the KV cache in training) gave a shape
+    mismatch from deep inside the attention; SeCOTrainer refused only TrainingArguments(gradient_checkpointing)."""
+    from seco_lab import seco_grad
+    from seco_lab.models.hf import HFChunkModel, build_hf_model
+
+    hf = build_hf_model("llama")
+    (getattr(hf, "activation_checkpointing_enable", None) or hf.gradient_checkpointing_enable)()  # newer name first
+    model = HFChunkModel(hf).train()
+    t = torch.randint(0, 64, (1, 24))
+    with pytest.raises(ValueError, match="gradient checkpointing is enabled"):
+        seco_grad(model, t, t, 4)
+    model.eval()  # in eval mode transformers keeps the cache: allowed
+    seco_grad(model, t, t, 4)
+
+
+def test_g11_report_quick_with_results_and_out_is_refused(tmp_path, capsys):
+    """G11: `report bias --quick --results DIR --out FILE` silently dropped --quick (it only picks folders)."""
+    with pytest.raises(SystemExit) as stop:
+        main(["report", "bias", "--quick", "--results", str(ROOT / "reports/bias_study"), "--out",
+              str(tmp_path / "x.md")])
+    assert stop.value.code == 2 and "drop --quick" in capsys.readouterr().err
+    assert not (tmp_path / "x.md").exists()
+
+
+def test_g12_messages_say_what_is_wrong(runs, tmp_path, capsys):
+    """G12: HopStrata.combine([nan]) said the weight 'exceeds the range of its dtype'; combine(None) a bare
+    'NoneType is not iterable'; accumulate_grads with a complex gradient torch's cast error; `plot` on a
+    metrics.jsonl that is a FIFO 'not a run directory (no metrics.jsonl)'."""
+    import os
+
+    from seco_lab import TinyConfig, TinyTransformer, hop_strata
+    from seco_lab.core.grads import accumulate_grads
+
+    torch.manual_seed(0)
+    model = TinyTransformer(TinyConfig(vocab_size=32, d_model=16, d_ff=32)).double()
+    t = torch.randint(0, 32, (2, 20))
+    hs = hop_strata(model, t, t, 4, max_hops=4)
+    with pytest.raises(ValueError, match="W\\(0\\) is NaN"):
+        hs.combine([float("nan")] * 5)
+    with pytest.raises(TypeError, match="weights must be a sequence"):
+        hs.combine(None)
+    name, p = next(iter(model.named_parameters()))
+    p.grad = torch.zeros_like(p)
+    with pytest.raises(ValueError, match="accumulate_grads: the gradient of"):
+        accumulate_grads(model, {name: torch.zeros_like(p, dtype=torch.complex128)})
+    r = _copy(runs, "r2", tmp_path / "r")
+    (r / "metrics.jsonl").unlink()
+    os.mkfifo(r / "metrics.jsonl")
+    capsys.readouterr()
+    assert main(["plot", str(r), "--out", str(tmp_path / "p.png")]) == 2
+    assert "FIFO" in capsys.readouterr().err

@@ -64,7 +64,8 @@ def accumulate_grads(model, grads: GradDict, scale: float = 1.0) -> None:
         raise KeyError(f"accumulate_grads: the model has no parameters named {sorted(missing)}")
     for name, g in grads.items():
         p = params[name]
-        if not isinstance(g, torch.Tensor) or g.shape != p.shape or (p.grad is None and g.dtype != p.dtype):
+        if not isinstance(g, torch.Tensor) or g.shape != p.shape or not g.is_floating_point() or (
+                p.grad is None and g.dtype != p.dtype):
             got = f"{tuple(g.shape)} {g.dtype}" if isinstance(g, torch.Tensor) else type(g).__name__
             raise ValueError(f"accumulate_grads: the gradient of {name} must be a tensor of {tuple(p.shape)} "
                              f"{p.dtype} (the parameter's), got {got}")

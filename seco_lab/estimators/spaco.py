@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.checks import as_bool, check_budget, check_max_hops, check_subset, guard_memory
+from ..core.checks import as_bool, as_float, check_budget, check_max_hops, check_subset, guard_memory
 from ..core.engine import accumulate_into, backward_sweep, cache_leaves, checked_batch, hop_sweep, trainable
 from ..core.grads import GradDict, flatten, named_grads
 from .schemes import Scheme, get_scheme
@@ -107,9 +107,15 @@ class HopStrata:
         stratum adds nothing whatever its weight (chains deeper than the model are zero, while W(p) = (k/t)^p
         may exceed float range there); a weight beyond the gradient dtype's range on a non-zero stratum is
         refused rather than turned into inf or NaN."""
+        if isinstance(weights, (str, bytes)) or not hasattr(weights, "__iter__"):
+            raise TypeError(f"weights must be a sequence of numbers W(0), W(1), ... (one per stratum), got "
+                            f"{type(weights).__name__}")
         out = {n: torch.zeros_like(g) for n, g in self.strata[0].items()}
         for p, (w, g) in enumerate(zip(weights, self.strata)):
-            w = float(w)
+            w = as_float(w.item() if isinstance(w, torch.Tensor) and w.numel() == 1 else w, f"weight W({p})",
+                         finite=False)  # an infinite weight on a zero stratum adds nothing (above)
+            if math.isnan(w):
+                raise ValueError(f"weight W({p}) is NaN: the scheme's weights are not defined at {p} hops")
             if w == 0 or not any(bool(t.any()) for t in g.values()):
                 continue
             if not all(abs(w) <= torch.finfo(t.dtype).max for t in g.values()):

@@ -163,6 +163,9 @@ class HFChunkModel(nn.Module):
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         # without targets only the cache is wanted: the LM head runs on one position, not the chunk
         self._no_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        # the modules transformers' gradient_checkpointing_enable() switches (checked per chunk in training)
+        self._checkpointing = [m for m in model.modules() if isinstance(getattr(m, "gradient_checkpointing", None),
+                                                                        bool)]
 
     @property
     def max_positions(self) -> int | None:
@@ -185,6 +188,13 @@ class HFChunkModel(nn.Module):
         ``all_logits=False`` may return the logits of the last position only."""
         from .hf_attention import PrefixCache
 
+        if self.training and any(m.gradient_checkpointing for m in self._checkpointing):
+            raise ValueError("gradient checkpointing is enabled on the model (gradient_checkpointing_enable() or "
+                             "activation_checkpointing_enable()): "
+                             "in training transformers then turns the KV cache off, which chunk-by-chunk training "
+                             "needs (a recomputed layer would also update the chunk cache twice); SeCO already keeps "
+                             "only one chunk's activations: call model.activation_checkpointing_disable() (or "
+                             "gradient_checkpointing_disable())")
         cache = PrefixCache(past, self.n_layers, split=self._split, buffer=self._kv_buffer)
         b, t = tokens.shape
         pos = torch.arange(start, start + t, device=tokens.device).unsqueeze(0).expand(b, t)

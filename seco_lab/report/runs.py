@@ -119,8 +119,9 @@ def plot_runs(run_dirs, out) -> Path:
         raise ValueError(f"--out {out} is a folder: name the image file to write, e.g. {out / 'runs_loss.png'}")
     if out.suffix.lower() != ".png":
         raise ValueError(f"--out {out}: the figure is written as a PNG image; give the file a .png suffix")
-    missing = [str(d) for d in run_dirs if not (Path(d) / "metrics.jsonl").is_file()]
+    missing = [str(d) for d in run_dirs if not (Path(d) / "metrics.jsonl").exists()]
     if missing:
         raise ValueError(f"not a run directory (no metrics.jsonl): {', '.join(missing)}")
+    # a metrics.jsonl that is a FIFO, a device or a folder is named as such by the reader (plotted_metrics)
     save_figure(runs_figure(run_dirs), out)
     return Path(out)

@@ -230,6 +230,10 @@ def report_main(argv=None) -> int:
     study = lookup(a.which)
     if a.quick and study.quick_results is None:
         ap.error(f"{study.name} has no --quick mode")
+    if a.quick and a.results and a.out:
+        ap.error(f"--quick only chooses the default folders (results {study.quick_results}, report "
+                 f"{study.quick_report_file}); with --results and --out both given it would change nothing: drop "
+                 "--quick (the report is made from whatever study --results holds)")
     results = a.results or (study.quick_results if a.quick else study.results)
     out = a.out or (study.quick_report_file if a.quick else study.report_file)
     try:

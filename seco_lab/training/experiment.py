@@ -4,9 +4,12 @@
   :func:`experiment_from_record` reads it back as a :class:`~seco_lab.config.TrainConfig`.
 * :func:`experiment_fingerprint` -- the hash every checkpoint carries (its schedule length left out, so an
   extended run keeps it); :func:`config_differences` -- the fields two experiments differ in.
-* :func:`check_checkpoint` -- refuses a checkpoint of another experiment, or one renamed to another step;
+* :func:`check_checkpoint` -- refuses a checkpoint of another experiment, of another run (its run id), one
+  renamed to another step, or one trained on another learning-rate schedule than the run's record up to its
+  step (:func:`past_schedule`: a copy of the run extended otherwise, an edited ``steps``);
   :func:`load_newest_checkpoint` -- the checkpoint a resumed run continues from (sharded or ``.pt``), checked;
-  :func:`check_nothing_to_resume` -- refuses a resume with no checkpoint of a run that logged steps.
+  :func:`check_nothing_to_resume` -- refuses a resume with no checkpoint of a run that logged steps;
+  :func:`check_metrics_history` -- refuses a ``metrics.jsonl`` whose steps repeat or go backwards.
 * :func:`read_experiment` -- the record a resume continues: ``config.json``, or, when it was deleted, the
   experiment the newest intact checkpoint records (:func:`recover_record`; ``config.json`` is then rewritten).
 * :func:`continued_cycles` -- the schedule cycles a resumed (extended, perhaps re-warmed) run keeps.
@@ -30,8 +33,8 @@ from . import sharded_checkpoint
 from .run_dir import RunDir, RunDirError, read_config, read_metrics, safe_load
 from .run_files import UnsafeCheckpoint, checkpoint_files, checkpoint_steps
 
-__all__ = ["SCHEDULE_FIELDS", "metrics_gap", "past_schedule", "schedule_cycles", "warn_metrics_gap",
-           "check_checkpoint", "check_nothing_to_resume",
+__all__ = ["SCHEDULE_FIELDS", "check_metrics_history", "metrics_gap", "past_schedule", "schedule_cycles",
+           "warn_metrics_gap", "check_checkpoint", "check_nothing_to_resume",
            "config_differences", "continued_cycles", "experiment_fingerprint", "experiment_from_record",
            "experiment_record", "load_newest_checkpoint", "numpy_rng_state", "read_experiment", "recover_record",
            "set_numpy_rng_state"]
@@ -230,6 +233,25 @@ def metrics_gap(logged_steps, step: int) -> str:
             spans.append(f"{start}" if start == prev else f"{start}-{prev}")
             start = s
     return f"step{'s' if len(missing) > 1 else ''} {', '.join(spans[:5])}{', ...' if len(spans) > 5 else ''}"
+
+
+def check_metrics_history(run_dir: RunDir, step: int) -> None:
+    """Refuse a resume whose ``metrics.jsonl`` is not one run's history up to ``step``: a record without an
+    integer step, or steps that repeat or go backwards (the file edited, or two runs' metrics joined).  Found
+    after training, the run's curve could not be drawn; resumed, the history would stay mixed."""
+    path, prev = run_dir.metrics_path, None
+    for i, r in enumerate(read_metrics(run_dir.path), 1):
+        s = r.get("step") if isinstance(r, dict) else None
+        if isinstance(s, bool) or not isinstance(s, int):
+            raise RunDirError(f"--resume: {path}: record {i} has no integer 'step' ({str(r)[:60]}): the file is "
+                              "damaged; restore it, or remove that record")
+        if s > step:
+            break  # the part of the run redone now (dropped on resume)
+        if prev is not None and s <= prev:
+            raise RunDirError(f"--resume: {path}: record {i} has step {s} after step {prev} (steps repeat or go "
+                              "backwards): the file was edited or two runs' metrics were joined; restore it, or "
+                              "remove the repeated records")
+        prev = s
 
 
 def warn_metrics_gap(run_dir: RunDir, step: int) -> None:

@@ -44,6 +44,7 @@ from ..core.engine import forward_loss
 from ..data.sources import Batch
 from .builders import build_data, build_model, check_gather_policy, load_into  # noqa: F401 (load_into: re-export)
 from .experiment import (
+    check_metrics_history,
     check_nothing_to_resume,
     config_differences,
     continued_cycles,
@@ -203,6 +204,7 @@ class Trainer:
             set_numpy_rng_state(state["numpy_rng"])
             self.step = int(state["step"])
         self._continue_schedule(saved)
+        check_metrics_history(self.run_dir, self.step)
         if self.rank == 0:
             if state is not None:  # a deleted marker is written again with the id the checkpoints agree on
                 self.run_dir.restore_marker(state.get("run_id"))
