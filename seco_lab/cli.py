@@ -41,7 +41,7 @@ from .config import (
 )
 from .field_types import unwrap_optional
 from .models.tiny_config import TinyConfig
-from .studies.registry import STUDIES, path_arg, report_main, study_main
+from .studies.registry import STUDIES, check_image_target, path_arg, report_main, study_main
 from .training.memory_estimate import check_fits_in_memory
 
 __all__ = ["fail", "main", "resolve_train_config"]
@@ -322,6 +322,10 @@ def plot_main(argv: list[str]) -> int:
     ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)")
     ap.add_argument("--out", type=path_arg, default=Path("runs_loss.png"), help="output image (default: runs_loss.png)")
     ns = ap.parse_args(argv)  # before matplotlib and pandas are imported: --help and usage errors answer at once
+    try:
+        check_image_target(ns.out)
+    except ValueError as e:
+        return fail("plot", e)
     from .report.runs import plot_runs
 
     try:
@@ -374,8 +378,14 @@ def _dispatch(argv: list[str]) -> int:
         return plot_main(argv[1:])
     if argv and argv[0] == "audit":
         from .studies.audit.options import build_parser as audit_parser
+        from .studies.audit.options import check_args
 
         ns = audit_parser().parse_args(argv[1:])  # --help and usage errors before torch is imported
+        try:
+            check_args(ns)  # and settings out of range
+        except (ValueError, TypeError) as e:
+            print(f"seco-lab audit: error: {e}", file=sys.stderr)
+            return 2
         from .studies.audit.driver import run_args
 
         return run_args(ns)

@@ -35,6 +35,11 @@ def _imports_torch(*args) -> tuple[bool, str]:
     ["study", "bias", "--draws", "x"],
     ["audit", "--budgets", "x"],
     ["audit", "--stages", "nope"],
+    # 3-4 s each before (campaign 7, T1): refusals that look at a path or at the audit's settings
+    ["plot", "r", "--out", "x.txt"], ["plot", "r", "--out", "."], ["report", "bias", "--out", "."],
+    ["report", "bias", "--quick", "--results", "x", "--out", "y.md"], ["audit", "--length", "-5", "--out", "o"],
+    ["audit", "--quick", "--threads", "0"], ["audit", "--tables-only", "--length", "64", "--out", "o"],
+    ["audit", "--report", ".", "--out", "o"],
 ])
 def test_help_and_refusals_do_not_import_torch(args):
     """torch, pandas and scipy cost seconds to import: --help and every refusal of bad input come before them."""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from ..studies.registry import check_image_target
 from ..training.run_dir import read_config, read_metrics
 from .figures import save_figure
 
@@ -115,10 +116,7 @@ def runs_figure(run_dirs) -> Figure:
 
 def plot_runs(run_dirs, out) -> Path:
     out = Path(out)
-    if out.is_dir():
-        raise ValueError(f"--out {out} is a folder: name the image file to write, e.g. {out / 'runs_loss.png'}")
-    if out.suffix.lower() != ".png":
-        raise ValueError(f"--out {out}: the figure is written as a PNG image; give the file a .png suffix")
+    check_image_target(out)
     missing = [str(d) for d in run_dirs if not (Path(d) / "metrics.jsonl").exists()]
     if missing:
         raise ValueError(f"not a run directory (no metrics.jsonl): {', '.join(missing)}")

@@ -221,12 +221,20 @@ def check_report_target(out: Path, results: str | Path, name: str, option: str) 
                          f"{out.with_suffix('.md')}")
 
 
+def check_image_target(out: Path, option: str = "--out") -> None:
+    """Refuse a figure target that is a folder or not a ``.png`` file (PNG bytes would be written under another
+    suffix); ValueError naming it.  Importable without matplotlib: ``seco-lab plot`` refuses at once."""
+    out = Path(out)
+    if out.is_dir():
+        raise ValueError(f"{option} {out} is a folder: name the image file to write, e.g. {out / 'runs_loss.png'}")
+    if out.suffix.lower() != ".png":
+        raise ValueError(f"{option} {out}: the figure is written as a PNG image; give the file a .png suffix")
+
+
 def report_main(argv=None) -> int:
     """``seco-lab report NAME [--quick] [--results DIR] [--out FILE]``."""
     ap = build_report_parser()
     a = ap.parse_args(argv)  # before any report module is imported: --help and usage errors answer at once
-    from ..report.markdown import MissingResultsError
-
     study = lookup(a.which)
     if a.quick and study.quick_results is None:
         ap.error(f"{study.name} has no --quick mode")
@@ -240,6 +248,8 @@ def report_main(argv=None) -> int:
         check_report_target(out, results, study.report_file.name, "--out")
     except ValueError as e:
         ap.error(str(e))
+    from ..report.markdown import MissingResultsError  # pandas, matplotlib: after the argument checks
+
     try:
         path = resolve(study.report)(results, out)
     except MissingResultsError as e:

@@ -18,7 +18,6 @@ import json
 import re
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,8 +27,8 @@ from ... import store
 from ...folder_lock import LOCK_NAME, FolderBusy, locked
 from ..registry import check_report_target
 from . import measure
-from .config import COMMITTED, DEFAULT, QUICK, AuditConfig
-from .options import DEFAULT_OUT, add_arguments, build_parser
+from .config import AuditConfig
+from .options import DEFAULT_OUT, add_arguments, build_parser, check_tables_only, config_from_args
 from .plan import data_name, plan_units, sequence_sets
 from .sources import SequenceSpec, check_model_name
 from .tables import check_units, load_units, stale_reason, write_results
@@ -223,38 +222,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     return 0
 
 
-def config_from_args(ns: argparse.Namespace) -> AuditConfig:
-    if getattr(ns, "quick", False) and ns.committed:
-        raise ValueError("--quick and --committed exclude each other")
-    base = QUICK if getattr(ns, "quick", False) else COMMITTED if ns.committed else DEFAULT
-    keys = ("model", "params", "lora_r", "lora_alpha", "lora_targets", "texts", "length", "chunk_size", "dtype",
-            "budgets", "schemes", "max_hops", "num_sequences", "mc_draws", "mc_budgets", "mc_sequences",
-            "cost_sequences", "cost_draws", "data_sequences", "data_length", "threads", "stages")
-    given = {k: getattr(ns, k) for k in keys if getattr(ns, k) is not None}
-    given = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
-    if "budgets" in given and "mc_budgets" not in given:
-        given["mc_budgets"] = tuple(t for t in base.mc_budgets if t in given["budgets"]) or given["budgets"][:1]
-    return replace(base, **given)
-
-
 def main(argv=None) -> int:
     """``seco-lab audit ARGS``."""
     return run_args(build_parser().parse_args(argv))
-
-
-def check_tables_only(ns: argparse.Namespace) -> None:
-    """``--tables-only`` computes nothing: the audit's settings are the stored ones, so a setting given with it
-    would be silently ignored -- refused, naming it."""
-    from .options import build_parser
-
-    probe = build_parser().parse_args([])
-    given = [f"--{k.replace('_', '-')}" for k, v in vars(ns).items()
-             if k not in ("out", "report", "no_progress", "tables_only") and v != getattr(probe, k, v)
-             and not (k == "quick" and ns.out is None)]  # --quick without --out names the folder audit-quick
-    if given:
-        raise ValueError(f"--tables-only rewrites the tables of the audit stored in --out with its stored settings; "
-                         f"{', '.join(given)} would be ignored: drop {'it' if len(given) == 1 else 'them'}, or run "
-                         "the audit without --tables-only")
 
 
 def run_args(ns: argparse.Namespace) -> int:

@@ -4,12 +4,13 @@ audit --help`` answer at once); :mod:`.driver` runs what they ask for."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from ..registry import path_arg
-from .config import DEFAULT, STAGES
+from .config import COMMITTED, DEFAULT, QUICK, STAGES, AuditConfig
 
-__all__ = ["DEFAULT_OUT", "add_arguments", "build_parser"]
+__all__ = ["DEFAULT_OUT", "add_arguments", "build_parser", "check_args", "check_tables_only", "config_from_args"]
 
 DEFAULT_OUT = Path("audit-results")
 DESCRIPTION = ("Audit a chunk-wise gradient estimator on a model and text: exact bias from hop strata, sampling noise "
@@ -57,3 +58,44 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--data-length", type=int)
     ap.add_argument("--threads", type=int)
     ap.add_argument("--stages", nargs="+", choices=STAGES)
+
+
+def config_from_args(ns: argparse.Namespace) -> AuditConfig:
+    if getattr(ns, "quick", False) and ns.committed:
+        raise ValueError("--quick and --committed exclude each other")
+    base = QUICK if getattr(ns, "quick", False) else COMMITTED if ns.committed else DEFAULT
+    keys = ("model", "params", "lora_r", "lora_alpha", "lora_targets", "texts", "length", "chunk_size", "dtype",
+            "budgets", "schemes", "max_hops", "num_sequences", "mc_draws", "mc_budgets", "mc_sequences",
+            "cost_sequences", "cost_draws", "data_sequences", "data_length", "threads", "stages")
+    given = {k: getattr(ns, k) for k in keys if getattr(ns, k) is not None}
+    given = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
+    if "budgets" in given and "mc_budgets" not in given:
+        given["mc_budgets"] = tuple(t for t in base.mc_budgets if t in given["budgets"]) or given["budgets"][:1]
+    return replace(base, **given)
+
+
+def check_tables_only(ns: argparse.Namespace) -> None:
+    """``--tables-only`` computes nothing: the audit's settings are the stored ones, so a setting given with it
+    would be silently ignored -- refused, naming it."""
+    probe = build_parser().parse_args([])
+    given = [f"--{k.replace('_', '-')}" for k, v in vars(ns).items()
+             if k not in ("out", "report", "no_progress", "tables_only") and v != getattr(probe, k, v)
+             and not (k == "quick" and ns.out is None)]  # --quick without --out names the folder audit-quick
+    if given:
+        raise ValueError(f"--tables-only rewrites the tables of the audit stored in --out with its stored settings; "
+                         f"{', '.join(given)} would be ignored: drop {'it' if len(given) == 1 else 'them'}, or run "
+                         "the audit without --tables-only")
+
+
+def check_args(ns: argparse.Namespace) -> None:
+    """What ``seco-lab audit`` checks before torch is imported (a refused argument answers at once): the report
+    target, ``--tables-only`` with settings it would ignore, and the audit's settings (:class:`AuditConfig`)."""
+    from ..registry import check_report_target
+
+    out = ns.out or (Path("audit-quick") if ns.quick else DEFAULT_OUT)
+    if ns.report is not None:  # before anything is computed: never over a user's file or a folder
+        check_report_target(ns.report, out, "report.md", "--report")
+    if ns.tables_only:
+        check_tables_only(ns)
+    else:
+        config_from_args(ns)
