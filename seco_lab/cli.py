@@ -24,6 +24,7 @@ import json
 import re
 import sys
 import time
+import traceback
 import typing
 import warnings
 from dataclasses import MISSING, fields
@@ -346,12 +347,20 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _dispatch(argv)
-    except RecursionError:
+    except RecursionError as e:
+        if not _raised_by_a_parser(e):  # our own recursion bug: a traceback, not a story about a file
+            raise
         command = argv[0] if argv and not argv[0].startswith("-") else ""
         print(f"seco-lab{' ' + command if command else ''}: error: a file it read nests lists or tables too deeply "
               "to read (past Python's recursion limit); it is not a file seco-lab wrote -- check the paths given",
               file=sys.stderr)
         return 2
+
+
+def _raised_by_a_parser(e: RecursionError) -> bool:
+    """Whether ``e`` was raised inside a JSON or TOML parser (a file nested past the recursion limit)."""
+    frames = traceback.extract_tb(e.__traceback__)[-8:]
+    return any(Path(f.filename).parent.name in ("json", "tomllib", "tomli") for f in frames)
 
 
 def _dispatch(argv: list[str]) -> int:

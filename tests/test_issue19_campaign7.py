@@ -243,3 +243,18 @@ def test_g12_messages_say_what_is_wrong(runs, tmp_path, capsys):
     capsys.readouterr()
     assert main(["plot", str(r), "--out", str(tmp_path / "p.png")]) == 2
     assert "FIFO" in capsys.readouterr().err
+
+
+def test_a_recursion_error_of_our_own_code_is_not_blamed_on_a_file(monkeypatch):
+    """The command line turns a RecursionError into "a file it read nests too deeply" (campaign 6, F2) only when
+    a JSON or TOML parser raised it: a recursion bug of the package itself keeps its traceback."""
+    import seco_lab.cli as cli
+
+    def bug(_argv):
+        def down(n):
+            return down(n + 1)
+        return down(0)
+
+    monkeypatch.setattr(cli, "plot_main", bug)
+    with pytest.raises(RecursionError):
+        main(["plot", "x"])
