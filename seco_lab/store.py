@@ -14,6 +14,13 @@ A study's definition is a JSON-able dict; its fingerprint is
     fingerprint(d) = sha256(json.dumps(d, sort_keys=True))[:16]  (hex)
 
 and equal fingerprints mean a folder's stored cells may be resumed (:class:`StudyFolder`).
+
+Every stored file is read through a checked reader: :func:`checked_file` refuses a FIFO (a read would wait for a
+writer forever), a device (``/dev/zero`` never ends), a folder or a file over a size limit before it is opened;
+:func:`read_json` reads a stored JSON record through it (a bounded, non-blocking read), turning a file that is not
+UTF-8, not JSON, nested past Python's recursion limit or of the wrong JSON type into one ValueError naming the file;
+:func:`read_csv` does the same for a stored table (``pd.read_csv``), and :func:`file_sha256` hashes only a checked
+file.  A missing file raises FileNotFoundError, so each caller keeps its own message for that.
 """
 
 from __future__ import annotations
@@ -35,8 +42,8 @@ _HELD_LOCKS: dict[Path, IO] = {}  # study folders this process has locked (a rer
 
 __all__ = ["CONFIG_MAX_BYTES", "RECORD_MAX_BYTES", "TABLE_MAX_BYTES", "DefinitionMismatch", "StudyFolder",
            "StudyFolderError", "atomic_write", "atomic_write_csv", "atomic_write_json", "check_study_out",
-           "checked_file", "clear_stale", "fingerprint", "protected_paths", "software_versions", "study_owner",
-           "too_deep", "TEMP_TAG"]
+           "checked_file", "clear_stale", "file_sha256", "fingerprint", "protected_paths", "read_csv", "read_json",
+           "read_checked_bytes", "software_versions", "study_owner", "too_deep", "TEMP_TAG"]
 
 #: the tag of atomic_write's temporary files, ``NAME.seco-tmp<pid>``
 TEMP_TAG = "seco-tmp"
@@ -81,6 +88,73 @@ def checked_file(path: str | Path, what: str, max_bytes: int | None = None, fix:
         raise ValueError(f"{what} {path} is {size:,} bytes, {size - max_bytes:,} over the limit of {max_bytes:,} "
                          f"bytes for a {what}: it is not one (named by mistake, or damaged){fix}")
     return path
+
+
+def read_checked_bytes(path: str | Path, what: str, max_bytes: int | None = RECORD_MAX_BYTES, fix: str = "") -> bytes:
+    """The bytes of ``path``, checked by :func:`checked_file` and then read without blocking and without bound
+    trouble: the file is opened ``O_NONBLOCK`` and checked again on the open descriptor (a FIFO or device swapped
+    in after the check is refused, not waited on), and at most ``max_bytes`` bytes are read (a file that grew past
+    the limit is refused).  A missing file raises :class:`FileNotFoundError`."""
+    path = checked_file(path, what, max_bytes, fix)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{what} {path} is not a regular file (it was replaced while being read){_fix(fix)}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise ValueError(f"{what} {path} grew past the limit of {max_bytes:,} bytes while being read: it is not "
+                         f"one{_fix(fix)}")
+    return data
+
+
+def _fix(fix: str) -> str:
+    return f"; {fix}" if fix else ""
+
+
+def _type_names(expect) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
+             bool: "true or false", type(None): "null"}
+    kinds = expect if isinstance(expect, tuple) else (expect,)
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def read_json(path: str | Path, what: str, max_bytes: int | None = RECORD_MAX_BYTES, fix: str = "",
+              expect: type | tuple[type, ...] | None = dict):
+    """The JSON value a stored file holds, read by :func:`read_checked_bytes` (a FIFO, device, folder or file over
+    ``max_bytes`` is refused before it is opened).  A file that is not UTF-8, not JSON or nested past Python's
+    recursion limit, or whose value is not of the type ``expect`` (a JSON object by default; None: any), is one
+    ValueError that names the file (``what PATH ...``) and says ``fix``.  A missing file raises
+    :class:`FileNotFoundError` (callers keep their own message for it); other OS errors pass as they are."""
+    path = Path(path)
+    data = read_checked_bytes(path, what, max_bytes, fix)
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        why = too_deep(e) if isinstance(e, RecursionError) else f"{type(e).__name__}: {str(e)[:80]}"
+        raise ValueError(f"{what} {path} cannot be read as JSON ({why}): it is damaged or not a file seco-lab "
+                         f"wrote{_fix(fix)}") from None
+    kinds = expect if isinstance(expect, tuple) else (expect,)
+    if expect is not None and (not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds):
+        raise ValueError(f"{what} {path} holds {_type_names(type(value))} where {_type_names(expect)} is expected: it "
+                         f"is damaged or not a file seco-lab wrote{_fix(fix)}")
+    return value
+
+
+def read_csv(path: str | Path, what: str, max_bytes: int | None = TABLE_MAX_BYTES, fix: str = "", **kwargs):
+    """``pd.read_csv(path, **kwargs)`` of a stored table checked by :func:`checked_file` first (pandas would block
+    on a FIFO and read a device without end); a table that does not parse (an empty file included) is a
+    ValueError naming the file and saying ``fix``.  A missing file raises :class:`FileNotFoundError`."""
+    import pandas as pd
+
+    path = checked_file(path, what, max_bytes, fix)
+    try:
+        return pd.read_csv(path, **kwargs)
+    except (ValueError, EOFError, RecursionError) as e:  # ParserError, EmptyDataError, UnicodeDecodeError
+        first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{what} {path} cannot be read as CSV ({first}): it is damaged{_fix(fix)}") from None
 
 
 def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[bytes]], object]) -> Path:
@@ -156,8 +230,18 @@ def software_versions(*packages: str) -> dict:
     return out
 
 
-def file_sha256(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+def file_sha256(path: str | Path, what: str = "stored table", max_bytes: int | None = TABLE_MAX_BYTES) -> str:
+    """The SHA-256 of a stored file, read in blocks after :func:`checked_file` (a FIFO, device, folder or file over
+    ``max_bytes`` raises ValueError, never blocks or reads without end)."""
+    path = checked_file(path, what, max_bytes)
+    h = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{what} {path} is not a regular file (it was replaced while being read)")
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def fingerprint(definition: dict) -> str:
@@ -247,15 +331,14 @@ class StudyFolder:
         if not self.manifest_path.exists():
             return {}
         try:
-            manifest = json.loads(self.manifest_path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise StudyFolderError(f"{self.manifest_path} cannot be read as JSON ({type(e).__name__}: "
-                                   f"{str(e)[:80]}): the study's record is damaged; remove the folder's results "
-                                   "(or pass another --out) and rerun the study") from None
-        if not isinstance(manifest, dict):
-            raise StudyFolderError(f"{self.manifest_path} holds a {type(manifest).__name__}, not a study's record: "
-                                   "it was not written by seco-lab; pass another --out")
-        return manifest
+            return read_json(self.manifest_path, "study record", RECORD_MAX_BYTES,
+                             "remove the folder's results (or pass another --out) and rerun the study")
+        except FileNotFoundError:  # removed since the check above
+            return {}
+        except (OSError, ValueError) as e:
+            raise StudyFolderError(str(e) if isinstance(e, ValueError) else
+                                   f"{self.manifest_path} cannot be read ({e.strerror or e}): pass another --out") \
+                from None
 
     def check_usable(self) -> None:
         """Refuse a folder that is not this tool's to write into: see :func:`check_study_out`, and a folder
@@ -328,9 +411,9 @@ class StudyFolder:
         for f in files:
             if f.suffix == ".json" and f.is_file() and not f.is_symlink():
                 try:
-                    if isinstance(json.loads(f.read_text()), dict):
-                        stems.add(f.name[: -len(".json")])
-                except (OSError, ValueError):
+                    read_json(f, "cell record")
+                    stems.add(f.name[: -len(".json")])
+                except (OSError, ValueError):  # not a cell's record (a FIFO is not a file here, never opened)
                     pass
         ours, foreign = [], []
         for f in files:
@@ -356,8 +439,8 @@ class StudyFolder:
         """The cell's record exists and every table it lists is on disk with the recorded SHA-256: a deleted
         or altered table makes the cell not done (it is computed again), rather than a "complete" study
         with rows missing.  A record without the list (older folders) needs only to exist."""
-        try:
-            record = json.loads(self.marker(name).read_text())
+        try:  # a damaged record (a FIFO, a device, too large, not JSON) marks the cell not done: it is computed again
+            record = read_json(self.marker(name), "cell record", expect=None)
         except (OSError, ValueError):
             return False
         files = record.get("files") if isinstance(record, dict) else None
@@ -365,7 +448,7 @@ class StudyFolder:
             return isinstance(record, dict)
         try:
             return all(file_sha256(self.cells / table_file) == entry["sha256"] for table_file, entry in files.items())
-        except (OSError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a table missing, not a file, too large
             return False
 
     def write_cell(self, name: str, record: dict, tables: dict | None = None,
@@ -381,7 +464,8 @@ class StudyFolder:
 
     def read_cell(self, name: str) -> dict:
         """The cell's record as written (without the table checksums :meth:`write_cell` adds)."""
-        record = json.loads(self.marker(name).read_text())
+        record = read_json(self.marker(name), "cell record", fix="remove it and rerun the study (the cell is "
+                           "computed again)")
         record.pop("files", None)
         return record
 

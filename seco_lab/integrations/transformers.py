@@ -46,7 +46,6 @@ checkpoint callback in :mod:`.trainer_callbacks`, the packing helper in :mod:`.p
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -60,6 +59,7 @@ from ..core.engine import forward_loss, seco_step
 from ..estimators.schemes import get_scheme
 from ..estimators.spaco import spaco_grad
 from ..models.hf import HFChunkModel
+from ..store import CONFIG_MAX_BYTES, read_json
 from .packing import _text_files, pack_dataset  # noqa: F401 (re-export: defined here before)
 from .trainer_args import KNOWN_INPUTS, MODES, SETTINGS_FILE, SeCOArguments, chunk_targets  # noqa: F401
 from .trainer_callbacks import SeCOStateCallback
@@ -241,6 +241,24 @@ class SeCOTrainerMixin:
 
     # ------------------------------------------------------------------ resume
 
+    @staticmethod
+    def _saved_settings(folder) -> dict | None:
+        """The SeCO settings a checkpoint folder's ``seco_trainer.json`` records (None: the folder has none, as a
+        checkpoint written by a plain Trainer).  A damaged file (a FIFO or device, too large, not JSON, nested too
+        deeply, not the object the trainer writes) is a ValueError naming it: its settings cannot be compared."""
+        path = Path(folder) / SETTINGS_FILE
+        if not path.exists() and not path.is_symlink():
+            return None
+        fix = ("its SeCO settings are damaged and cannot be compared with this run's; restore the file the checkpoint "
+               "was written with, or remove it to resume without the comparison")
+        try:
+            record = read_json(path, "SeCO settings file", CONFIG_MAX_BYTES, fix)
+        except OSError as e:  # a dangling link, no permission
+            raise ValueError(f"SeCO settings file {path} cannot be read ({e.strerror or e}); {fix}") from None
+        if not isinstance(record.get("settings"), dict):
+            raise ValueError(f"SeCO settings file {path} records no settings (no \"settings\" object); {fix}")
+        return record["settings"]
+
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """``Trainer.train``; on resume, warns when the checkpoint was written with other SeCO settings."""
         folder = resume_from_checkpoint
@@ -248,8 +266,8 @@ class SeCOTrainerMixin:
             from transformers.trainer_utils import get_last_checkpoint
 
             folder = get_last_checkpoint(self.args.output_dir)
-        if isinstance(folder, (str, os.PathLike)) and (Path(folder) / SETTINGS_FILE).is_file():
-            saved = json.loads((Path(folder) / SETTINGS_FILE).read_text())["settings"]
+        saved = self._saved_settings(folder) if isinstance(folder, (str, os.PathLike)) else None
+        if saved is not None:
             if saved != self.seco_args.to_dict():
                 logger.warning("resuming from %s, written with SeCO settings %s, with %s: the run will not equal an "
                                "uninterrupted one", folder, saved, self.seco_args.to_dict())

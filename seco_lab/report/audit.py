@@ -6,13 +6,13 @@ and the equal-compute comparison with SeCO, generated from the tables ``seco-lab
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
+from ..store import RECORD_MAX_BYTES, TABLE_MAX_BYTES, read_checked_bytes, read_csv, read_json
 from .figures import new_figure, save_figure
-from .markdown import MissingResultsError, fmt, generated_note, table, write_markdown
+from .markdown import MissingResultsError, fmt, generated_note, read_json_table, stored_file, table, write_markdown
 
 __all__ = ["write_report", "render", "audit_report", "DEFAULT_DIR", "PRODUCE"]
 
@@ -24,10 +24,17 @@ REAL_K16 = Path("reports/real_study/k16x16/strata.csv")
 
 
 def _read(path: Path) -> pd.DataFrame:
+    """A stored table, empty when it is absent or has no header (a table of no finished unit); a FIFO, device,
+    folder or huge file is refused (:func:`~seco_lab.report.markdown.stored_file`), never opened."""
     try:
+        stored_file(path, "stored results table", TABLE_MAX_BYTES, PRODUCE)
         return pd.read_csv(path)
+    except MissingResultsError:
+        raise
     except (FileNotFoundError, pd.errors.EmptyDataError):
         return pd.DataFrame()
+    except (ValueError, OSError) as e:  # ParserError, not UTF-8
+        raise MissingResultsError(f"{path} cannot be read as CSV ({type(e).__name__}): rerun {PRODUCE}") from None
 
 
 def profile_figure(results: Path, fig_dir: Path, root: Path, cfg: dict) -> str | None:
@@ -63,8 +70,11 @@ def profile_figure(results: Path, fig_dir: Path, root: Path, cfg: dict) -> str |
 def render(results: Path, out_md: Path, root: Path = Path(".")) -> list[str]:
     """The report's Markdown blocks: whatever units are finished, and which are not."""
     results = Path(results)
-    audit = json.loads((results / "audit.json").read_text())
-    cfg = audit["config"]
+    audit = read_json_table(results / "audit.json", PRODUCE)
+    cfg = audit.get("config")
+    if not isinstance(cfg, dict):
+        raise MissingResultsError(f"{results / 'audit.json'} records no audit settings (no \"config\" object): "
+                                  f"rerun {PRODUCE}")
     return [*_header(results, out_md, cfg), *_what_ran(audit, cfg), *_exactness(audit.get("exactness")),
             *_profile(results, out_md, root, cfg), *_bias(results), *_noise(results, cfg), *_cost(results, cfg),
             *_equal_compute(results, audit), *ASSUMPTIONS]
@@ -222,7 +232,7 @@ def _equal_compute(results: Path, audit: dict) -> list[str]:
                           values=["mse_seco", "mse_scheme"]).reset_index()
     wide.columns = [c if not b else f"{'SeCO' if c == 'mse_seco' else 'scheme'} B={b}" for c, b in wide.columns]
     md.append(table(wide.rename(columns={"cost_ratio": "c_s/c_SeCO", "crossover_B": "B*"}), ("t",)))
-    rec = json.loads((results / "recommendation.json").read_text())
+    rec = read_json_table(results / "recommendation.json", PRODUCE)
     md.append("\n## Recommendation" + (" (provisional)" if pending else "") + "\n")
     md += [f"- t = {t}, B = {B}: **{r['choice']}** — {r['why']}." for t, per_b in rec.items() for B, r in per_b.items()]
     return md
@@ -236,7 +246,7 @@ ASSUMPTIONS = ["\n## Assumptions\n",
 
 def write_report(results: str | Path, out_md: str | Path, root: str | Path = Path(".")) -> Path:
     results, out_md = Path(results), Path(out_md)
-    if not (results / "audit.json").is_file():
+    if not (results / "audit.json").exists() and not (results / "audit.json").is_symlink():
         raise MissingResultsError(f"{results} lacks audit.json: run {PRODUCE} first, or pass the folder "
                                   "an audit wrote")
     verify_tables(results)
@@ -264,13 +274,18 @@ def verify_tables(results: Path) -> None:
     for name, want in derived.items():
         path = results / name
         try:
-            if name.endswith(".csv") and path.read_text() == want.to_csv(index=False):
-                continue  # byte for byte what the units give (an empty table included)
-            have = pd.read_csv(path) if name.endswith(".csv") else json.loads(path.read_text())
+            if name.endswith(".csv"):
+                if read_checked_bytes(path, "stored table", TABLE_MAX_BYTES, fix) == want.to_csv(index=False).encode():
+                    continue  # byte for byte what the units give (an empty table included)
+                have = read_csv(path, "stored table", TABLE_MAX_BYTES, fix)
+            else:
+                have = read_json(path, "stored record", RECORD_MAX_BYTES, fix, expect=None)
         except FileNotFoundError:
             raise MissingResultsError(f"{path} is missing: {fix}") from None
-        except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as e:  # EmptyDataError is a ValueError
-            raise MissingResultsError(f"{path} is not readable ({type(e).__name__}): {fix}") from None
+        except ValueError as e:  # a FIFO, device or huge file (never opened), not CSV or JSON, nested too deeply
+            raise MissingResultsError(str(e)) from None
+        except OSError as e:
+            raise MissingResultsError(f"{path} is not readable ({e.strerror or e}): {fix}") from None
         if name.endswith(".csv"):
             d = table_difference(have, want)
             same = d is not None and d <= 1

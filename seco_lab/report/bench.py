@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pandas as pd
 from ..studies.registry import STUDIES
 from . import bench_fsdp, bench_hf
 from .figures import new_figure, save_figure
-from .markdown import fmt, generated_note, require, table, write_markdown
+from .markdown import fmt, generated_note, read_json_table, read_stored_csv, require, table, write_markdown
 
 __all__ = ["INTEGER_COLUMNS", "bench_report", "load_bench", "summarize_bench"]
 
@@ -30,7 +29,7 @@ INTEGER_COLUMNS = ("length", "longest length within cap")
 def load_bench(folder: Path) -> tuple[pd.DataFrame, dict]:
     folder = Path(folder)
     require(folder, BENCH_FILES, PRODUCE_BENCH)
-    return pd.read_csv(folder / "results.csv"), json.loads((folder / "bench.json").read_text())
+    return read_stored_csv(folder / "results.csv", PRODUCE_BENCH), read_json_table(folder / "bench.json", PRODUCE_BENCH)
 
 
 def kv_cache_mib(cfg: dict, n: int) -> float:
@@ -160,7 +159,7 @@ def targets_section(s: dict, chunk: int) -> list[str]:
 
 def strata_cost_section(path: Path) -> list[str]:
     """LoRA hop strata next to a SeCO step, before and after (experiments/bench_strata.py)."""
-    df = pd.read_csv(path)
+    df = read_stored_csv(path, "`python -m experiments.bench_strata`")
     keys = ["length", "chunk_size", "max_hops", "tag", "rev"]
     g = df.groupby(keys, sort=False).agg(rounds=("ratio", "size"), seco_cpu_s=("seco_cpu_s", "median"),
                                          strata_cpu_s=("strata_cpu_s", "median"), ratio=("ratio", "median"),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .markdown import table
+from .markdown import read_stored_csv, table
 
 __all__ = ["INTEGER_COLUMNS", "render", "summarize"]
 
@@ -23,7 +23,7 @@ INTEGER_COLUMNS = ("rounds", "all-gathers / step", "reduce-scatters / step", "al
 
 
 def summarize(results: pd.DataFrame | str | Path) -> pd.DataFrame:
-    df = pd.read_csv(results) if not isinstance(results, pd.DataFrame) else results
+    df = read_stored_csv(results, PRODUCE) if not isinstance(results, pd.DataFrame) else results
     df = df.assign(above_mib=df.peak_mib - df.base_mib)
     per = df.groupby(["round", "mode"]).agg(peak_mib=("peak_mib", "max"), above_mib=("above_mib", "max"),
                                             step_s=("step_s", "max"), all_gather=("all_gather", "max"),
@@ -43,7 +43,7 @@ def summarize(results: pd.DataFrame | str | Path) -> pd.DataFrame:
 
 
 def render(folder: Path) -> list[str]:
-    df = pd.read_csv(Path(folder) / "fsdp_results.csv")
+    df = read_stored_csv(Path(folder) / "fsdp_results.csv", PRODUCE)
     s = summarize(df)
     model = json.loads(df.model.iloc[0])
     params = int(df.parameters.iloc[0])

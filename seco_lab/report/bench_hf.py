@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .markdown import table
+from .markdown import read_stored_csv, table
 
 __all__ = ["KEYS", "NOT_MET_REASONS", "clock", "render", "summarize", "targets"]
 
 KEYS = ["tag", "n_layers", "chunk_size", "length", "lora"]
 CONSTANT = "spaco released-unbiased"
+PRODUCE = "`make bench-hf` (python -m experiments.bench_hf)"
 
 
 def _wide(df: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -46,7 +47,7 @@ def clock(df: pd.DataFrame) -> str:
 
 def summarize(results: pd.DataFrame | str | Path) -> pd.DataFrame:
     """Step times (s, of :func:`clock`), peaks (MiB) and ratios per (tag, n_layers, chunk_size, length, lora)."""
-    df = pd.read_csv(results) if not isinstance(results, pd.DataFrame) else results
+    df = read_stored_csv(results, PRODUCE) if not isinstance(results, pd.DataFrame) else results
     t, m = _wide(df, clock(df)), _wide(df, "peak_mib")
     out = pd.DataFrame(index=t.index.union(m.index))
     for lab in ("forward", "hf_full", "hf_checkpoint", "seco"):
@@ -261,7 +262,7 @@ def _shown(df: pd.DataFrame) -> str:
 def render(results_dir: str | Path) -> list[str]:
     """The markdown section of the HF benchmark from ``hf_results.csv`` (and ``hf_profile_*.csv``)."""
     results_dir = Path(results_dir)
-    df = pd.read_csv(results_dir / "hf_results.csv")
+    df = read_stored_csv(results_dir / "hf_results.csv", PRODUCE)
     summary = summarize(df)
     layers = sorted(int(x) for x in df.n_layers.unique())
     parts = [
@@ -394,4 +395,4 @@ def _profile_parts(results_dir: Path) -> list[str]:
 
 
 def _profiles(results_dir: Path) -> list[pd.DataFrame]:
-    return [pd.read_csv(path) for path in sorted(Path(results_dir).glob("hf_profile_*.csv"))]
+    return [read_stored_csv(path, PRODUCE) for path in sorted(Path(results_dir).glob("hf_profile_*.csv"))]

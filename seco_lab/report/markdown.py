@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ..store import RECORD_MAX_BYTES, TABLE_MAX_BYTES, atomic_write, checked_file, too_deep
+from ..store import RECORD_MAX_BYTES, TABLE_MAX_BYTES, atomic_write, checked_file, read_csv, read_json
 
 __all__ = ["MissingResultsError", "check_bounds", "fmt", "generated_note", "read_json_table", "read_results_csv",
-           "require", "stored_file", "table", "write_markdown"]
+           "read_stored_csv", "require", "stored_file", "table", "write_markdown"]
 
 
 class MissingResultsError(FileNotFoundError):
@@ -37,20 +36,34 @@ def stored_file(path: Path, what: str, max_bytes: int, produce: str) -> Path:
         raise MissingResultsError(str(e)) from None
 
 
-def read_json_table(path: Path, produce: str) -> dict:
-    """A JSON file that must hold an object (``study.json``, ``bench.json``): parse errors, an empty file
-    or a list are refused with a message naming the file."""
+def read_json_table(path: Path, produce: str, expect: type | tuple[type, ...] | None = dict):
+    """A stored JSON file of a report (``study.json``, ``bench.json``), read by :func:`seco_lab.store.read_json`:
+    a FIFO, device, folder or huge file, parse errors, an empty file or a value other than ``expect`` (a JSON
+    object by default) are refused with a :class:`MissingResultsError` naming the file and ``produce``."""
     path = Path(path)
     try:
-        data = json.loads(stored_file(path, "stored record", RECORD_MAX_BYTES, produce).read_text())
-    except MissingResultsError:  # a FIFO, device, folder or huge file: said as it is
-        raise
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise MissingResultsError(f"{path} cannot be read as JSON ({too_deep(e)}): rerun {produce}") from None
-    if not isinstance(data, dict):
-        raise MissingResultsError(f"{path} holds a {type(data).__name__}, not the expected JSON object: rerun "
-                                  f"{produce}")
-    return data
+        return read_json(path, "stored record", RECORD_MAX_BYTES, f"remove it and rerun {produce}", expect)
+    except FileNotFoundError:
+        raise MissingResultsError(f"{path} is missing: run {produce} first, or pass the folder that holds it with "
+                                  "--results") from None
+    except (OSError, ValueError) as e:
+        raise MissingResultsError(str(e) if isinstance(e, ValueError) else
+                                  f"{path} cannot be read ({e.strerror or e}): rerun {produce}") from None
+
+
+def read_stored_csv(path: Path, produce: str, **kwargs) -> pd.DataFrame:
+    """A stored table of a report read whole, unchecked beyond parsing (:func:`read_results_csv` checks columns
+    and values): a FIFO, device, folder or huge file, or a file that does not parse, is a
+    :class:`MissingResultsError` naming it and ``produce``."""
+    path = Path(path)
+    try:
+        return read_csv(path, "stored results table", TABLE_MAX_BYTES, f"rerun {produce}", **kwargs)
+    except FileNotFoundError:
+        raise MissingResultsError(f"{path} is missing: run {produce} first, or pass the folder that holds it with "
+                                  "--results") from None
+    except (OSError, ValueError) as e:
+        raise MissingResultsError(str(e) if isinstance(e, ValueError) else
+                                  f"{path} cannot be read ({e.strerror or e}): rerun {produce}") from None
 
 
 def read_results_csv(path: Path, columns: tuple[str, ...], produce: str, text_columns=("scheme", "metric", "check"),

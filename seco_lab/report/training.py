@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -11,19 +10,46 @@ import pandas as pd
 
 from ..studies.registry import STUDIES
 from .figures import new_figure, save_figure
-from .markdown import generated_note, require, table, write_markdown
+from .markdown import (
+    MissingResultsError,
+    generated_note,
+    read_json_table,
+    read_results_csv,
+    require,
+    table,
+    write_markdown,
+)
 
 __all__ = ["load_training", "summarize_training", "training_report"]
 
 PRODUCE_TRAINING = STUDIES["train-compare"].produce
 TRAINING_FILES = ("throughput.csv", "far_loss.csv", "training.json")
+#: what training.json records that the report reads, with its JSON type
+TRAINING_RECORD = {"n_keys": int, "demo": dict, "synthetic": dict, "software": dict}
 
 
 def load_training(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """The stored results, each checked before a number of it is used: the tables by
+    :func:`~seco_lab.report.markdown.read_results_csv` (a FIFO, device or huge file is never opened; the columns
+    the report reads, numbers, rows), ``training.json`` by :func:`~seco_lab.report.markdown.read_json_table` (a
+    JSON object with the records the report reads); a refusal names the file and the command that writes it."""
     folder = Path(folder)
     require(folder, TRAINING_FILES, PRODUCE_TRAINING)
-    return (pd.read_csv(folder / "throughput.csv"), pd.read_csv(folder / "far_loss.csv"),
-            json.loads((folder / "training.json").read_text()))
+    throughput = read_results_csv(folder / "throughput.csv", ("mode", "tokens_per_s", "backprop_chunks", "k",
+                                                              "steps_timed"), PRODUCE_TRAINING, text_columns=("mode",),
+                                  more_columns=True)
+    far = read_results_csv(folder / "far_loss.csv", ("mode", "step", "eval_far_loss", "eval_loss"), PRODUCE_TRAINING,
+                           text_columns=("mode",), more_columns=True)
+    meta = read_json_table(folder / "training.json", PRODUCE_TRAINING)
+    wrong = [k for k, kind in TRAINING_RECORD.items() if not isinstance(meta.get(k), kind) or isinstance(
+        meta.get(k), bool) and kind is int]
+    if wrong:
+        raise MissingResultsError(f"{folder / 'training.json'} holds no readable training record ({', '.join(wrong)} "
+                                  f"missing or of the wrong type): rerun {PRODUCE_TRAINING}")
+    if not {"dense", "seco"} <= set(throughput["mode"]):
+        raise MissingResultsError(f"{folder / 'throughput.csv'} lacks the dense or the seco row the throughput is "
+                                  f"compared with: rerun {PRODUCE_TRAINING}")
+    return throughput, far, meta
 
 
 def summarize_training(throughput: pd.DataFrame, far: pd.DataFrame, meta: dict) -> dict:

@@ -38,7 +38,7 @@ import torch
 
 from ..estimators.schemes import SCHEME_NAMES, get_scheme
 from ..stats.strata import StrataGram, bias_metrics
-from ..store import StudyFolder, atomic_write_csv, fingerprint, software_versions
+from ..store import StudyFolder, atomic_write_csv, fingerprint, read_json, software_versions
 from .real_config import CELLS, RUN_ONLY, RealStudyConfig, add_arguments, text_path
 from .runner import run_cells
 
@@ -245,7 +245,15 @@ def gram_metrics(gram: np.ndarray, weights: np.ndarray) -> dict[str, float]:
 
 
 def load_cells(out_dir: Path) -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted((Path(out_dir) / "cells").glob("*.json"))}
+    """The stored cells by name; a damaged one (a FIFO or device in its place, too large, not a JSON object:
+    :func:`seco_lab.store.read_json`, never opened when not a regular file) counts as not run and is left out."""
+    cells = {}
+    for p in sorted((Path(out_dir) / "cells").glob("*.json")):
+        try:
+            cells[p.stem] = read_json(p, "cell record")
+        except (OSError, ValueError):
+            continue
+    return cells
 
 
 def grams(cells: dict[str, dict]) -> dict[str, np.ndarray]:

@@ -4,13 +4,12 @@ run's own files (:func:`remove_own`).  See :mod:`seco_lab.training.run_dir` for 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
 from ..folder_lock import LOCK_NAME, is_own_lock
-from ..store import CONFIG_MAX_BYTES, checked_file, protected_paths
+from ..store import CONFIG_MAX_BYTES, protected_paths, read_json
 
 __all__ = ["CHECKPOINTS_TREE", "DCP_TREE", "FILE", "MARKER_NAME", "RUN_TREE", "RunDirError", "check_path_given",
            "checkpoint_steps", "orphan_checkpoints",
@@ -98,7 +97,7 @@ def is_run(path: Path) -> bool:
     if (path / MARKER_NAME).is_file():
         return True
     try:
-        d = json.loads(checked_file(path / "config.json", "run config", CONFIG_MAX_BYTES).read_text())
+        d = read_json(path / "config.json", "run config", CONFIG_MAX_BYTES)
     except (OSError, ValueError, RecursionError):  # missing, not a regular file (a FIFO would block), too large,
         # not JSON, nested past Python's recursion limit
         return False

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..store import CONFIG_MAX_BYTES, TABLE_MAX_BYTES, checked_file, too_deep
+from ..store import CONFIG_MAX_BYTES, TABLE_MAX_BYTES, checked_file, read_json
 from .run_checks import RunDirError, checkpoint_steps
 
 __all__ = ["CHECKPOINT_FILE", "CHECKPOINT_KEYS", "UnsafeCheckpoint", "checkpoint_files", "checkpoint_run_ids",
@@ -87,11 +87,16 @@ def checkpoint_run_ids(run_dir) -> dict[str, str | None]:
 
 
 def read_config(run_dir) -> dict:
+    """The run's settings (``config.json``, a JSON object), read by :func:`seco_lab.store.read_json`: a missing,
+    damaged (FIFO, device, too large, not JSON, too deep, not an object) or unreadable file is a
+    :class:`RunDirError` naming it."""
     path = Path(run_dir) / "config.json"
     try:
-        config = json.loads(run_file(path, "run config", CONFIG_MAX_BYTES).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise RunDirError(f"{path}: cannot read the run's config ({too_deep(e)})") from None
+        config = read_json(path, "run config", CONFIG_MAX_BYTES, "remove it, or restore the file the run wrote",
+                           expect=None)
+    except (OSError, ValueError) as e:
+        raise RunDirError(str(e) if isinstance(e, ValueError) else
+                          f"{path}: cannot read the run's config ({e.strerror or e})") from None
     if not isinstance(config, dict):
         raise RunDirError(f"{path} holds a {type(config).__name__}, not a run's settings: the file is damaged or "
                           "not written by seco-lab train")
@@ -113,7 +118,7 @@ def read_metrics(run_dir) -> list[dict]:
             continue
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             if i == len(lines) - 1 or all(not ln.strip() for ln in lines[i + 1 :]):
                 warnings.warn(f"{path}: dropping a torn last line ({line[:40]!r}...)", stacklevel=2)
                 break

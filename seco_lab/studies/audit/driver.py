@@ -14,7 +14,6 @@ ones it needs, checked against the stored units.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import time
@@ -31,7 +30,7 @@ from .config import AuditConfig
 from .options import DEFAULT_OUT, add_arguments, build_parser, check_tables_only, config_from_args
 from .plan import data_name, plan_units, sequence_sets
 from .sources import SequenceSpec, check_model_name
-from .tables import check_units, load_units, stale_reason, write_results
+from .tables import check_units, load_units, read_audit_config, read_unit, stale_reason, write_results
 
 __all__ = ["run_audit", "main", "build_parser", "add_arguments", "run_from_args", "config_from_args",
            "check_audit_out", "rewrite_tables", "AUDIT_FILES", "DEFAULT_OUT", "run_args"]
@@ -39,8 +38,8 @@ __all__ = ["run_audit", "main", "build_parser", "add_arguments", "run_from_args"
 
 def _check_folder(cfg: AuditConfig, out: Path) -> None:
     path = out / "config.json"
-    if path.is_file():
-        stored = AuditConfig.from_json(json.loads(path.read_text())["config"])
+    if path.exists() or path.is_symlink():
+        stored = read_audit_config(out)  # a damaged record is refused, named (check_audit_out let it by: not ours)
         if stored.identity() != cfg.identity():
             diff = sorted(k for k, v in cfg.identity().items() if stored.identity().get(k) != v)
             raise ValueError(f"{out} holds an audit of another definition (differs in {', '.join(diff)}); "
@@ -104,7 +103,7 @@ def check_audit_out(out: str | Path) -> Path:
 
 def _is_audit_config(path: Path) -> bool:
     try:
-        stored = json.loads(store.checked_file(path, "audit config", store.CONFIG_MAX_BYTES).read_text())
+        stored = store.read_json(path, "audit config", store.CONFIG_MAX_BYTES)
         return isinstance(stored, dict) and isinstance(stored.get("config"), dict) and "digest" in stored
     except (OSError, ValueError):
         return False
@@ -113,12 +112,11 @@ def _is_audit_config(path: Path) -> bool:
 def unit_done(path: Path) -> bool:
     """A unit is done when its JSON file reads as one (a file cut short by a crash or damaged by hand is computed
     again, and the run says so)."""
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return False
-    try:
-        unit = json.loads(path.read_text())
-    except (OSError, ValueError):
-        tqdm.write(f"audit: {path} is damaged (not readable JSON): the unit is computed again")
+    unit = read_unit(path)  # a FIFO, device or huge file is not opened: damaged
+    if unit is None:
+        tqdm.write(f"audit: {path} is damaged (not a readable JSON object): the unit is computed again")
         return False
     if isinstance(unit, dict) and (why := stale_reason(unit)) is not None:
         tqdm.write(f"audit: {path} is stale -- {why}: the unit is computed again")
@@ -180,7 +178,11 @@ def _strata_vectors(cfg: AuditConfig, out: Path, spec: SequenceSpec) -> None:
         return
     unit = out / "units" / f"strata-{spec.name}.json"
     tqdm.write(f"audit: recomputing the strata vectors of {spec.name} (not stored here; checked against {unit})")
-    measure.restore_strata_vectors(cfg, spec, path, json.loads(unit.read_text()))
+    stored = read_unit(unit)
+    if stored is None:
+        raise ValueError(f"{unit} is damaged (not a readable JSON object): remove it and rerun the audit (the unit is "
+                         "computed again)")
+    measure.restore_strata_vectors(cfg, spec, path, stored)
 
 
 def _restore_vectors(cfg: AuditConfig, out: Path, stage: str, specs: dict[str, SequenceSpec]) -> None:
@@ -191,11 +193,13 @@ def _restore_vectors(cfg: AuditConfig, out: Path, stage: str, specs: dict[str, S
         name = path.stem.removeprefix(f"{stage}-")
         if (out / "vectors" / f"{path.stem}.pt").is_file():
             continue
+        stored = read_unit(path)
+        if stored is None or stale_reason(stored) is not None:
+            continue  # a damaged unit is computed again (unit_done said so), its vectors with it
         tqdm.write(f"audit: recomputing the vectors of {path.stem} (not stored here; checked against {path})")
         if stage == "strata":
             _strata_vectors(cfg, out, specs[name])
             continue
-        stored = json.loads(path.read_text())
         sv = out / "vectors" / f"strata-{name}.pt" if cfg.data_len == cfg.length else None
         res = measure.data_unit(cfg, specs[name], out / "vectors" / f"{path.stem}.pt", sv)
         diff = abs(res["g_norm"] - stored["g_norm"]) / max(stored["g_norm"], 1e-300)

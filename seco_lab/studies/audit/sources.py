@@ -13,7 +13,6 @@ folder, as ``seco_lab.studies.bias.load_cell`` does for the bias study.
 
 from __future__ import annotations
 
-import json
 import sysconfig
 from dataclasses import dataclass
 from functools import lru_cache
@@ -216,8 +215,10 @@ def load_sequence(results_dir: str | Path, name: str, dtype: str | None = None) 
     path = results_dir / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: pass a folder an audit wrote (it holds config.json)")
-    cfg = AuditConfig.from_json(json.loads(path.read_text())["config"])
-    specs = json.loads((results_dir / "sequences.json").read_text())
+    from .tables import read_audit_config, read_sequences
+
+    cfg = read_audit_config(results_dir)  # a damaged record: a ValueError naming it
+    specs = read_sequences(results_dir)
     if name not in specs:
         raise ValueError(f"{name!r} is not a sequence of the audit in {results_dir}; sequences: {', '.join(specs)}")
     spec = SequenceSpec(**specs[name])

@@ -10,7 +10,6 @@ be recomputed without the flat vectors.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -35,32 +34,68 @@ from .stats import (
 )
 
 __all__ = ["check_cost_engines", "pass1_of",
-           "check_units", "derive_results", "write_results", "load_units", "cross_gram", "scheme_cost",
+           "check_units", "derive_results", "write_results", "load_units", "read_audit_config", "read_sequences",
+           "read_unit", "unusable_units", "cross_gram", "scheme_cost",
            "strata_tables", "mc_table", "cost_table", "equal_compute_table", "recommend", "summary"]
 
 
+def read_unit(path: Path) -> dict | None:
+    """A stored unit (a JSON object, read by :func:`seco_lab.store.read_json`), or None when it is damaged: a FIFO
+    or device in its place (never opened: a read would wait forever or never end), a file over
+    :data:`~seco_lab.store.RECORD_MAX_BYTES`, not JSON, nested too deeply, not an object, or unreadable."""
+    try:
+        return store.read_json(path, "audit unit")
+    except (OSError, ValueError):
+        return None
+
+
+def read_audit_config(out: Path) -> AuditConfig:
+    """The definition an audit folder's ``config.json`` records; a missing file raises FileNotFoundError, a damaged
+    one (a FIFO, device, too large, not JSON, not the audit's record) a ValueError naming it."""
+    path = Path(out) / "config.json"
+    fix = "it is not the record seco-lab audit writes; pass the folder an audit wrote, or rerun the audit"
+    record = store.read_json(path, "audit config", store.CONFIG_MAX_BYTES, fix)
+    try:
+        return AuditConfig.from_json(record["config"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"audit config {path} holds no readable audit definition ({type(e).__name__}: "
+                         f"{str(e)[:80]}); {fix}") from None
+
+
+def read_sequences(out: Path) -> dict:
+    """The sequences an audit folder's ``sequences.json`` records ({} when absent); a damaged one is a ValueError
+    naming it."""
+    path = Path(out) / "sequences.json"
+    if not path.exists() and not path.is_symlink():
+        return {}
+    specs = store.read_json(path, "audit sequences file", store.RECORD_MAX_BYTES,
+                            "rerun the audit (it writes the file again)")
+    if not all(isinstance(v, dict) for v in specs.values()):
+        raise ValueError(f"audit sequences file {path} holds an entry that is not a sequence's record; rerun the "
+                         "audit (it writes the file again)")
+    return specs
+
+
 def load_units(out: Path) -> dict[str, dict]:
-    """The stored units by file stem; a damaged one (not readable JSON) counts as not run: the report lists it
+    """The stored units by file stem; a damaged one (:func:`read_unit`) counts as not run: the report lists it
     among the missing units and a rerun computes it again."""
-    units = {}
-    for p in sorted((Path(out) / "units").glob("*.json")):
-        try:
-            units[p.stem] = json.loads(p.read_text())
-        except ValueError:
-            continue
+    units = {p.stem: read_unit(p) for p in sorted((Path(out) / "units").glob("*.json"))}
     return {k: v for k, v in units.items() if isinstance(v, dict) and stale_reason(v) is None}
 
 
 def unusable_units(out: Path) -> dict[str, str]:
-    """Stored unit files left out of the tables, by stem, with why: damaged (not a JSON object) or stale."""
+    """Stored unit files left out of the tables, by stem, with why: damaged (a FIFO or device, too large, not a JSON
+    object) or stale."""
     bad = {}
     for p in sorted((Path(out) / "units").glob("*.json")):
-        try:
-            unit = json.loads(p.read_text())
-        except ValueError:
-            unit = None
+        unit = read_unit(p)
         if not isinstance(unit, dict):
-            bad[p.stem] = "damaged (not a readable JSON object)"
+            try:
+                store.checked_file(p, "audit unit", store.RECORD_MAX_BYTES)
+                bad[p.stem] = "damaged (not a readable JSON object)"
+            except (OSError, ValueError):
+                bad[p.stem] = ("damaged (not a regular file of at most "
+                               f"{store.RECORD_MAX_BYTES >> 20} MiB: a FIFO, device or huge file is never opened)")
         elif (why := stale_reason(unit)) is not None:
             bad[p.stem] = f"stale: {why}"
     return bad
@@ -127,8 +162,9 @@ def cross_gram(out: Path, prefix: str, names: list[str], stored: Path,
         if write:
             store.atomic_write_json(stored, {"names": names, "rows_per_sequence": r, "gram": gram.tolist()})
         return names, gram.reshape(len(names), r, len(names), r) if r > 1 else gram
-    if stored.is_file():
-        d = json.loads(stored.read_text())
+    if stored.exists() or stored.is_symlink():
+        d = store.read_json(stored, "stored Gram matrix", store.RECORD_MAX_BYTES,
+                            "rerun the audit (the flat vectors give it again)")
         g = np.array(d["gram"])
         r = d["rows_per_sequence"]
         return d["names"], g.reshape(len(d["names"]), r, len(d["names"]), r) if r > 1 else g
@@ -146,10 +182,10 @@ def derive_results(out: str | Path, write_grams: bool = False) -> dict[str, pd.D
     DataFrame (``*.csv``) or a dict (``recommendation.json``, ``audit.json``).  Nothing is written unless
     ``write_grams`` (then the Grams recomputed from the flat vectors are stored)."""
     out = Path(out)
-    cfg = AuditConfig.from_json(json.loads((out / "config.json").read_text())["config"])
+    cfg = read_audit_config(out)
     units = load_units(out)
     check_units(cfg, units, out)
-    specs = json.loads((out / "sequences.json").read_text()) if (out / "sequences.json").exists() else {}
+    specs = read_sequences(out)
     strata_units = {u["sequence"]: u for u in units.values() if u["stage"] == "strata"}
     schemes = {n: get_scheme(n) for n in cfg.schemes}
     prof, bias = strata_tables(cfg, strata_units, specs, schemes)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ...core.checks import as_int, check_seed
+from ...store import RECORD_MAX_BYTES, read_json
 from .definition import StudyConfig, build_model, build_tokens
 
 __all__ = ["Cell", "load_cell", "load_study_config"]
@@ -27,13 +27,13 @@ class Cell:
 def load_study_config(results_dir: Path) -> StudyConfig:
     """The study definition stored in ``results_dir/study.json``."""
     path = Path(results_dir) / "study.json"
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise FileNotFoundError(f"{path} does not exist: pass the folder a bias study wrote (it holds study.json)")
     try:
-        record = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path} cannot be read as JSON ({type(e).__name__}: {e}): the study's record is damaged; "
-                         "rerun the study (seco-lab study bias)") from None
+        record = read_json(path, "study record", RECORD_MAX_BYTES, "the study's record is damaged; rerun the study "
+                           "(seco-lab study bias)")
+    except OSError as e:
+        raise ValueError(f"{path} cannot be read ({e.strerror or e}): rerun the study (seco-lab study bias)") from None
     try:
         return StudyConfig.from_json(record["config"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:

@@ -14,7 +14,6 @@ are gathered, sorted, into ``results.csv``, ``paper.csv`` (paper-settings cells)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -24,7 +23,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ...store import DefinitionMismatch, StudyFolder, atomic_write, software_versions
+from ...store import (
+    RECORD_MAX_BYTES,
+    DefinitionMismatch,
+    StudyFolder,
+    atomic_write,
+    read_checked_bytes,
+    read_csv,
+    read_json,
+    software_versions,
+)
 from ..rerun_tables import write_tables
 from ..runner import run_cells, worker_count
 from .definition import (
@@ -47,6 +55,8 @@ __all__ = [
     "run_study", "study_folder",
 ]
 
+#: what to do about a damaged group file (a FIFO, a device, too large, not CSV or JSON): the group is computed again
+REDO = "remove it and rerun the study (the group is computed again)"
 TABLES = {"results": RESULT_COLUMNS, "paper": PAPER_COLUMNS, "checks": CHECK_COLUMNS, "groups": GROUP_COLUMNS,
           "convergence": CONVERGENCE_COLUMNS}
 # rows sorted by these columns (then by every other key column): a fixed order whatever finished first
@@ -114,7 +124,7 @@ def gather(cfg: StudyConfig, out: Path) -> dict[str, pd.DataFrame]:
     tables = {}
     for name, cols in TABLES.items():
         files = [Path(f"{group_stem(out, *g, kind)}.{name}.csv") for kind, g in all_groups(cfg)]
-        parts = [df for f in files if f.exists() and len(df := pd.read_csv(f))]
+        parts = [df for f in files if f.exists() and len(df := read_csv(f, "group table", fix=REDO))]
         df = pd.concat(parts, ignore_index=True)[list(cols)] if parts else pd.DataFrame(columns=list(cols))
         tables[name] = df.sort_values(SORT_KEYS[name], kind="stable").reset_index(drop=True)
     return tables
@@ -125,7 +135,7 @@ def timing_summary(cfg: StudyConfig, out: Path) -> dict:
     groups' timing files, and the Monte Carlo draws of each kind of group."""
     by_part, per_cell, draws = {}, {}, {CHAIN: 0, PAPER_KIND: 0}
     for kind, (L, k, seed) in all_groups(cfg):
-        t = json.loads(group_stem(out, L, k, seed, kind).with_suffix(".json").read_text())
+        t = read_json(group_stem(out, L, k, seed, kind).with_suffix(".json"), "group record", fix=REDO)
         draws[kind] += t["draws"]
         if kind == CHAIN:
             by_part["chain_basis_grid"] = by_part.get("chain_basis_grid", 0.0) + t["seconds"]
@@ -145,7 +155,8 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, fresh: bool = False, p
     """Compute every missing group of ``cfg`` into ``out`` and gather the tables; returns the manifest."""
     out = Path(out)
     folder = study_folder(out)
-    stored_record = folder.manifest_path.read_bytes() if folder.manifest_path.is_file() else b""
+    stored_record = (read_checked_bytes(folder.manifest_path, "study record", RECORD_MAX_BYTES)
+                     if folder.manifest_path.is_file() else b"")
     old = folder.open(cfg.digest(), fresh)
     manifest = {"digest": cfg.digest(), "study_format": STUDY_FORMAT, "config": cfg.to_json(),
                 "software": software_versions(), "status": "running"}

@@ -7,7 +7,6 @@ are at its tuned rate (lowest mean validation far-token loss among the rates it 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -15,20 +14,24 @@ import pandas as pd
 
 from seco_lab.stats.equal_compute import chunk_passes
 
+from ...report.markdown import read_json_table, read_stored_csv
 from .summary import select_lr
 
 __all__ = ["EXTENSION_FOLDERS", "arm_fields", "extension_finals", "load_folder", "run_finals", "run_finals_from_main",
            "tuned"]
 
 EXTENSION_FOLDERS = {"equal_compute": "equal_compute", "second": "second_L4"}
+#: the command that writes the extension folders (named when a stored file of one is refused)
+PRODUCE_EXTENSIONS = "`seco-lab study train --part extensions`"
 
 
 def load_folder(folder: Path):
     folder = Path(folder)
     if not (folder / "runs.csv").exists():
         return None
-    return (pd.read_csv(folder / "results.csv.gz"), pd.read_csv(folder / "runs.csv"),
-            json.loads((folder / "study.json").read_text()))
+    return (read_stored_csv(folder / "results.csv.gz", PRODUCE_EXTENSIONS),
+            read_stored_csv(folder / "runs.csv", PRODUCE_EXTENSIONS),
+            read_json_table(folder / "study.json", PRODUCE_EXTENSIONS))
 
 
 def arm_fields(name: str) -> dict:

@@ -3,13 +3,11 @@ extension plan's tiers with their finished runs, and each folder's wall and CPU 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
-import pandas as pd
-
-from .equal_finals import EXTENSION_FOLDERS
+from ...report.markdown import read_json_table, read_stored_csv
+from .equal_finals import EXTENSION_FOLDERS, PRODUCE_EXTENSIONS
 from .equal_format import fmt, md_table
 
 __all__ = ["costs_lines", "what_ran"]
@@ -20,7 +18,7 @@ def costs_lines(folder: Path, k: int) -> list[str]:
     path = Path(folder) / "equal_compute" / "costs.csv"
     if not path.exists():
         return []
-    c = pd.read_csv(path)
+    c = read_stored_csv(path, PRODUCE_EXTENSIONS)
     ref = c[c.arm == "seco"].set_index("batch")
     rows = []
     for arm, g in c.groupby("arm", sort=False):
@@ -63,7 +61,7 @@ def what_ran(folder: Path, study: dict) -> list[str]:
     for tier, sub, cfg in plan:
         if sub not in finished:  # the assembled table (the per-run files are not committed)
             table = Path(folder) / sub / "runs.csv"
-            finished[sub] = set(pd.read_csv(table).run_id) if table.exists() else set()
+            finished[sub] = set(read_stored_csv(table, PRODUCE_EXTENSIONS).run_id) if table.exists() else set()
         specs = cfg.runs()
         done = sum(s.run_id in finished[sub] for s in specs)
         arms = ", ".join(dict.fromkeys(f"{a.name} ({o})" for a, o, _, _ in cfg.cells))
@@ -80,7 +78,7 @@ def _status_line(folder: Path, sub: str) -> str:
     p = Path(folder) / sub / "study.json"
     if not p.exists():
         return f"`{sub}`: not run."
-    s = json.loads(p.read_text())
+    s = read_json_table(p, PRODUCE_EXTENSIONS)
     return (f"`{sub}`: {s.get('runs_done')} of {s.get('runs_total')} runs ({s.get('status')}), wall time "
             f"{fmt(s.get('study_wall_s', math.nan) / 60, 1)} min over {len(s.get('sessions', []))} sessions, "
             f"{s.get('jobs')} worker processes; sum of per-run CPU time "
@@ -88,5 +86,5 @@ def _status_line(folder: Path, sub: str) -> str:
 
 
 def _cpu_total(folder: Path) -> float:
-    runs = pd.read_csv(folder / "runs.csv") if (folder / "runs.csv").exists() else None
+    runs = read_stored_csv(folder / "runs.csv", PRODUCE_EXTENSIONS) if (folder / "runs.csv").exists() else None
     return float(runs.cpu_s.sum()) if runs is not None and "cpu_s" in runs else math.nan

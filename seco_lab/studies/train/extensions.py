@@ -29,7 +29,6 @@ at equal compute, at the main study's tuned rate of the same method (not re-tune
 from __future__ import annotations
 
 import functools
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -41,6 +40,7 @@ import torch
 from seco_lab import TinyConfig, TinyTransformer
 from seco_lab.stats.equal_compute import chunk_passes, equal_batches
 
+from ...report.markdown import read_json_table, read_stored_csv
 from .runner import Arm, gradient
 from .study import StudyConfig, atomic_write_csv
 from .summary import summarize
@@ -73,8 +73,9 @@ def _main_tables_cached(folder: str) -> dict:
     missing = [n for n in ("results.csv.gz", "runs.csv", "study.json") if not (f / n).exists()]
     if missing:
         raise FileNotFoundError(f"{f} lacks {missing}: run the main study first (`seco-lab study train --part main`)")
-    return summarize(pd.read_csv(f / "results.csv.gz"), pd.read_csv(f / "runs.csv"),
-                     json.loads((f / "study.json").read_text()))
+    produce = "the main study (`seco-lab study train --part main`)"
+    return summarize(read_stored_csv(f / "results.csv.gz", produce), read_stored_csv(f / "runs.csv", produce),
+                     read_json_table(f / "study.json", produce))
 
 
 def tuned_rates(tabs: dict) -> dict[tuple[str, str], float]:

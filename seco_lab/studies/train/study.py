@@ -9,7 +9,6 @@ unchanged (its fingerprint is checked against ``OUT/study.json``).  ``collect`` 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,16 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ...store import DefinitionMismatch, StudyFolder, atomic_write_csv, fingerprint, software_versions
+from ...store import (
+    RECORD_MAX_BYTES,
+    DefinitionMismatch,
+    StudyFolder,
+    atomic_write_csv,
+    fingerprint,
+    read_csv,
+    read_json,
+    software_versions,
+)
 from ..runner import run_cells
 from .runner import Arm, RunSpec, TrainSettings, train_run
 from .task import RecallTask
@@ -112,9 +120,9 @@ def study_folder(out: Path) -> StudyFolder:
 def _work(args) -> dict:
     """One run in a worker: one thread (the pool already fills the cores), results written atomically."""
     spec, settings, out = args
-    js = study_folder(out).marker(spec.run_id)
-    if js.exists():  # finished meanwhile by another process (an earlier, interrupted driver's worker)
-        return json.loads(js.read_text())
+    folder = study_folder(out)
+    if folder.done(spec.run_id):  # finished meanwhile by another process (an earlier, interrupted driver's worker)
+        return folder.read_cell(spec.run_id)
     torch.set_num_threads(1)
     rows, summary = train_run(spec, settings)
     df = pd.DataFrame(rows)
@@ -157,7 +165,8 @@ def collect_partial(cfg: StudyConfig, out: Path, ended: bool = False) -> dict:
     meta_path = out / "study.json"
     if not meta_path.exists():
         raise FileNotFoundError(f"{meta_path} not found: no study was started in {out}")
-    meta = json.loads(meta_path.read_text())
+    meta = read_json(meta_path, "study record", RECORD_MAX_BYTES,
+                     f"it is damaged; rerun the study into a new --out (the runs under {out / 'runs'} are kept)")
     if meta.get("fingerprint") != cfg.fingerprint():
         raise DefinitionMismatch(f"{out} holds a different study (fingerprint {meta.get('fingerprint')} != "
                                  f"{cfg.fingerprint()}); pass the folder this study wrote with --out")
@@ -186,12 +195,12 @@ def collect(out: Path, specs: list[RunSpec]) -> pd.DataFrame:
     out = Path(out)
     frames, summaries = [], []
     arm_of = {s.run_id: s.arm for s in specs}
+    folder = study_folder(out)
     for s in specs:
-        js = study_folder(out).marker(s.run_id)
-        csv = js.with_suffix(".csv")
-        if js.exists():
-            frames.append(pd.read_csv(csv))
-            summaries.append(study_folder(out).read_cell(s.run_id))
+        csv = folder.marker(s.run_id).with_suffix(".csv")
+        if folder.done(s.run_id):  # a damaged run (a FIFO, device, altered table) is not finished: rerun it
+            frames.append(read_csv(csv, "run table", fix="remove it and rerun the study (the run is computed again)"))
+            summaries.append(folder.read_cell(s.run_id))
     if not frames:
         raise ValueError(f"no finished runs under {out / 'runs'}")
     runs = pd.DataFrame(summaries)
