@@ -258,3 +258,19 @@ def test_a_recursion_error_of_our_own_code_is_not_blamed_on_a_file(monkeypatch):
     monkeypatch.setattr(cli, "plot_main", bug)
     with pytest.raises(RecursionError):
         main(["plot", "x"])
+
+
+def test_a_damaged_model_cell_of_the_fsdp_table_is_named(tmp_path):
+    """Noticed in the stored-reads round: `render` parsed the CSV's model column with a bare json.loads, so a
+    damaged cell gave a JSONDecodeError traceback from `seco-lab report bench`."""
+    import pandas as pd
+
+    from seco_lab.report.bench_fsdp import render
+    from seco_lab.report.markdown import MissingResultsError
+
+    df = pd.read_csv(ROOT / "reports/bench/fsdp_results.csv")
+    assert render(ROOT / "reports/bench")  # the committed table renders
+    for cell in ("{not json", "[1, 2]"):
+        df.assign(model=cell).to_csv(tmp_path / "fsdp_results.csv", index=False)
+        with pytest.raises(MissingResultsError, match="model column"):
+            render(tmp_path)

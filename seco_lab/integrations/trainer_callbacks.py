@@ -3,10 +3,9 @@ the SeCO settings and the next draw's key into every checkpoint folder."""
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
+from ..store import atomic_write_json
 from .trainer_args import SETTINGS_FILE
 
 try:
@@ -30,7 +29,5 @@ class SeCOStateCallback(TrainerCallback):
         if folder.is_dir():
             payload = {"settings": self.trainer.seco_args.to_dict(),
                        "next_draw_key": {"seed": self.trainer.seco_args.seed, "step": state.global_step, "micro": 0}}
-            tmp = folder / (SETTINGS_FILE + ".tmp")
-            tmp.write_text(json.dumps(payload, indent=1))
-            os.replace(tmp, folder / SETTINGS_FILE)
+            atomic_write_json(folder / SETTINGS_FILE, payload)  # a temporary file, fsync, rename
         return control

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .markdown import read_stored_csv, table
+from .markdown import MissingResultsError, read_stored_csv, table
 
 __all__ = ["INTEGER_COLUMNS", "render", "summarize"]
 
@@ -45,7 +45,13 @@ def summarize(results: pd.DataFrame | str | Path) -> pd.DataFrame:
 def render(folder: Path) -> list[str]:
     df = read_stored_csv(Path(folder) / "fsdp_results.csv", PRODUCE)
     s = summarize(df)
-    model = json.loads(df.model.iloc[0])
+    try:
+        model = json.loads(df.model.iloc[0])
+    except (ValueError, TypeError, RecursionError):
+        model = None
+    if not isinstance(model, dict):
+        raise MissingResultsError(f"{Path(folder) / 'fsdp_results.csv'}: its model column holds no model settings "
+                                  f"(damaged): rerun {PRODUCE}")
     params = int(df.parameters.iloc[0])
     show = s.rename(columns={"peak_mib": "peak MiB / rank", "above_mib": "above baseline MiB",
                              "step_s": "step s", "memory_ratio": "peak / replicated",
