@@ -139,7 +139,7 @@ def _write(name, text):
     (_damage_first_value("bias.csv", float("nan")), "bias.csv does not match"),              # C4 r35
     (_duplicate("bias.csv"), "bias.csv does not match"),                                     # C4 r36
     (lambda f: (f / "strata.csv").unlink(), "strata.csv is missing"),                        # C4 r37
-    (_write("audit.json", ""), "audit.json is not readable"),                               # C4 r38a
+    (_write("audit.json", ""), "audit.json cannot be read as JSON"),                        # C4 r38a
     (_write("audit.json", "[1, 2]"), "audit.json does not match"),                           # C4 r38b
     (_write("audit.json", '{"digest": "x", "study": "bias"}'), "audit.json does not match"),  # C4 r39a
     (_write("bias.csv", "L,k,seed,t,scheme,metric,value\n1,4,0,1,paper,rel_bias,0.5\n"), "bias.csv does not match"),

@@ -30,7 +30,8 @@ from .config import AuditConfig
 from .options import DEFAULT_OUT, add_arguments, build_parser, check_tables_only, config_from_args
 from .plan import data_name, plan_units, sequence_sets
 from .sources import SequenceSpec, check_model_name
-from .tables import check_units, load_units, read_audit_config, read_unit, stale_reason, write_results
+from .stored import read_audit_config, read_unit
+from .tables import check_units, load_units, stale_reason, write_results
 
 __all__ = ["run_audit", "main", "build_parser", "add_arguments", "run_from_args", "config_from_args",
            "check_audit_out", "rewrite_tables", "AUDIT_FILES", "DEFAULT_OUT", "run_args"]

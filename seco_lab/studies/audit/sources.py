@@ -215,7 +215,7 @@ def load_sequence(results_dir: str | Path, name: str, dtype: str | None = None) 
     path = results_dir / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: pass a folder an audit wrote (it holds config.json)")
-    from .tables import read_audit_config, read_sequences
+    from .stored import read_audit_config, read_sequences
 
     cfg = read_audit_config(results_dir)  # a damaged record: a ValueError naming it
     specs = read_sequences(results_dir)

@@ -32,48 +32,11 @@ from .stats import (
     strata_bias,
     weights_with_remainder,
 )
+from .stored import read_audit_config, read_sequences, read_unit
 
-__all__ = ["check_cost_engines", "pass1_of",
-           "check_units", "derive_results", "write_results", "load_units", "read_audit_config", "read_sequences",
-           "read_unit", "unusable_units", "cross_gram", "scheme_cost",
+__all__ = ["check_cost_engines", "pass1_of", "cross_gram",
+           "check_units", "derive_results", "write_results", "load_units", "unusable_units", "scheme_cost",
            "strata_tables", "mc_table", "cost_table", "equal_compute_table", "recommend", "summary"]
-
-
-def read_unit(path: Path) -> dict | None:
-    """A stored unit (a JSON object, read by :func:`seco_lab.store.read_json`), or None when it is damaged: a FIFO
-    or device in its place (never opened: a read would wait forever or never end), a file over
-    :data:`~seco_lab.store.RECORD_MAX_BYTES`, not JSON, nested too deeply, not an object, or unreadable."""
-    try:
-        return store.read_json(path, "audit unit")
-    except (OSError, ValueError):
-        return None
-
-
-def read_audit_config(out: Path) -> AuditConfig:
-    """The definition an audit folder's ``config.json`` records; a missing file raises FileNotFoundError, a damaged
-    one (a FIFO, device, too large, not JSON, not the audit's record) a ValueError naming it."""
-    path = Path(out) / "config.json"
-    fix = "it is not the record seco-lab audit writes; pass the folder an audit wrote, or rerun the audit"
-    record = store.read_json(path, "audit config", store.CONFIG_MAX_BYTES, fix)
-    try:
-        return AuditConfig.from_json(record["config"])
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ValueError(f"audit config {path} holds no readable audit definition ({type(e).__name__}: "
-                         f"{str(e)[:80]}); {fix}") from None
-
-
-def read_sequences(out: Path) -> dict:
-    """The sequences an audit folder's ``sequences.json`` records ({} when absent); a damaged one is a ValueError
-    naming it."""
-    path = Path(out) / "sequences.json"
-    if not path.exists() and not path.is_symlink():
-        return {}
-    specs = store.read_json(path, "audit sequences file", store.RECORD_MAX_BYTES,
-                            "rerun the audit (it writes the file again)")
-    if not all(isinstance(v, dict) for v in specs.values()):
-        raise ValueError(f"audit sequences file {path} holds an entry that is not a sequence's record; rerun the "
-                         "audit (it writes the file again)")
-    return specs
 
 
 def load_units(out: Path) -> dict[str, dict]:

@@ -1,0 +1,51 @@
+"""Reading an audit folder's stored records, each through :func:`seco_lab.store.read_json` (a FIFO or device in a
+record's place is never opened, a file over its size limit is not read, a damaged one is named): a unit
+(``units/NAME.json``), the definition (``config.json``) and the sequences (``sequences.json``).  The bottom of the
+audit's modules: the tables, the driver and the sources read through it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ... import store
+from .config import AuditConfig
+
+__all__ = ["read_audit_config", "read_sequences", "read_unit"]
+
+
+def read_unit(path: Path) -> dict | None:
+    """A stored unit (a JSON object, read by :func:`seco_lab.store.read_json`), or None when it is damaged: a FIFO
+    or device in its place (never opened: a read would wait forever or never end), a file over
+    :data:`~seco_lab.store.RECORD_MAX_BYTES`, not JSON, nested too deeply, not an object, or unreadable."""
+    try:
+        return store.read_json(path, "audit unit")
+    except (OSError, ValueError):
+        return None
+
+
+def read_audit_config(out: Path) -> AuditConfig:
+    """The definition an audit folder's ``config.json`` records; a missing file raises FileNotFoundError, a damaged
+    one (a FIFO, device, too large, not JSON, not the audit's record) a ValueError naming it."""
+    path = Path(out) / "config.json"
+    fix = "it is not the record seco-lab audit writes; pass the folder an audit wrote, or rerun the audit"
+    record = store.read_json(path, "audit config", store.CONFIG_MAX_BYTES, fix)
+    try:
+        return AuditConfig.from_json(record["config"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"audit config {path} holds no readable audit definition ({type(e).__name__}: "
+                         f"{str(e)[:80]}); {fix}") from None
+
+
+def read_sequences(out: Path) -> dict:
+    """The sequences an audit folder's ``sequences.json`` records ({} when absent); a damaged one is a ValueError
+    naming it."""
+    path = Path(out) / "sequences.json"
+    if not path.exists() and not path.is_symlink():
+        return {}
+    specs = store.read_json(path, "audit sequences file", store.RECORD_MAX_BYTES,
+                            "rerun the audit (it writes the file again)")
+    if not all(isinstance(v, dict) for v in specs.values()):
+        raise ValueError(f"audit sequences file {path} holds an entry that is not a sequence's record; rerun the "
+                         "audit (it writes the file again)")
+    return specs
