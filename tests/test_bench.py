@@ -120,3 +120,13 @@ def test_engine_variants_time_the_same_step_with_the_engine_before_a_change():
     assert tab.loc[spaco, "chunk by chunk / baseline"] == 3.0 and tab.loc[spaco, "baseline"] == "forward"
     tab = variant_table(pd.DataFrame(rows), "fused").set_index("method")
     assert list(tab.index) == ["seco"] and tab.loc["seco", "into .grad / through autograd"] == 0.5
+
+
+def test_the_gemm_rows_probe_prints_every_shape(capsys):
+    """experiments.gemm_rows (issue 24: would batching the chunks' weight-gradient GEMMs help?) runs and prints a
+    row per SmolLM2 linear shape; the ratios themselves are measurements, not asserted."""
+    from experiments import gemm_rows
+
+    gemm_rows.main(["--rows", "4", "--groups", "2", "--reps", "1"])
+    out = capsys.readouterr().out
+    assert all(f"| {o} x {i} |" in out for o, i in gemm_rows.SHAPES)
