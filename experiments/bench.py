@@ -177,9 +177,14 @@ def timing_child(cfg: BenchConfig, n: int, device: str) -> list[dict]:
 
 
 def _limit_memory(cap_gib: float):
+    """The child's address-space cap: ``cap_gib``, or the limit already set on this process if lower (a process
+    cannot raise its hard limit: ``setrlimit`` above it fails in the child, which then never starts)."""
     def apply():
         cap = int(cap_gib * (1 << 30))
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            cap = min(cap, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
 
     return apply
 

@@ -11,11 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from seco_lab import TinyConfig, TinyTransformer, hop_strata, seco_grad
-
 if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "experiments"
@@ -29,6 +24,11 @@ def main(argv=None):
     ap.add_argument("--chunk-size", type=at_least(1), default=4)
     ap.add_argument("--reps", type=at_least(1), default=30)
     a = ap.parse_args(argv)
+    import numpy as np  # after the arguments are checked: a refusal answers at once
+    import torch
+
+    from seco_lab import TinyConfig, TinyTransformer, hop_strata, seco_grad
+
     torch.set_num_threads(1)
     model = TinyTransformer(TinyConfig(vocab_size=32, d_model=16, n_layers=a.layers, n_heads=4, n_kv_heads=2,
                                        d_ff=32), seed=0, dtype=torch.float64)

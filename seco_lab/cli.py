@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import re
 import sys
 import time
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from . import __version__
 from .config import (
+    FSDP_NEEDS_TORCHRUN,
     TEXT_VOCAB,
     RunControl,
     TrainConfig,
@@ -42,7 +44,7 @@ from .config import (
 )
 from .field_types import unwrap_optional
 from .models.tiny_config import TinyConfig
-from .studies.registry import STUDIES, check_image_target, path_arg, report_main, study_main
+from .studies.registry import STUDIES, check_image_target, check_run_dirs, path_arg, report_main, study_main
 from .training.memory_estimate import check_fits_in_memory
 
 __all__ = ["fail", "main", "resolve_train_config"]
@@ -162,6 +164,8 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
                 raise
             raise UserError(f"config file {source}: {e}") from None
     run = RunControl(**run).validate()
+    if run.shard == "fsdp" and not os.environ.get("WORLD_SIZE"):  # no launcher: no process group to join
+        raise UserError(FSDP_NEEDS_TORCHRUN)
     base = {}
     if run.resume:
         from .training.experiment import read_experiment
@@ -214,6 +218,8 @@ def parse_device_kind(device: str) -> str:
     if device == "cpu" or device.startswith("cpu:"):
         return "cpu"
     if device == "auto":
+        if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")):
+            return "cpu"  # no GPU driver on this machine: torch would find no device either
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -325,6 +331,7 @@ def plot_main(argv: list[str]) -> int:
     ns = ap.parse_args(argv)  # before matplotlib and pandas are imported: --help and usage errors answer at once
     try:
         check_image_target(ns.out)
+        check_run_dirs(ns.run_dirs)
     except ValueError as e:
         return fail("plot", e)
     from .report.runs import plot_runs

@@ -15,6 +15,7 @@ import warnings
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
+from .core.checks import check_key_value_task
 from .estimators.schemes import SCHEME_NAMES, get_scheme
 from .field_types import check_fields
 from .models.tiny_config import TinyConfig
@@ -26,6 +27,10 @@ __all__ = ["ATTENTION", "DATA", "DTYPE_NAMES", "GATHER_POLICIES", "HF_ARCHITECTU
 
 MODES = ("dense", "seco", "spaco")
 DATA = ("synthetic", "text")
+#: the refusal of --shard fsdp without a process group (said before torch is imported when no launcher set one up)
+FSDP_NEEDS_TORCHRUN = ("--shard fsdp needs a process group: launch under torchrun with 2 or more processes, e.g. "
+                       "`torchrun --nproc_per_node 2 -m seco_lab.cli train --shard fsdp ...` (gloo on CPU, NCCL on "
+                       "GPU), or drop --shard to train in one process")
 DTYPE_NAMES = ("float32", "float64", "bfloat16")  # torch dtypes of the same names: DTYPES (imported on use)
 ATTENTION = ("eager", "sdpa", "eager_exact")
 #: the named HF architectures (random weights): small configs for tests and studies; any field can be overridden
@@ -183,6 +188,13 @@ class TrainConfig:
                              "name); name the modules LoRA wraps, e.g. --lora-targets q_proj,v_proj")
         if self.data == "text" and self.n_pairs != TRAIN_DEFAULTS["n_pairs"]:
             raise ValueError("n_pairs sets the synthetic key->value task; with --data text drop --n-pairs")
+        if self.data == "synthetic":  # before the data (and torch) are built: a refusal answers at once
+            vocab = self.model.vocab_size if self.hf_model is None else None
+            if vocab is not None:
+                check_key_value_task(self.seq_len, vocab, self.n_pairs)
+        if self.batch_size % self.grad_accum:
+            raise ValueError(f"batch_size={self.batch_size} must be divisible by grad_accum={self.grad_accum} (each "
+                             "micro-batch takes batch_size / grad_accum sequences)")
         if self.warmup >= self.steps:
             msg = (f"warmup={self.warmup} >= steps={self.steps}: the learning rate would never leave the linear "
                    "warm-up (no cosine decay)")

@@ -40,10 +40,10 @@ from .folder_lock import hold_lock, release_lock
 
 _HELD_LOCKS: dict[Path, IO] = {}  # study folders this process has locked (a rerun in the process reuses its lock)
 
-__all__ = ["CONFIG_MAX_BYTES", "RECORD_MAX_BYTES", "TABLE_MAX_BYTES", "DefinitionMismatch", "StudyFolder",
+__all__ = ["COMPRESSED", "CONFIG_MAX_BYTES", "RECORD_MAX_BYTES", "TABLE_MAX_BYTES", "DefinitionMismatch", "StudyFolder",
            "StudyFolderError", "atomic_write", "atomic_write_csv", "atomic_write_json", "check_study_out",
-           "checked_file", "clear_stale", "file_sha256", "fingerprint", "protected_paths", "read_csv", "read_json",
-           "read_checked_bytes", "software_versions", "study_owner", "too_deep", "TEMP_TAG"]
+           "checked_file", "clear_stale", "holds_nul", "file_sha256", "fingerprint", "protected_paths", "read_csv",
+           "read_json", "read_checked_bytes", "software_versions", "study_owner", "too_deep", "TEMP_TAG"]
 
 #: the tag of atomic_write's temporary files, ``NAME.seco-tmp<pid>``
 TEMP_TAG = "seco-tmp"
@@ -143,6 +143,20 @@ def read_json(path: str | Path, what: str, max_bytes: int | None = RECORD_MAX_BY
     return value
 
 
+#: suffixes pandas reads as compressed tables (binary, NULs and all)
+COMPRESSED = (".gz", ".bz2", ".zip", ".xz", ".zst", ".tar")
+
+
+def holds_nul(path: str | Path, block: int = 1 << 20) -> bool:
+    """Whether the (regular, checked) file holds a NUL byte, read block by block: no text table has one, and pandas
+    given a long run of them reads it as one huge cell."""
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            if b"\0" in chunk:
+                return True
+    return False
+
+
 def read_csv(path: str | Path, what: str, max_bytes: int | None = TABLE_MAX_BYTES, fix: str = "", **kwargs):
     """``pd.read_csv(path, **kwargs)`` of a stored table checked by :func:`checked_file` first (pandas would block
     on a FIFO and read a device without end); a table that does not parse (an empty file included) is a
@@ -150,6 +164,9 @@ def read_csv(path: str | Path, what: str, max_bytes: int | None = TABLE_MAX_BYTE
     import pandas as pd
 
     path = checked_file(path, what, max_bytes, fix)
+    if not path.name.endswith(COMPRESSED) and holds_nul(path):
+        raise ValueError(f"{what} {path} holds NUL bytes: it is binary, or was cut and padded with zeros (a table "
+                         f"this tool writes is text); it is damaged{_fix(fix)}")
     try:
         return pd.read_csv(path, **kwargs)
     except (ValueError, EOFError, RecursionError) as e:  # ParserError, EmptyDataError, UnicodeDecodeError

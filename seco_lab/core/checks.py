@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import operator
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -39,7 +40,8 @@ if TYPE_CHECKING:  # torch is imported by the functions that need it: the CLI's 
 __all__ = ["MAX_WEIGHT_ENTRIES", "MEMORY_GUARD_BYTES", "RECOMPUTE_CHECKS", "ChunkedBatch", "RecomputationError",
            "as_bool", "as_float", "as_int", "as_token_matrix", "ceil_div", "check_seed", "guard_memory",
            "check_budget", "check_chunk_size", "check_max_hops", "check_model", "check_recomputed", "check_rng",
-           "check_subset", "check_threads", "checked_batch", "checked_chunk", "recompute_check", "MAX_THREADS"]
+           "check_key_value_task", "check_subset", "check_threads", "checked_batch", "checked_chunk", "recompute_check",
+           "MAX_THREADS"]
 
 
 def as_int(value, what: str, minimum: int | None = None) -> int:
@@ -102,10 +104,15 @@ def check_subset(subset, num_chunks: int, size: int | None = None) -> tuple[int,
     if isinstance(subset, (str, bytes)) or not hasattr(subset, "__iter__"):
         raise TypeError(f"subset must be a sequence of chunk indices, got {subset!r}")
     items = list(subset)
-    for j in items:
-        if isinstance(j, bool) or not isinstance(j, (numbers.Integral, np.integer)):
-            raise TypeError(f"subset {tuple(items)} holds {j!r}: chunk indices must be integers")
-    s = tuple(sorted(int(j) for j in items))
+    indices = []
+    for j in items:  # ints, numpy integers, integer 0-d tensors (an integer tensor's elements): what has __index__
+        try:
+            if isinstance(j, bool) or str(getattr(j, "dtype", "")) in ("bool", "torch.bool"):
+                raise TypeError
+            indices.append(operator.index(j))
+        except TypeError:
+            raise TypeError(f"subset {tuple(items)} holds {j!r}: chunk indices must be integers") from None
+    s = tuple(sorted(indices))
     if len(set(s)) != len(s):
         raise ValueError(f"subset {tuple(items)} repeats a chunk")
     if s and (s[0] < 0 or s[-1] >= num_chunks):
@@ -353,3 +360,16 @@ def check_seed(seed, what: str = "seed") -> int:
     if seed >= 2**63:
         raise ValueError(f"{what} must be < 2**63 (a signed 64-bit integer), got {seed}")
     return seed
+
+
+def check_key_value_task(seq_len: int, vocab_size: int, n_pairs: int) -> int:
+    """The synthetic key-value task's sizes (:class:`seco_lab.data.sources.KeyValueTask`): a vocabulary of at least
+    9 ids, 1 <= n_pairs <= (vocab_size - 1) // 4 keys, and 8 positions per pair; returns the number of keys."""
+    if vocab_size < 9:
+        raise ValueError(f"the key-value task needs vocab_size >= 9, got {vocab_size}")
+    n_keys = (vocab_size - 1) // 4
+    if not 1 <= n_pairs <= n_keys:
+        raise ValueError(f"n_pairs={n_pairs} must lie in [1, {n_keys}] for vocab_size={vocab_size}")
+    if seq_len < 8 * n_pairs:
+        raise ValueError(f"seq_len={seq_len} is too short for {n_pairs} key-value pair(s) (need >= {8 * n_pairs})")
+    return n_keys

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..config import TEXT_VOCAB
-from ..core.checks import as_float, as_int, check_seed, guard_memory
+from ..core.checks import as_float, as_int, check_key_value_task, check_seed, guard_memory
 
 __all__ = ["Batch", "KeyValueTask", "TEXT_VOCAB", "TextCorpus", "default_text_paths", "read_text_bytes"]
 
@@ -59,13 +59,7 @@ class KeyValueTask:
     def __init__(self, seq_len: int, vocab_size: int = 64, n_pairs: int = 1, seed: int = 0):
         seq_len, vocab_size = as_int(seq_len, "seq_len", 1), as_int(vocab_size, "vocab_size")
         n_pairs, seed = as_int(n_pairs, "n_pairs"), check_seed(seed)
-        if vocab_size < 9:
-            raise ValueError(f"the key-value task needs vocab_size >= 9, got {vocab_size}")
-        self.n_keys = (vocab_size - 1) // 4
-        if not 1 <= n_pairs <= self.n_keys:
-            raise ValueError(f"n_pairs={n_pairs} must lie in [1, {self.n_keys}] for vocab_size={vocab_size}")
-        if seq_len < 8 * n_pairs:
-            raise ValueError(f"seq_len={seq_len} is too short for {n_pairs} key-value pair(s) (need >= {8 * n_pairs})")
+        self.n_keys = check_key_value_task(seq_len, vocab_size, n_pairs)
         self.seq_len, self.vocab_size, self.n_pairs, self.seed = seq_len, vocab_size, n_pairs, seed
 
     def batch(self, split: str, index: int, size: int) -> Batch:

@@ -112,8 +112,14 @@ class Scheme:
         return np.array([float(c) for c in self.factors_exact(k, t, max_hops)])
 
     def chain_weights_exact(self, num_chunks: int, budget: int, max_hops: int) -> list[Fraction]:
-        """W(p) = c_0 c_1 ... c_p for p = 0..P."""
-        k, t = num_chunks, budget
+        """W(p) = c_0 c_1 ... c_p for p = 0..P.  A chain of k chunks has at most k-1 hops: more than
+        :data:`EXACT_TERMS` weights past k-1 (exact fractions whose size grows with p) are refused."""
+        k, t = check_budget(num_chunks, budget)
+        max_hops = check_max_hops(max_hops)
+        if max_hops > k - 1 + EXACT_TERMS:
+            raise ValueError(f"max_hops P={max_hops:,}: no chain of k={k} chunks has more than {k - 1} hops, and "
+                             f"{max_hops + 1:,} exact weights would take long to compute; pass max_hops <= "
+                             f"{k - 1 + EXACT_TERMS:,} (k - 1 suffices)")
         return list(itertools.accumulate(self.factors_exact(k, t, max_hops), lambda a, b: a * b))
 
     def chain_weights(self, num_chunks: int, budget: int, max_hops: int) -> np.ndarray:

@@ -107,9 +107,9 @@ class HopStrata:
         stratum adds nothing whatever its weight (chains deeper than the model are zero, while W(p) = (k/t)^p
         may exceed float range there); a weight beyond the gradient dtype's range on a non-zero stratum is
         refused rather than turned into inf or NaN."""
-        if isinstance(weights, (str, bytes)) or not hasattr(weights, "__iter__"):
-            raise TypeError(f"weights must be a sequence of numbers W(0), W(1), ... (one per stratum), got "
-                            f"{type(weights).__name__}")
+        if isinstance(weights, (str, bytes, dict, set, frozenset)) or not hasattr(weights, "__iter__"):
+            raise TypeError(f"weights must be a sequence of numbers W(0), W(1), ... in hop order (a list, tuple, "
+                            f"array or tensor), got {type(weights).__name__}")
         out = {n: torch.zeros_like(g) for n, g in self.strata[0].items()}
         for p, (w, g) in enumerate(zip(weights, self.strata)):
             w = as_float(w.item() if isinstance(w, torch.Tensor) and w.numel() == 1 else w, f"weight W({p})",
@@ -234,8 +234,14 @@ class ChainBasis:
 
     def estimate(self, subset, chain_weights) -> torch.Tensor:
         """sum over chains inside ``subset`` of W(p) v_c (flat); ``chain_weights`` holds W(0), ..., W(P)."""
-        w = np.asarray(chain_weights, dtype=float) if not isinstance(chain_weights, torch.Tensor) else \
-            chain_weights.detach().cpu().double().numpy()
+        try:
+            raw = chain_weights.detach().cpu().numpy() if isinstance(chain_weights, torch.Tensor) else \
+                np.asarray(chain_weights)
+            if np.iscomplexobj(raw) or raw.dtype == bool:  # a cast would drop the imaginary part
+                raise TypeError(f"got {raw.dtype} values")
+            w = raw.astype(float)
+        except (TypeError, ValueError, RuntimeError) as e:  # complex, strings, ragged lists
+            raise ValueError(f"chain_weights must be real numbers W(0), ..., W(P): {e}") from None
         if w.ndim != 1 or len(w) < self.max_hops + 1 or not np.isfinite(w[: self.max_hops + 1]).all():
             raise ValueError(f"chain_weights must hold W(0), ..., W(P) for P = {self.max_hops} hops: "
                              f"{self.max_hops + 1} finite numbers, got {np.asarray(chain_weights).tolist()!r:.120}")

@@ -11,7 +11,7 @@ import pandas as pd
 from ..studies.registry import STUDIES
 from . import bench_fsdp, bench_hf
 from .figures import new_figure, save_figure
-from .markdown import fmt, generated_note, read_json_table, read_stored_csv, require, table, write_markdown
+from .markdown import fmt, generated_note, read_json_table, read_results_csv, require, table, write_markdown
 
 __all__ = ["INTEGER_COLUMNS", "bench_report", "load_bench", "summarize_bench"]
 
@@ -24,12 +24,16 @@ SPACO_RATIO = 16  # the paper's SpaCO budget t/k = 1/16 ...
 SPACO_TIME_OVER_FORWARD_MAX = 1.5  # ... costs <= 1.5x forward-only time ...
 SPACO_OVER_SECO_TIME_MAX = 1 / 2.5  # ... and is >= 2.5x faster than SeCO (SpaCO/SeCO time <= 0.4)
 INTEGER_COLUMNS = ("length", "longest length within cap")
+#: the columns of results.csv the report reads (an "error" row has no value)
+RESULTS_COLUMNS = ("length", "label", "metric", "value")
 
 
 def load_bench(folder: Path) -> tuple[pd.DataFrame, dict]:
     folder = Path(folder)
     require(folder, BENCH_FILES, PRODUCE_BENCH)
-    return read_stored_csv(folder / "results.csv", PRODUCE_BENCH), read_json_table(folder / "bench.json", PRODUCE_BENCH)
+    df = read_results_csv(folder / "results.csv", RESULTS_COLUMNS, PRODUCE_BENCH, text_columns=("label", "metric"),
+                          nan_allowed=lambda d: d["metric"].astype(str).eq("error"), more_columns=True)
+    return df, read_json_table(folder / "bench.json", PRODUCE_BENCH)
 
 
 def kv_cache_mib(cfg: dict, n: int) -> float:
@@ -159,7 +163,9 @@ def targets_section(s: dict, chunk: int) -> list[str]:
 
 def strata_cost_section(path: Path) -> list[str]:
     """LoRA hop strata next to a SeCO step, before and after (experiments/bench_strata.py)."""
-    df = read_stored_csv(path, "`python -m experiments.bench_strata`")
+    df = read_results_csv(path, ("length", "chunk_size", "max_hops", "tag", "rev", "seco_cpu_s", "strata_cpu_s",
+                                 "ratio", "peak_rss_gib", "loadavg_1m"), "`python -m experiments.bench_strata`",
+                          text_columns=("tag", "rev"), more_columns=True)
     keys = ["length", "chunk_size", "max_hops", "tag", "rev"]
     g = df.groupby(keys, sort=False).agg(rounds=("ratio", "size"), seco_cpu_s=("seco_cpu_s", "median"),
                                          strata_cpu_s=("strata_cpu_s", "median"), ratio=("ratio", "median"),

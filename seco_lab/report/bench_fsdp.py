@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .markdown import MissingResultsError, read_stored_csv, table
+from .markdown import MissingResultsError, read_results_csv, table
 
 __all__ = ["INTEGER_COLUMNS", "render", "summarize"]
 
@@ -22,8 +22,15 @@ PRODUCE = "`make bench-fsdp` (python -m experiments.bench_fsdp)"
 INTEGER_COLUMNS = ("rounds", "all-gathers / step", "reduce-scatters / step", "all-reduces / step")
 
 
+def read_fsdp_results(path: str | Path) -> pd.DataFrame:
+    """``fsdp_results.csv``, checked: rows, and numbers in the columns the report reads."""
+    return read_results_csv(path, ("round", "mode", "parameters", "base_mib", "peak_mib", "step_s", "all_gather",
+                                   "reduce_scatter", "all_reduce", "seq_len", "chunk_size", "model"), PRODUCE,
+                            text_columns=("mode", "model"), more_columns=True)
+
+
 def summarize(results: pd.DataFrame | str | Path) -> pd.DataFrame:
-    df = read_stored_csv(results, PRODUCE) if not isinstance(results, pd.DataFrame) else results
+    df = read_fsdp_results(results) if not isinstance(results, pd.DataFrame) else results
     df = df.assign(above_mib=df.peak_mib - df.base_mib)
     per = df.groupby(["round", "mode"]).agg(peak_mib=("peak_mib", "max"), above_mib=("above_mib", "max"),
                                             step_s=("step_s", "max"), all_gather=("all_gather", "max"),
@@ -43,7 +50,7 @@ def summarize(results: pd.DataFrame | str | Path) -> pd.DataFrame:
 
 
 def render(folder: Path) -> list[str]:
-    df = read_stored_csv(Path(folder) / "fsdp_results.csv", PRODUCE)
+    df = read_fsdp_results(Path(folder) / "fsdp_results.csv")
     s = summarize(df)
     try:
         model = json.loads(df.model.iloc[0])

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .markdown import read_stored_csv, table
+from .markdown import read_results_csv, table
 
 __all__ = ["KEYS", "NOT_MET_REASONS", "clock", "render", "summarize", "targets"]
 
@@ -47,7 +47,7 @@ def clock(df: pd.DataFrame) -> str:
 
 def summarize(results: pd.DataFrame | str | Path) -> pd.DataFrame:
     """Step times (s, of :func:`clock`), peaks (MiB) and ratios per (tag, n_layers, chunk_size, length, lora)."""
-    df = read_stored_csv(results, PRODUCE) if not isinstance(results, pd.DataFrame) else results
+    df = read_hf_results(results) if not isinstance(results, pd.DataFrame) else results
     t, m = _wide(df, clock(df)), _wide(df, "peak_mib")
     out = pd.DataFrame(index=t.index.union(m.index))
     for lab in ("forward", "hf_full", "hf_checkpoint", "seco"):
@@ -262,7 +262,7 @@ def _shown(df: pd.DataFrame) -> str:
 def render(results_dir: str | Path) -> list[str]:
     """The markdown section of the HF benchmark from ``hf_results.csv`` (and ``hf_profile_*.csv``)."""
     results_dir = Path(results_dir)
-    df = read_stored_csv(results_dir / "hf_results.csv", PRODUCE)
+    df = read_hf_results(results_dir / "hf_results.csv")
     summary = summarize(df)
     layers = sorted(int(x) for x in df.n_layers.unique())
     parts = [
@@ -394,5 +394,15 @@ def _profile_parts(results_dir: Path) -> list[str]:
     return parts
 
 
+def read_hf_results(path: str | Path) -> pd.DataFrame:
+    """``hf_results.csv``, checked: rows, and numbers in the columns the report reads (NaN only in an error row's
+    value)."""
+    return read_results_csv(path, ("tag", "n_layers", "chunk_size", "length", "lora", "label", "metric", "value"),
+                            PRODUCE, text_columns=("tag", "lora", "label", "metric"), more_columns=True,
+                            nan_allowed=lambda d: d["metric"].astype(str).eq("error"))
+
+
 def _profiles(results_dir: Path) -> list[pd.DataFrame]:
-    return [read_stored_csv(path, PRODUCE) for path in sorted(Path(results_dir).glob("hf_profile_*.csv"))]
+    return [read_results_csv(path, ("op", "self_cpu_s", "share", "calls", "tag", "length", "n_layers"), PRODUCE,
+                             text_columns=("op", "tag"), more_columns=True)
+            for path in sorted(Path(results_dir).glob("hf_profile_*.csv"))]

@@ -8,7 +8,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..store import RECORD_MAX_BYTES, TABLE_MAX_BYTES, atomic_write, checked_file, read_csv, read_json
+from ..store import (
+    COMPRESSED,
+    RECORD_MAX_BYTES,
+    TABLE_MAX_BYTES,
+    atomic_write,
+    checked_file,
+    holds_nul,
+    read_csv,
+    read_json,
+)
 
 __all__ = ["MissingResultsError", "check_bounds", "fmt", "generated_note", "read_json_table", "read_results_csv",
            "read_stored_csv", "require", "stored_file", "table", "write_markdown"]
@@ -76,6 +85,9 @@ def read_results_csv(path: Path, columns: tuple[str, ...], produce: str, text_co
     repeated or conflicting result).  Each refusal names the file and the fix."""
     path = Path(path)
     stored_file(path, "stored results table", TABLE_MAX_BYTES, produce)  # pandas would block on a FIFO
+    if not path.name.endswith(COMPRESSED) and holds_nul(path):
+        raise MissingResultsError(f"{path} holds NUL bytes: it is binary, or was cut and padded with zeros (a table "
+                                  f"this tool writes is text); rerun {produce}")
     try:
         df = pd.read_csv(path)
     except pd.errors.EmptyDataError:
@@ -83,7 +95,7 @@ def read_results_csv(path: Path, columns: tuple[str, ...], produce: str, text_co
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError, EOFError, OSError) as e:
         if isinstance(e, FileNotFoundError):
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
         raise MissingResultsError(f"{path} cannot be parsed as CSV ({first}): rerun {produce}") from None
     if (not set(columns) <= set(df.columns)) if more_columns else tuple(df.columns) != tuple(columns):
         raise MissingResultsError(f"{path} has columns {list(df.columns)}, not {list(columns)}: it was written by "
@@ -97,7 +109,7 @@ def read_results_csv(path: Path, columns: tuple[str, ...], produce: str, text_co
         garbage = values.isna() & df[c].notna()
         if garbage.any():
             raise MissingResultsError(f"{path}: column {c!r} holds non-numbers (row {int(garbage.idxmax()) + 2}: "
-                                      f"{df[c][garbage].iloc[0]!r}): the file is damaged; rerun {produce}")
+                                      f"{str(df[c][garbage].iloc[0])[:60]!r}): the file is damaged; rerun {produce}")
         df[c] = values
         inf = np.isinf(values) & ~(inf_allowed(df) if inf_allowed is not None else False)
         if inf.any():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from ..studies.registry import check_image_target
+from ..studies.registry import check_image_target, check_run_dirs
 from ..training.run_dir import read_config, read_metrics
 from .figures import save_figure
 
@@ -117,9 +117,6 @@ def runs_figure(run_dirs) -> Figure:
 def plot_runs(run_dirs, out) -> Path:
     out = Path(out)
     check_image_target(out)
-    missing = [str(d) for d in run_dirs if not (Path(d) / "metrics.jsonl").exists()]
-    if missing:
-        raise ValueError(f"not a run directory (no metrics.jsonl): {', '.join(missing)}")
-    # a metrics.jsonl that is a FIFO, a device or a folder is named as such by the reader (plotted_metrics)
+    check_run_dirs(run_dirs)  # a metrics.jsonl that is a FIFO, a device or a folder is named by plotted_metrics
     save_figure(runs_figure(run_dirs), out)
     return Path(out)

@@ -33,7 +33,8 @@ from . import sharded_checkpoint
 from .run_dir import RunDir, RunDirError, read_config, read_metrics, safe_load
 from .run_files import UnsafeCheckpoint, checkpoint_files, checkpoint_steps
 
-__all__ = ["SCHEDULE_FIELDS", "check_metrics_history", "metrics_gap", "past_schedule", "schedule_cycles",
+__all__ = ["RECORD_KEYS", "SCHEDULE_FIELDS", "check_metrics_history", "check_step_record", "step_record",
+           "metrics_gap", "past_schedule", "schedule_cycles",
            "warn_metrics_gap", "check_checkpoint", "check_nothing_to_resume",
            "config_differences", "continued_cycles", "experiment_fingerprint", "experiment_from_record",
            "experiment_record", "load_newest_checkpoint", "numpy_rng_state", "read_experiment", "recover_record",
@@ -200,7 +201,8 @@ def recover_record(run_dir) -> tuple[dict, str]:
 def read_experiment(run_dir) -> dict:
     """The record a resume of ``run_dir`` continues: ``config.json``; when it is missing but checkpoints remain,
     the experiment of the newest intact checkpoint (a warning says so; the trainer rewrites ``config.json``)."""
-    if (Path(run_dir) / "config.json").is_file() or not checkpoint_steps(run_dir):
+    path = Path(run_dir) / "config.json"
+    if path.exists() or path.is_symlink() or not checkpoint_steps(run_dir):  # a folder or FIFO there: named
         return read_config(run_dir)
     record, name = recover_record(run_dir)
     warn_once(f"{Path(run_dir) / 'config.json'} is missing; resuming with the experiment recorded in checkpoint "
@@ -252,6 +254,37 @@ def check_metrics_history(run_dir: RunDir, step: int) -> None:
                               "backwards): the file was edited or two runs' metrics were joined; restore it, or "
                               "remove the repeated records")
         prev = s
+
+
+#: what a checkpoint records of the step it was taken after, and a resume compares with ``metrics.jsonl``: values
+#: the step computed, equal bit for bit in the run's own history (JSON keeps a float's exact value)
+RECORD_KEYS = ("step", "loss", "lr", "grad_norm")
+
+
+def step_record(metrics: dict) -> dict:
+    """The part of a step's metrics a checkpoint records (:data:`RECORD_KEYS`)."""
+    return {k: metrics[k] for k in RECORD_KEYS if k in metrics}
+
+
+def check_step_record(run_dir: RunDir, state: dict) -> None:
+    """Refuse a checkpoint whose recorded step (loss, lr, gradient norm) is not the one ``metrics.jsonl`` holds for
+    that step: it continues another history -- a copy of the run extended or re-warmed otherwise, copied in with
+    ``config.json`` gone, or any checkpoint the other checks cannot tell from the run's own.  Checkpoints written
+    before they recorded their step, and a step ``metrics.jsonl`` has no record of (a gap, warned about), pass."""
+    theirs = state.get("record")
+    if not isinstance(theirs, dict) or not isinstance(theirs.get("step"), int):
+        return
+    ours = next((r for r in read_metrics(run_dir.path) if isinstance(r, dict) and r.get("step") == theirs["step"]),
+                None)
+    if ours is None:
+        return
+    differ = [f"{k} {theirs[k]!r} (metrics.jsonl: {ours.get(k)!r})" for k in RECORD_KEYS
+              if k in theirs and ours.get(k) != theirs[k]]
+    if differ:
+        raise RunDirError(f"--resume: the checkpoint of step {theirs['step']} does not continue the history in "
+                          f"{run_dir.metrics_path}: it recorded {', '.join(differ)}; it was trained by another run "
+                          "(a copy of this one extended or re-warmed otherwise?); put this run's checkpoints back, "
+                          "or start a new --run-dir")
 
 
 def warn_metrics_gap(run_dir: RunDir, step: int) -> None:

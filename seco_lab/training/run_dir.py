@@ -32,6 +32,7 @@ import re
 import secrets
 import tempfile
 import warnings
+import zipfile
 from pathlib import Path
 
 import torch
@@ -194,11 +195,12 @@ class RunDir:
         return run_file(latest, "checkpoint pointer", LATEST_MAX_BYTES).read_text(errors="replace").strip()
 
     def prune_checkpoints(self, keep: int) -> list[Path]:
-        """Delete all but the newest ``keep`` checkpoints -- only this tool's ``step_NNNNNN.pt`` files and
-        sharded ``step_NNNNNN.dcp`` directories (file by file), never the one ``latest`` names."""
+        """Delete all but the newest ``keep`` checkpoints -- only this tool's ``step_NNNNNN.pt`` files (torch archives)
+        and sharded ``step_NNNNNN.dcp`` directories (file by file), never the one ``latest`` names."""
         pointed = self._pointed()
         found = sorted((p for p in self.checkpoints.iterdir()
                         if re.fullmatch(r"step_\d+\.pt", p.name) and p.is_file() and not p.is_symlink()
+                        and zipfile.is_zipfile(p)  # torch.save's archive: a file of another kind is not ours
                         or re.fullmatch(r"step_\d+\.dcp", p.name) and p.is_dir() and not p.is_symlink()),
                        key=lambda p: int(p.name[5:].split(".")[0]))
         removed = []

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..store import CONFIG_MAX_BYTES, TABLE_MAX_BYTES, checked_file, read_json
-from .run_checks import RunDirError, checkpoint_steps
+from .run_checks import RUN_RECORD_KEYS, RunDirError, checkpoint_steps
 
 __all__ = ["CHECKPOINT_FILE", "CHECKPOINT_KEYS", "UnsafeCheckpoint", "checkpoint_files", "checkpoint_run_ids",
            "checkpoint_steps", "read_config", "read_metrics", "run_file",
@@ -100,6 +100,10 @@ def read_config(run_dir) -> dict:
     if not isinstance(config, dict):
         raise RunDirError(f"{path} holds a {type(config).__name__}, not a run's settings: the file is damaged or "
                           "not written by seco-lab train")
+    lacking = sorted(RUN_RECORD_KEYS - config.keys())
+    if lacking:  # every run records them; without, the defaults would pass for the run's settings
+        raise RunDirError(f"{path} lacks {', '.join(lacking)}: it is not a run's record (damaged, or not written by "
+                          "seco-lab train); restore the file the run wrote")
     return config
 
 

@@ -103,6 +103,7 @@ def load(path: Path, model, optimizer, check=None) -> dict:
     """Read ``path`` into ``model`` and ``optimizer`` (resharding to their layout) and return the extras;
     ``check(extras, name)`` sees the extras (step, fingerprint) first and may refuse the checkpoint."""
     from torch.distributed.checkpoint import load as dcp_load
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     try:
@@ -119,7 +120,18 @@ def load(path: Path, model, optimizer, check=None) -> dict:
     state = {"model": model_sd, "optimizer": optim_sd}
     with warnings.catch_warnings():  # one process without a process group reads the whole checkpoint: intended
         warnings.filterwarnings("ignore", message=r"torch.distributed is disabled, unavailable or uninitialized")
-        dcp_load(state, checkpoint_id=str(path))
+        try:
+            dcp_load(state, checkpoint_id=str(path))
+        except (CheckpointException, RuntimeError, OSError, ValueError, EOFError, KeyError) as e:  # a shard
+            # truncated, deleted or foreign (DCP wraps each rank's failure in a CheckpointException, a BaseException)
+            # DCP reports a failure on any rank to every rank, so each raises this and none waits on the others
+            failures = getattr(e, "failures", None)  # a CheckpointException: {rank: the exception there}
+            if isinstance(failures, dict) and failures:
+                e = next(iter(failures.values()))
+                e = e[0] if isinstance(e, tuple) and e else e  # (exception, traceback) in some versions
+            first = str(e).strip().splitlines()[0][:100] if str(e).strip() else type(e).__name__
+            raise RunDirError(f"--resume: the sharded checkpoint {path} is damaged ({type(e).__name__}: {first}); "
+                              f"remove it to resume from an earlier checkpoint") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     return extra
 

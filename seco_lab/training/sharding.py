@@ -59,7 +59,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..config import GATHER_POLICIES
+from ..config import FSDP_NEEDS_TORCHRUN, GATHER_POLICIES
 from . import sharded_checkpoint
 
 __all__ = ["ShardedModel", "ShardingError", "clip_grad_norm", "count_collectives"]
@@ -130,9 +130,7 @@ class ShardedModel:
         if gather not in GATHER_POLICIES:
             raise ShardingError(f"unknown gather policy {gather!r}; choose one of {', '.join(GATHER_POLICIES)}")
         if not (dist.is_available() and dist.is_initialized()):
-            raise ShardingError("--shard fsdp needs a process group: launch under torchrun with 2 or more "
-                                "processes, e.g. `torchrun --nproc_per_node 2 -m seco_lab.cli train --shard fsdp ...` "
-                                "(gloo on CPU, NCCL on GPU), or drop --shard to train in one process")
+            raise ShardingError(FSDP_NEEDS_TORCHRUN)
         try:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method

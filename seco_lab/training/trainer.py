@@ -46,6 +46,7 @@ from .builders import build_data, build_model, check_gather_policy, load_into  #
 from .experiment import (
     check_metrics_history,
     check_nothing_to_resume,
+    check_step_record,
     config_differences,
     continued_cycles,
     experiment_fingerprint,
@@ -55,6 +56,7 @@ from .experiment import (
     numpy_rng_state,
     read_experiment,
     set_numpy_rng_state,
+    step_record,
     warn_metrics_gap,
 )
 from .launch import catch_stop_signals, init_distributed_from_env
@@ -117,6 +119,7 @@ class Trainer:
         self.step = 0
         self.allreduce_calls = 0  # gradient collectives issued (all-reduces; reduce-scatters under --shard fsdp)
         self.logger: MetricLogger | None = None
+        self._step_record: dict | None = None  # what metrics.jsonl records of the last step trained (checkpoints)
         self._stop_requested = False
         self._stop_signal = signal.SIGINT
 
@@ -205,6 +208,8 @@ class Trainer:
             self.step = int(state["step"])
         self._continue_schedule(saved)
         check_metrics_history(self.run_dir, self.step)
+        if state is not None:
+            check_step_record(self.run_dir, state)
         if self.rank == 0:
             if state is not None:  # a deleted marker is written again with the id the checkpoints agree on
                 self.run_dir.restore_marker(state.get("run_id"))
@@ -231,7 +236,7 @@ class Trainer:
     def save_checkpoint(self) -> None:
         extra = {"step": self.step, "scheduler": self.sched.state_dict(), "torch_rng": torch.get_rng_state(),
                  "numpy_rng": numpy_rng_state(), "config": self.cfg.to_dict(), "fingerprint": self.fingerprint,
-                 "run_id": self.run_dir.run_id}
+                 "run_id": self.run_dir.run_id, "record": self._step_record}
         self.parallel.save_checkpoint(self.run_dir, self.opt, extra)  # sharded: collective, every rank its shards
         if self.rank == 0 and self.run.keep_checkpoints is not None:
             self.run_dir.prune_checkpoints(self.run.keep_checkpoints)
@@ -378,6 +383,7 @@ class Trainer:
         c = self.cfg
         batch = self.data.batch("train", self.step, c.batch_size)  # the global batch, built once
         rec = self.train_step(batch)
+        self._step_record = step_record(rec)
         if batch.far.any():  # an extra no-grad forward, outside the timed step
             rec["far_loss"] = float(self.forward_loss(batch.tokens, batch.far_targets()))
         if self.step % c.eval_every == 0 or self.step == c.steps:

@@ -76,7 +76,27 @@ def rewrite_tables(out: str | Path) -> Path:
         raise ValueError(f"{out} holds no audit (no config.json): --tables-only rewrites the tables of an audit "
                          "folder; run the audit first")
     with locked(out, "seco-lab audit", "wait for it to finish, or pass another --out"):
+        check_units_kept(out)
         return write_results(out)
+
+
+def check_units_kept(out: Path) -> None:
+    """Refuse to rewrite the tables when units they were made from (``audit.json``'s ``units_done``) are missing or
+    damaged now: the rewritten tables would silently lose those units' rows.  Without a readable ``audit.json``
+    there is nothing to compare (the tables are made from the units present)."""
+    try:
+        done = store.read_json(out / "audit.json", "audit summary").get("units_done")
+    except (OSError, ValueError):
+        return
+    if not isinstance(done, list):
+        return
+    lost = sorted(str(u) for u in done if u not in load_units(out))
+    if lost:
+        raise ValueError(f"--tables-only: the stored tables were made from units now missing or damaged in "
+                         f"{out / 'units'}: {', '.join(lost[:8])}{', ...' if len(lost) > 8 else ''}; the tables would "
+                         "lose their rows, so nothing is rewritten.  Restore the units (or rerun the audit without "
+                         f"--tables-only to compute them again); to make the tables from the units left, remove "
+                         f"{out / 'audit.json'} first")
 
 
 def check_audit_out(out: str | Path) -> Path:

@@ -11,17 +11,39 @@ from pathlib import Path
 from ... import store
 from .config import AuditConfig
 
-__all__ = ["read_audit_config", "read_sequences", "read_unit"]
+__all__ = ["UNIT_COMMON_KEYS", "UNIT_KEYS", "read_audit_config", "read_sequences", "read_unit", "unit_problem"]
+
+
+#: the keys the tables read from a unit of each stage (beside :data:`UNIT_COMMON_KEYS`); a unit lacking one is damaged
+UNIT_KEYS = {"exact": (), "strata": ("sequence", "norm_ratio", "per_tensor_gram", "tensors", "n_layers",
+                                     "remainder_ratio", "cpu_s", "wall_s"),
+             "mc": ("sequence", "t", "sampler", "draw_gram", "draw_exact", "exact_gram"),
+             "cost": ("sequence", "rows"), "data": ("sequence", "g_norm", "loss")}
+UNIT_COMMON_KEYS = ("stage", "unit", "unit_wall_s", "unit_cpu_s")
+
+
+def unit_problem(unit) -> str | None:
+    """Why a stored unit cannot be used (None when it can): not a JSON object, an unknown stage, or a key its stage's
+    tables read missing."""
+    if not isinstance(unit, dict):
+        return "not a readable JSON object"
+    stage = unit.get("stage")
+    if stage not in UNIT_KEYS:
+        return f"no audit stage ({str(stage)[:40]!r}; one of {', '.join(UNIT_KEYS)})"
+    lacking = [k for k in (*UNIT_COMMON_KEYS, *UNIT_KEYS[stage]) if k not in unit]
+    return f"a {stage} unit without {', '.join(lacking)}" if lacking else None
 
 
 def read_unit(path: Path) -> dict | None:
     """A stored unit (a JSON object, read by :func:`seco_lab.store.read_json`), or None when it is damaged: a FIFO
     or device in its place (never opened: a read would wait forever or never end), a file over
-    :data:`~seco_lab.store.RECORD_MAX_BYTES`, not JSON, nested too deeply, not an object, or unreadable."""
+    :data:`~seco_lab.store.RECORD_MAX_BYTES`, not JSON, nested too deeply, not an object, unreadable, or lacking
+    what its stage's tables read (:func:`unit_problem`)."""
     try:
-        return store.read_json(path, "audit unit")
+        unit = store.read_json(path, "audit unit")
     except (OSError, ValueError):
         return None
+    return unit if unit_problem(unit) is None else None
 
 
 def read_audit_config(out: Path) -> AuditConfig:

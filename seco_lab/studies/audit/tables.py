@@ -32,7 +32,7 @@ from .stats import (
     strata_bias,
     weights_with_remainder,
 )
-from .stored import read_audit_config, read_sequences, read_unit
+from .stored import read_audit_config, read_sequences, read_unit, unit_problem
 
 __all__ = ["check_cost_engines", "pass1_of", "cross_gram",
            "check_units", "derive_results", "write_results", "load_units", "unusable_units", "scheme_cost",
@@ -55,7 +55,11 @@ def unusable_units(out: Path) -> dict[str, str]:
         if not isinstance(unit, dict):
             try:
                 store.checked_file(p, "audit unit", store.RECORD_MAX_BYTES)
-                bad[p.stem] = "damaged (not a readable JSON object)"
+                try:
+                    why = unit_problem(store.read_json(p, "audit unit"))
+                except (OSError, ValueError):
+                    why = "not a readable JSON object"
+                bad[p.stem] = f"damaged ({why})"
             except (OSError, ValueError):
                 bad[p.stem] = ("damaged (not a regular file of at most "
                                f"{store.RECORD_MAX_BYTES >> 20} MiB: a FIFO, device or huge file is never opened)")
@@ -145,6 +149,15 @@ def derive_results(out: str | Path, write_grams: bool = False) -> dict[str, pd.D
     DataFrame (``*.csv``) or a dict (``recommendation.json``, ``audit.json``).  Nothing is written unless
     ``write_grams`` (then the Grams recomputed from the flat vectors are stored)."""
     out = Path(out)
+    try:
+        return _derive_results(out, write_grams)
+    except (KeyError, TypeError, IndexError, AttributeError) as e:  # a unit's values of the wrong kind
+        raise ValueError(f"a stored unit in {out / 'units'} holds a value of the wrong kind ({type(e).__name__}: "
+                         f"{str(e)[:100]}): it was edited or damaged; move the damaged unit away (the audit computes "
+                         "it again when rerun)") from None
+
+
+def _derive_results(out: Path, write_grams: bool) -> dict[str, pd.DataFrame | dict]:
     cfg = read_audit_config(out)
     units = load_units(out)
     check_units(cfg, units, out)
