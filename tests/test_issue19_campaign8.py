@@ -79,7 +79,7 @@ def test_h1_audit_tables_only_never_empties_the_tables_of_missing_units(audit_co
     before = {p.name: p.read_bytes() for p in audit_copy.glob("*.csv")}
     shutil.move(audit_copy / "units", audit_copy.parent / "units-moved")
     assert main(["audit", "--tables-only", "--out", str(audit_copy), "--no-progress"]) == 2
-    assert "units now missing or damaged" in capsys.readouterr().err
+    assert "units now missing" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in audit_copy.glob("*.csv")} == before
 
 
@@ -87,14 +87,11 @@ def test_h1_audit_tables_only_never_empties_the_tables_of_missing_units(audit_co
                                                                        "a cost unit without")])
 def test_h5_an_audit_unit_without_its_fields_is_damaged_not_a_traceback(content, words, audit_copy, capsys):
     """H5: a unit holding {} raised KeyError: 'stage' from --tables-only.  A unit lacking what its stage's tables
-    read counts as damaged: listed as unusable (with why) once the tables are rebuilt without it."""
+    read counts as damaged: left out of the tables and named, with why (as a unit that is not JSON is)."""
     (audit_copy / "units/cost-s00.json").write_text(content)
-    assert main(["audit", "--tables-only", "--out", str(audit_copy), "--no-progress"]) == 2  # the tables had it
-    assert "cost-s00" in capsys.readouterr().err
-    (audit_copy / "audit.json").unlink()
     assert main(["audit", "--tables-only", "--out", str(audit_copy), "--no-progress"]) == 0
     out = capsys.readouterr()
-    assert words in out.out + out.err and "Traceback" not in out.err
+    assert "cost-s00" in out.out + out.err and words in out.out + out.err and "Traceback" not in out.err
 
 
 def test_h5_a_unit_value_of_the_wrong_kind_is_named(audit_copy):
@@ -194,7 +191,7 @@ def test_h9_the_benchmark_runs_under_an_address_space_limit():
     assert out.returncode == 0 and out.stdout.split() == [str(6 << 30)] * 2
 
 
-@pytest.mark.parametrize("config, words", [("folder", "not a regular file (a folder)"), ("{}", "lacks chunk_size")])
+@pytest.mark.parametrize("config, words", [("folder", "not a regular file (a folder)"), ("{}", "lacks mode, steps")])
 def test_h11_a_config_json_that_is_a_folder_or_empty_is_named(config, words, r2, tmp_path, capsys):
     """H11: a config.json that is a folder gave 'config.json.seco-tmpNNN: Is a directory' (a name the user never
     made); {} listed the defaults as the run's settings."""

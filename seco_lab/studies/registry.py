@@ -232,9 +232,13 @@ def check_report_target(out: Path, results: str | Path, name: str, option: str) 
     if out.is_dir():
         raise ValueError(f"{option} {out} is a folder: pass the Markdown file to write, e.g. {out / name}")
     if out.suffix.lower() != ".md":
-        kept = " (it exists, and is not written over: it could be a file of yours)" if out.exists() else ""
-        raise ValueError(f"{option} {out}: the report is Markdown; pass a .md file, e.g. "
-                         f"{out.with_suffix('.md') if out.suffix else out / name}{kept}")
+        example = out.with_suffix(".md") if out.suffix else out / name
+        if out.exists() or out.is_symlink():
+            raise ValueError(f"{option} {out} exists and is not a Markdown report: the report is not written over it "
+                             f"(it could be a file of yours or one of the stored results); pass a .md file, e.g. "
+                             f"{example}")
+        raise ValueError(f"{option} {out} is not a Markdown report file (the report is Markdown): pass a .md file, "
+                         f"e.g. {example}")
     check_parent_folder(out, option)
     if (out.exists() or out.is_symlink()) and not is_generated_report(out):
         raise ValueError(f"{option} {out} exists and is not a report seco-lab generated (no \"{GENERATED_MARK}\" "
@@ -299,9 +303,9 @@ def report_main(argv=None) -> int:
         check_report_target(out, results, study.report_file.name, "--out")
     except ValueError as e:
         ap.error(str(e))
-    if not Path(results).is_dir():
-        print(f"{ap.prog}: error: {results} is not a folder of stored results: run `seco-lab study {study.name}` "
-              "first, or pass the folder that holds them with --results", file=sys.stderr)
+    if not Path(results).is_dir():  # said before pandas and matplotlib are imported
+        print(f"{ap.prog}: error: {results} lacks the stored results (no such folder): run {study.produce} first, "
+              "or pass the folder that holds them with --results", file=sys.stderr)
         return 2
     from ..report.markdown import MissingResultsError  # pandas, matplotlib: after the argument checks
 

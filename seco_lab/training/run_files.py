@@ -100,7 +100,8 @@ def read_config(run_dir) -> dict:
     if not isinstance(config, dict):
         raise RunDirError(f"{path} holds a {type(config).__name__}, not a run's settings: the file is damaged or "
                           "not written by seco-lab train")
-    lacking = sorted(RUN_RECORD_KEYS - config.keys())
+    lacking = [k for k in ("mode", "steps", "seq_len", "chunk_size", "seed", "lr") if k in RUN_RECORD_KEYS
+               and k not in config]
     if lacking:  # every run records them; without, the defaults would pass for the run's settings
         raise RunDirError(f"{path} lacks {', '.join(lacking)}: it is not a run's record (damaged, or not written by "
                           "seco-lab train); restore the file the run wrote")

@@ -81,18 +81,20 @@ def rewrite_tables(out: str | Path) -> Path:
 
 
 def check_units_kept(out: Path) -> None:
-    """Refuse to rewrite the tables when units they were made from (``audit.json``'s ``units_done``) are missing or
-    damaged now: the rewritten tables would silently lose those units' rows.  Without a readable ``audit.json``
-    there is nothing to compare (the tables are made from the units present)."""
+    """Refuse to rewrite the tables when units they were made from (``audit.json``'s ``units_done``) are gone (their
+    files deleted or moved): the rewritten tables would silently lose those units' rows.  A unit still there but
+    damaged is left out and named (:func:`~seco_lab.studies.audit.tables.unusable_units`).  Without a readable
+    ``audit.json`` there is nothing to compare (the tables are made from the units present)."""
     try:
         done = store.read_json(out / "audit.json", "audit summary").get("units_done")
     except (OSError, ValueError):
         return
     if not isinstance(done, list):
         return
-    lost = sorted(str(u) for u in done if u not in load_units(out))
+    units = out / "units"
+    lost = sorted(str(u) for u in done if not (units / f"{u}.json").exists() and not (units / f"{u}.json").is_symlink())
     if lost:
-        raise ValueError(f"--tables-only: the stored tables were made from units now missing or damaged in "
+        raise ValueError(f"--tables-only: the stored tables were made from units now missing in "
                          f"{out / 'units'}: {', '.join(lost[:8])}{', ...' if len(lost) > 8 else ''}; the tables would "
                          "lose their rows, so nothing is rewritten.  Restore the units (or rerun the audit without "
                          f"--tables-only to compute them again); to make the tables from the units left, remove "
