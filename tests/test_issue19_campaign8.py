@@ -243,3 +243,32 @@ def test_h12_these_refusals_answer_before_torch_or_pandas(argv):
             f"print('RC', rc, [m for m in {heavy!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
     assert "RC 2 []" in out.stdout or ("RC" not in out.stdout and "usage:" in out.stderr), out.stdout + out.stderr
+
+
+def test_h10_a_damaged_shard_of_a_sharded_checkpoint_is_one_named_error(tmp_path):
+    """H10: a truncated shard of a `--shard fsdp` checkpoint gave raw RuntimeError tracebacks on every rank (DCP
+    wraps them in a CheckpointException, a BaseException).  One process reads a DCP checkpoint without a process
+    group, so the load path is tested here directly: a named RunDirError."""
+    import warnings
+
+    from torch.distributed.checkpoint import save as dcp_save
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from seco_lab import TinyConfig, TinyTransformer
+    from seco_lab.training import sharded_checkpoint
+    from seco_lab.training.run_dir import RunDirError
+
+    model = TinyTransformer(TinyConfig(vocab_size=32, d_model=16, d_ff=32))
+    opt = torch.optim.AdamW(model.parameters())
+    path = tmp_path / "step_000002.dcp"
+    model_sd, optim_sd = get_state_dict(model, opt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp_save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(path))
+    torch.save({"step": 2}, path / sharded_checkpoint.EXTRA)
+    assert sharded_checkpoint.load(path, model, opt)["step"] == 2  # intact: loads
+    shard = next(path.glob("*.distcp"))
+    with open(shard, "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(RunDirError, match="sharded checkpoint .*step_000002.dcp is damaged"):
+        sharded_checkpoint.load(path, model, opt)
