@@ -85,6 +85,10 @@ def check_units_kept(out: Path) -> None:
     files deleted or moved): the rewritten tables would silently lose those units' rows.  A unit still there but
     damaged is left out and named (:func:`~seco_lab.studies.audit.tables.unusable_units`).  Without a readable
     ``audit.json`` there is nothing to compare (the tables are made from the units present)."""
+    if not load_units(out) and any((out / name).is_file() for name in ("strata.csv", "bias.csv", "cost.csv")):
+        raise ValueError(f"--tables-only: {out / 'units'} holds no usable unit, so the tables would be rewritten "
+                         "empty; nothing is rewritten.  Restore the units, or rerun the audit without --tables-only to "
+                         "compute them again")
     try:
         done = store.read_json(out / "audit.json", "audit summary").get("units_done")
     except (OSError, ValueError):
