@@ -39,6 +39,7 @@ from .config import (
     TrainConfig,
     check_fields,
     flag_of,
+    has_gpu_driver,
     load_config_file,
     tiny_config_from_dict,
 )
@@ -46,6 +47,7 @@ from .field_types import unwrap_optional
 from .models.tiny_config import TinyConfig
 from .studies.registry import STUDIES, check_image_target, check_run_dirs, path_arg, report_main, study_main
 from .training.memory_estimate import check_fits_in_memory
+from .training.run_checks import check_usable
 
 __all__ = ["fail", "main", "resolve_train_config"]
 
@@ -166,15 +168,13 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
     run = RunControl(**run).validate()
     if run.shard == "fsdp" and not os.environ.get("WORLD_SIZE"):  # no launcher: no process group to join
         raise UserError(FSDP_NEEDS_TORCHRUN)
+    check_usable(run.run_dir, run.resume, run.overwrite)  # again in Trainer.prepare; here before torch
     base = {}
     if run.resume:
         from .training.experiment import read_experiment
-        from .training.run_dir import checkpoint_steps
         from .training.trainer import experiment_from_record
 
         path = Path(run.run_dir) / "config.json"
-        if not path.is_file() and not checkpoint_steps(run.run_dir):
-            raise UserError(f"--resume: {run.run_dir} holds no run (no config.json); start it without --resume")
         base = experiment_from_record(read_experiment(run.run_dir), str(path)).to_dict()
     flags = {k: v for k, v in ns.items() if k not in run_names and not k.startswith("model.")}
     if "hf_overrides" in flags:
@@ -198,6 +198,12 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
         cfg = TrainConfig.from_dict(merged).validate()
     except ValueError as e:  # a setting of the file that the flags contradict: say where it comes from
         raise UserError(_name_file_settings(str(e), file, flags, source)) from None
+    if run.stop_at is not None and run.stop_at > cfg.steps:
+        raise UserError(f"stop_at={run.stop_at} must lie in [1, steps={cfg.steps}]")
+    if cfg.data == "text" and cfg.text_paths:  # the corpus reader says it too, after torch
+        missing = [p for p in cfg.text_paths if str(p).strip() and not os.path.exists(p)]  # "": named later
+        if missing:
+            raise UserError(f"text path(s) not found: {', '.join(missing)}")
     if parse_device_kind(run.device) == "cpu":  # on a GPU the host holds the data only
         check_fits_in_memory(cfg)
     return cfg, run
@@ -218,7 +224,7 @@ def parse_device_kind(device: str) -> str:
     if device == "cpu" or device.startswith("cpu:"):
         return "cpu"
     if device == "auto":
-        if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")):
+        if not has_gpu_driver():
             return "cpu"  # no GPU driver on this machine: torch would find no device either
         import torch
 

@@ -10,6 +10,8 @@ flags are generated from these fields, so the CLI and the dataclasses cannot dri
 from __future__ import annotations
 
 import json
+import os
+import re
 import tomllib
 import warnings
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -312,7 +314,8 @@ class RunControl:
             raise ValueError("--rewarm applies when extending a run: add --resume and a larger --steps")
         if self.shard != "fsdp" and self.fsdp_gather != "step":
             raise ValueError("--fsdp-gather applies to --shard fsdp only; add --shard fsdp or drop --fsdp-gather")
-        if self.device not in ("auto", "cpu"):  # these two need no check (and no torch import)
+        check_device_name(self.device)
+        if self.device not in ("auto", "cpu") and has_gpu_driver():  # else answered without torch
             parse_device(self.device)
         if self.tensorboard:
             try:
@@ -332,6 +335,23 @@ def __getattr__(name: str):
 
         return {n: getattr(torch, n) for n in DTYPE_NAMES}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: files a GPU driver makes; without any of them torch finds no CUDA (or ROCm) device either
+GPU_DRIVER_FILES = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")
+
+
+def has_gpu_driver() -> bool:
+    return any(os.path.exists(p) for p in GPU_DRIVER_FILES)
+
+
+def check_device_name(name: str) -> None:
+    """The --device errors that need no torch: a kind other than auto, cpu, cuda or cuda:N, and CUDA on a machine
+    without a GPU driver (:func:`parse_device` checks the rest, with torch)."""
+    if not isinstance(name, str) or not re.fullmatch(r"auto|cpu|cuda|(cpu|cuda):\d+", name):
+        raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N")
+    if name.startswith("cuda") and not has_gpu_driver():
+        raise ValueError(f"device {name} requested but CUDA is not available; use --device cpu")
 
 
 def parse_device(name: str):

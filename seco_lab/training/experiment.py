@@ -22,6 +22,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -33,7 +34,8 @@ from . import sharded_checkpoint
 from .run_dir import RunDir, RunDirError, read_config, read_metrics, safe_load
 from .run_files import UnsafeCheckpoint, checkpoint_files, checkpoint_steps
 
-__all__ = ["RECORD_KEYS", "SCHEDULE_FIELDS", "check_metrics_history", "check_step_record", "step_record",
+__all__ = ["LATER_FIELDS", "RECORD_KEYS", "SCHEDULE_FIELDS", "check_complete_record", "check_corpus",
+           "check_metrics_history", "corpus_digest", "check_step_record", "step_record",
            "metrics_gap", "past_schedule", "schedule_cycles",
            "warn_metrics_gap", "check_checkpoint", "check_nothing_to_resume",
            "config_differences", "continued_cycles", "experiment_fingerprint", "experiment_from_record",
@@ -203,10 +205,34 @@ def read_experiment(run_dir) -> dict:
     the experiment of the newest intact checkpoint (a warning says so; the trainer rewrites ``config.json``)."""
     path = Path(run_dir) / "config.json"
     if path.exists() or path.is_symlink() or not checkpoint_steps(run_dir):  # a folder or FIFO there: named
-        return read_config(run_dir)
+        return check_complete_record(read_config(run_dir), path)
     record, name = recover_record(run_dir)
     warn_once(f"{Path(run_dir) / 'config.json'} is missing; resuming with the experiment recorded in checkpoint "
               f"{name} (config.json is written again from it)")
+    return record
+
+
+#: fields of the experiment added after the first release: a record without them is an older run's, and their
+#: defaults are what it did; any other field missing means the record was edited or damaged
+LATER_FIELDS = frozenset({"lr_cycles"})
+
+
+def check_complete_record(record: dict, path) -> dict:
+    """``record`` (a run's ``config.json``) when it holds every field the run wrote -- the experiment's and, for the
+    tiny transformer, the model's; otherwise a :class:`RunDirError` naming what is missing: a default filled in
+    there would pass for the run's own setting."""
+    from dataclasses import fields
+
+    from ..models.tiny_config import TinyConfig
+
+    skip = LATER_FIELDS | set(RunControl.__dataclass_fields__)
+    lacking = [f.name for f in fields(TrainConfig) if f.name not in skip and f.name not in record]
+    model = record.get("model")
+    if record.get("hf_model") is None and isinstance(model, dict):
+        lacking += [f"model.{f.name}" for f in fields(TinyConfig) if f.name not in model]
+    if lacking:
+        raise RunDirError(f"{path} lacks {', '.join(lacking)}: the run's record was edited or is damaged (every run "
+                          "writes them all); restore the file the run wrote")
     return record
 
 
@@ -278,13 +304,61 @@ def check_step_record(run_dir: RunDir, state: dict) -> None:
                 None)
     if ours is None:
         return
-    differ = [f"{k} {theirs[k]!r} (metrics.jsonl: {ours.get(k)!r})" for k in RECORD_KEYS
-              if k in theirs and ours.get(k) != theirs[k]]
+    keys = [k for k in RECORD_KEYS if k in theirs]
+    damaged = [f"{k} {'missing' if k not in ours else repr(ours[k])[:60]}" for k in keys if not _is_number(ours.get(k))]
+    if damaged and all(_is_number(theirs[k]) for k in keys):
+        raise RunDirError(f"--resume: {run_dir.metrics_path} is damaged: its record of step {theirs['step']} has "
+                          f"{', '.join(damaged)} (not a number); restore the file, or delete that line to resume "
+                          "with a gap in the run's metrics")
+    differ = [f"{k} {theirs[k]!r} (metrics.jsonl: {ours.get(k)!r})" for k in keys
+              if not _same_value(ours.get(k), theirs[k])]
     if differ:
         raise RunDirError(f"--resume: the checkpoint of step {theirs['step']} does not continue the history in "
                           f"{run_dir.metrics_path}: it recorded {', '.join(differ)}; it was trained by another run "
                           "(a copy of this one extended or re-warmed otherwise?); put this run's checkpoints back, "
                           "or start a new --run-dir")
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _same_value(a, b) -> bool:
+    """Equal as the run logged them: the same number bit for bit, or both NaN (a diverged step's own loss)."""
+    if _is_number(a) and _is_number(b) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def corpus_digest(data) -> str | None:
+    """16 hex digits of SHA-256 over the token rows a text corpus trains and validates on (its ``train`` and
+    ``val`` pools), or None for generated data (the seed and settings fix it).  A checkpoint records it, so a run
+    resumed on other text -- the file edited, or a relative ``--text`` path naming another file from another
+    folder -- is refused instead of trained on."""
+    pools = [getattr(data, name, None) for name in ("train", "val")]
+    if not all(isinstance(p, torch.Tensor) for p in pools):
+        return None
+    h = hashlib.sha256()
+    for p in pools:
+        p = p.detach().to("cpu", torch.int64).contiguous()
+        h.update(repr(tuple(p.shape)).encode())
+        h.update(p.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def check_corpus(state: dict, data, cfg: TrainConfig) -> None:
+    """Refuse to resume a checkpoint trained on other text than ``data`` now reads (:func:`corpus_digest`);
+    checkpoints written before they recorded it pass."""
+    theirs = state.get("corpus")
+    if not isinstance(theirs, str):
+        return
+    ours = corpus_digest(data)
+    if ours != theirs:
+        where = ", ".join(map(str, cfg.text_paths)) or "the default corpus"
+        raise RunDirError(f"--resume: the text under {where} is not the text the checkpoint of step {state.get('step')}"
+                          f" was trained on (corpus digest {ours} now, {theirs} then): the file was edited, or a "
+                          "relative --text path names another file from this folder; resume from the folder the "
+                          "run started in with the same text, or start a new --run-dir")
 
 
 def warn_metrics_gap(run_dir: RunDir, step: int) -> None:

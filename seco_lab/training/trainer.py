@@ -44,11 +44,13 @@ from ..core.engine import forward_loss
 from ..data.sources import Batch
 from .builders import build_data, build_model, check_gather_policy, load_into  # noqa: F401 (load_into: re-export)
 from .experiment import (
+    check_corpus,
     check_metrics_history,
     check_nothing_to_resume,
     check_step_record,
     config_differences,
     continued_cycles,
+    corpus_digest,
     experiment_fingerprint,
     experiment_from_record,
     experiment_record,
@@ -102,6 +104,7 @@ class Trainer:
         self.device = parse_device(self.run.device)
         self.dtype = DTYPES[cfg.dtype]
         self.data = data or build_data(cfg)
+        self._corpus_digest = corpus_digest(self.data)  # checkpoints record it; a resume on other text is refused
         self.model = model or build_model(cfg, self.data.vocab_size, self.device)
         # the data-parallel strategy, chosen once (sharding comes before the optimizer sees parameters)
         if self.run.shard == "fsdp":
@@ -191,6 +194,8 @@ class Trainer:
             raise RunDirError(f"--resume: the config differs from the run in {self.run_dir.path} in: "
                               + ", ".join(diff) + "; resume with the saved settings or start a new --run-dir")
         state = load_newest_checkpoint(self.run_dir, self.model, self.opt, self.cfg, saved)
+        if state is not None:
+            check_corpus(state, self.data, self.cfg)
         if state is None:
             check_nothing_to_resume(self.run_dir)
         else:
@@ -236,7 +241,7 @@ class Trainer:
     def save_checkpoint(self) -> None:
         extra = {"step": self.step, "scheduler": self.sched.state_dict(), "torch_rng": torch.get_rng_state(),
                  "numpy_rng": numpy_rng_state(), "config": self.cfg.to_dict(), "fingerprint": self.fingerprint,
-                 "run_id": self.run_dir.run_id, "record": self._step_record}
+                 "run_id": self.run_dir.run_id, "record": self._step_record, "corpus": self._corpus_digest}
         self.parallel.save_checkpoint(self.run_dir, self.opt, extra)  # sharded: collective, every rank its shards
         if self.rank == 0 and self.run.keep_checkpoints is not None:
             self.run_dir.prune_checkpoints(self.run.keep_checkpoints)
