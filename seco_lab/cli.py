@@ -204,6 +204,10 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
         missing = [p for p in cfg.text_paths if str(p).strip() and not os.path.exists(p)]  # "": named later
         if missing:
             raise UserError(f"text path(s) not found: {', '.join(missing)}")
+        odd = next((p for p in cfg.text_paths if str(p).strip() and not (os.path.isfile(p) or os.path.isdir(p))), None)
+        if odd is not None:
+            raise UserError(f"text path {odd} is not a regular file or folder (a FIFO, device or socket cannot be read "
+                            "as a corpus); name text files or folders")
     if parse_device_kind(run.device) == "cpu":  # on a GPU the host holds the data only
         check_fits_in_memory(cfg)
     return cfg, run

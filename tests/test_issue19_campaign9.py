@@ -137,6 +137,7 @@ def test_a_nan_step_record_matches_its_own_nan_in_metrics(tmp_path):
 @pytest.mark.parametrize("argv", [["train", "--run-dir", ""], ["train", "--device", "cuda:0"],
                                   ["train", "--device", "tpu"], ["train", "--steps", "2", "--stop-at", "9"],
                                   ["train", "--data", "text", "--text", "no/such/t.txt"],
+                                  ["train", "--data", "text", "--text", "/dev/zero"],
                                   ["train", "--run-dir", "no/such/run", "--resume"]])
 def test_campaign9_slow_refusals_answer_before_torch(argv, tmp_path):
     """Campaign 9 timed these at 1.8-5 s: the run folder, the device, --stop-at and a missing --text were checked
