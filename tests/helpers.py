@@ -49,3 +49,17 @@ def random_batch(vocab, batch, length, seed=0, ignore_frac=0.0):
         drop[0, 0] = False  # keep at least one target
         tgt[drop] = -100
     return tok, tgt
+
+
+# a seco-lab train run of 2 steps in about a second on a CPU (tiny model, every step evaluated and checkpointed)
+FAST = ["--seq-len", "32", "--chunk-size", "8", "--steps", "2", "--warmup", "0", "--batch-size", "2",
+        "--eval-batches", "1", "--eval-every", "1", "--ckpt-every", "1", "--no-progress", "--device", "cpu",
+        "--d-model", "16", "--d-ff", "32", "--n-layers", "1", "--n-heads", "2"]
+
+
+def copy_run(src, dest):
+    """A copy of the run folder ``src`` at ``dest`` (without its lock file), returned."""
+    import shutil
+
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".lock"))
+    return dest

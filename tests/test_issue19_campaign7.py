@@ -7,13 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import FAST, copy_run
 
 from seco_lab.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["--seq-len", "32", "--chunk-size", "8", "--steps", "2", "--warmup", "0", "--batch-size", "2",
-        "--eval-batches", "1", "--eval-every", "1", "--ckpt-every", "1", "--no-progress", "--device", "cpu",
-        "--d-model", "16", "--d-ff", "32", "--n-layers", "1", "--n-heads", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +21,6 @@ def runs(tmp_path_factory):
     assert main(["train", *FAST, "--run-dir", str(base / "r2")]) == 0
     assert main(["train", *FAST, "--steps", "4", "--run-dir", str(base / "r4")]) == 0
     return base
-
-
-def _copy(runs, name, dest):
-    shutil.copytree(runs / name, dest, ignore=shutil.ignore_patterns(".lock"))
-    return dest
 
 
 def _resume(run, capsys, *extra):
@@ -42,7 +35,7 @@ def test_g1_without_a_readable_marker_another_runs_checkpoint_is_still_refused(m
     copied over r2's resumed with r4's learning rates.  A damaged marker is refused by name; a missing one (or
     one older than run ids) is replaced by the id the folder's checkpoints agree on, and checkpoints of two
     runs in one folder are refused."""
-    r = _copy(runs, "r2", tmp_path / "r")
+    r = copy_run(runs / "r2", tmp_path / "r")
     m = r / ".seco-lab-run"
     if marker == "deleted":
         m.unlink()
@@ -69,8 +62,8 @@ def test_g1_a_deleted_marker_is_written_again_from_the_checkpoints_and_the_run_c
     """G1 (B12): a resume in a folder without its marker recorded run id None in its new checkpoints, so the
     folder stayed unprotected.  The marker comes back with the id the checkpoints record, and the continuation
     equals the undamaged folder's continuation bit for bit."""
-    own = _copy(runs, "r2", tmp_path / "own")
-    r = _copy(runs, "r2", tmp_path / "r")
+    own = copy_run(runs / "r2", tmp_path / "own")
+    r = copy_run(runs / "r2", tmp_path / "r")
     run_id = json.loads((r / ".seco-lab-run").read_text())["run_id"]
     (r / ".seco-lab-run").unlink()
     assert _resume(own, capsys)[0] == 0
@@ -84,7 +77,7 @@ def test_g1_a_deleted_marker_is_written_again_from_the_checkpoints_and_the_run_c
 def test_g1_a_lone_foreign_checkpoint_without_a_marker_is_refused_by_its_schedule(runs, tmp_path, capsys):
     """G1 (V1a with one checkpoint): no sibling to disagree with, but r4's checkpoint was trained on a 4-step
     schedule while r2's config.json records 2 steps."""
-    r = _copy(runs, "r2", tmp_path / "r")
+    r = copy_run(runs / "r2", tmp_path / "r")
     (r / ".seco-lab-run").unlink()
     (r / "checkpoints/step_000001.pt").unlink()
     shutil.copy(runs / "r4/checkpoints/step_000002.pt", r / "checkpoints/step_000002.pt")
@@ -96,7 +89,7 @@ def test_g2_copies_of_one_run_extended_differently_do_not_swap_checkpoints(runs,
     """G2: a and b are copies of r2 (one run id).  a was extended with --rewarm, b without; a's step-3 checkpoint
     copied into b resumed b on a's trajectory.  The checkpoint's schedule up to its step must be the one b's
     config.json records; b's own continuation still resumes."""
-    a, b = _copy(runs, "r2", tmp_path / "a"), _copy(runs, "r2", tmp_path / "b")
+    a, b = copy_run(runs / "r2", tmp_path / "a"), copy_run(runs / "r2", tmp_path / "b")
     assert main(["train", *FAST, "--steps", "4", "--run-dir", str(a), "--resume", "--rewarm"]) == 0
     assert main(["train", *FAST, "--steps", "4", "--run-dir", str(b), "--resume", "--stop-at", "3"]) == 0
     own = tmp_path / "own.pt"
@@ -117,7 +110,7 @@ def test_g3_an_edited_schedule_in_config_json_is_refused_on_resume(steps, words,
     """G3: config.json's steps edited to 1e400 or 4 was used unchecked (a wrong continuation), "2" raised a
     TypeError from the schedule.  The record is checked as the command line is, and its schedule against the
     checkpoint's."""
-    r = _copy(runs, "r2", tmp_path / "r")
+    r = copy_run(runs / "r2", tmp_path / "r")
     text = (r / "config.json").read_text()
     assert '"steps": 2' in text
     (r / "config.json").write_text(text.replace('"steps": 2', f'"steps": {steps}'))
@@ -179,7 +172,7 @@ def test_g8_metrics_whose_steps_repeat_are_refused_before_training(runs, tmp_pat
     """G8: metrics.jsonl with its records doubled resumed, trained step 3, then died drawing the curve with a
     traceback.  The resume refuses it first (nothing trained); a curve that cannot be drawn after a run is a
     warning, not a failure of the run."""
-    r = _copy(runs, "r2", tmp_path / "r")
+    r = copy_run(runs / "r2", tmp_path / "r")
     text = (r / "metrics.jsonl").read_text()
     (r / "metrics.jsonl").write_text(text + text)
     rc, err = _resume(r, capsys)
@@ -237,7 +230,7 @@ def test_g12_messages_say_what_is_wrong(runs, tmp_path, capsys):
     p.grad = torch.zeros_like(p)
     with pytest.raises(ValueError, match="accumulate_grads: the gradient of"):
         accumulate_grads(model, {name: torch.zeros_like(p, dtype=torch.complex128)})
-    r = _copy(runs, "r2", tmp_path / "r")
+    r = copy_run(runs / "r2", tmp_path / "r")
     (r / "metrics.jsonl").unlink()
     os.mkfifo(r / "metrics.jsonl")
     capsys.readouterr()

@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import FAST
+from helpers import copy_run as _copy
 
 from seco_lab.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["--seq-len", "32", "--chunk-size", "8", "--steps", "2", "--warmup", "0", "--batch-size", "2",
-        "--eval-batches", "1", "--eval-every", "1", "--ckpt-every", "1", "--no-progress", "--device", "cpu",
-        "--d-model", "16", "--d-ff", "32", "--n-layers", "1", "--n-heads", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -20,11 +19,6 @@ def r2(tmp_path_factory):
     base = tmp_path_factory.mktemp("runs")
     assert main(["train", *FAST, "--run-dir", str(base / "r2")]) == 0
     return base / "r2"
-
-
-def _copy(src, dest):
-    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".lock"))
-    return dest
 
 
 def test_h3_a_sibling_copys_checkpoint_with_config_json_deleted_is_refused(r2, tmp_path, capsys):

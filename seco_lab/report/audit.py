@@ -260,6 +260,7 @@ VOLATILE = ("versions", "command")
 def verify_tables(results: Path) -> None:
     """The stored tables are what the stored units give (``seco_lab.studies.audit.tables.derive_results``), up to float
     rounding: a table edited, truncated, damaged, deleted or copied from elsewhere is refused, naming it."""
+    from ..studies.audit.stored import missing_units, missing_units_advice
     from ..studies.audit.tables import derive_results
     from ..studies.rerun_tables import table_difference, values_close
 
@@ -271,6 +272,9 @@ def verify_tables(results: Path) -> None:
         raise MissingResultsError(f"{results} holds no readable audit (config.json, sequences.json or a unit: "
                                   f"{type(e).__name__}: {e}); rerun {PRODUCE}, or pass the folder an audit "
                                   "wrote") from None
+    lost = missing_units(results)
+    if lost:  # `--tables-only` alone would refuse: name the units and the ways out that work
+        raise MissingResultsError(missing_units_advice(results, lost))
     for name, want in derived.items():
         path = results / name
         try:

@@ -3,6 +3,8 @@ state, no global backend switch) and one style per scheme variant of the study."
 
 from __future__ import annotations
 
+import io
+from contextlib import contextmanager
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -18,9 +20,10 @@ from ..studies.bias.definition import (
     RELEASED_UNBIASED,
     SCHEMES,
 )
+from ..studies.registry import FIGURE_MARK_KEY, FIGURE_MARK_VALUE, check_image_target
 
-__all__ = ["SCHEME_COLOURS", "new_figure", "save_figure", "scheme_marker", "scheme_offset", "scheme_order",
-           "scheme_style", "write_png"]
+__all__ = ["SCHEME_COLOURS", "FigureTargetError", "new_figure", "save_figure", "scheme_marker", "scheme_offset",
+           "scheme_order", "scheme_style", "staged_figures", "write_png"]
 
 # colour per scheme family; within a family the first variant is solid, the others dashed
 SCHEME_COLOURS = {PAPER.name: "tab:red", PAPER_CAPPED_2.name: "tab:orange", PAPER_CHAIN_CAPPED_2.name: "tab:brown",
@@ -69,9 +72,53 @@ def new_figure(nrows: int = 1, ncols: int = 1, figsize=(7, 4.8), **subplot_kw) -
     return fig, [list(row) for row in axes]
 
 
+class FigureTargetError(ValueError):
+    """A figure's path holds something seco-lab did not write (a user's file, a folder): nothing is written over it."""
+
+
+#: the figures a :func:`staged_figures` block has drawn, written when it ends (None outside one)
+_STAGED: list[tuple[Path, bytes]] | None = None
+
+
+@contextmanager
+def staged_figures():
+    """Within the block, :func:`write_png` checks each figure's path and draws it in memory; the files are written
+    when the block ends without an error.  A report refused at its third figure (a user's file there) has then
+    written nothing: no figure, and no report (it is written after its figures are drawn)."""
+    global _STAGED
+    outer, _STAGED = _STAGED, []
+    try:
+        yield
+        staged = _STAGED
+    finally:
+        _STAGED = outer
+    for path, _ in staged:
+        _check_target(path)  # again: a file put there while the report was drawn is not written over either
+    for path, data in staged:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, data)
+
+
+def _check_target(path: Path) -> None:
+    try:
+        check_image_target(path, None)
+    except ValueError as e:
+        raise FigureTargetError(str(e)) from None
+
+
 def write_png(fig: Figure, path: Path, **savefig_kw) -> Path:
-    """``fig.savefig(path, format="png", **savefig_kw)``, atomically, creating the folder."""
+    """``fig.savefig(path, format="png", **savefig_kw)``, atomically, creating the folder.  Every figure this tool
+    writes goes through here: it carries the ``seco-lab: generated`` mark in its PNG metadata, and an existing file
+    is written over only when it carries the mark (:class:`FigureTargetError` naming it otherwise; a user's image
+    is never replaced)."""
     path = Path(path)
+    _check_target(path)
+    savefig_kw["metadata"] = {**savefig_kw.get("metadata", {}), FIGURE_MARK_KEY: FIGURE_MARK_VALUE}
+    if _STAGED is not None:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", **savefig_kw)
+        _STAGED.append((path, buf.getvalue()))
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write(path, lambda f: fig.savefig(f, format="png", **savefig_kw))
 

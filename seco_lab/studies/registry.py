@@ -246,18 +246,61 @@ def check_report_target(out: Path, results: str | Path, name: str, option: str) 
                          "remove it first")
 
 
-def check_image_target(out: Path, option: str = "--out") -> None:
-    """Refuse a figure target that is a folder or not a ``.png`` file (PNG bytes would be written under another
-    suffix); ValueError naming it.  Importable without matplotlib: ``seco-lab plot`` refuses at once."""
+#: the PNG tEXt chunk (keyword NUL text) every figure seco-lab writes carries (``seco_lab.report.figures.write_png``):
+#: an existing PNG is written over only when it carries it, so a user's image is never replaced
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+FIGURE_MARK_KEY, FIGURE_MARK_VALUE = "seco-lab", "generated"
+_FIGURE_MARK = f"{FIGURE_MARK_KEY}\x00{FIGURE_MARK_VALUE}".encode("latin-1")
+_PNG_MAX_CHUNKS = 64  # the mark sits before the image data, among the first few chunks
+
+
+def is_generated_png(path: Path) -> bool:
+    """``path`` is a PNG seco-lab wrote: a regular file whose chunks before the image data hold the tEXt chunk
+    ``seco-lab: generated``.  Reads at most a few chunk headers (the image data is never read); False for
+    anything else (a FIFO or device is never opened)."""
+    from ..store import checked_file
+
+    try:
+        with open(checked_file(path, "figure"), "rb") as f:
+            if f.read(8) != PNG_SIGNATURE:
+                return False
+            for _ in range(_PNG_MAX_CHUNKS):
+                head = f.read(8)
+                if len(head) < 8:
+                    return False
+                length, kind = int.from_bytes(head[:4], "big"), head[4:]
+                if kind in (b"IDAT", b"IEND"):
+                    return False
+                if kind == b"tEXt" and length == len(_FIGURE_MARK):
+                    if f.read(length) == _FIGURE_MARK:
+                        return True
+                    f.seek(4, 1)
+                else:
+                    f.seek(length + 4, 1)  # the chunk's data and its CRC
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def check_image_target(out: Path, option: str | None = "--out") -> None:
+    """Refuse a figure target that is a folder, not a ``.png`` file (PNG bytes would be written under another
+    suffix), or an existing file that is not a figure seco-lab wrote (:func:`is_generated_png`: a user's image,
+    even a PNG, is never written over); ValueError naming it.  ``option``: the option that named it (None for a
+    figure a report or a run writes by name).  Importable without matplotlib: ``seco-lab plot`` refuses at once."""
     out = Path(out)
+    name = f"{option} {out}" if option else str(out)
     if out.is_dir():
-        raise ValueError(f"{option} {out} is a folder: name the image file to write, e.g. {out / 'runs_loss.png'}")
+        raise ValueError(f"{name} is a folder: " + (f"name the image file to write, e.g. {out / 'runs_loss.png'}"
+                                                   if option else "the figure of that name is not written; move "
+                                                   "the folder away"))
     if out.suffix.lower() != ".png":
-        raise ValueError(f"{option} {out}: the figure is written as a PNG image; give the file a .png suffix")
-    check_parent_folder(out, option)
-    if (out.exists() or out.is_symlink()) and not _starts_with(out, b"\x89PNG\r\n\x1a\n"):
-        raise ValueError(f"{option} {out} exists and is not a PNG image: it is not written over (it could be a file "
-                         "of yours); pass another .png file, or remove it first")
+        raise ValueError(f"{name}: the figure is written as a PNG image; give the file a .png suffix")
+    check_parent_folder(out, option or "figure")
+    if (out.exists() or out.is_symlink()) and not is_generated_png(out):
+        raise ValueError(f"{name} exists and is not a figure seco-lab wrote (no \"{FIGURE_MARK_KEY}: "
+                         f"{FIGURE_MARK_VALUE}\" mark in its PNG metadata): it is not written over (it could be a "
+                         "file of yours); " + ("pass another .png file, or remove it first" if option else
+                                               "move it away or remove it, then run the command again"))
 
 
 def check_run_dirs(run_dirs) -> None:
@@ -274,16 +317,6 @@ def check_parent_folder(out: Path, option: str) -> None:
             if not part.is_dir():
                 raise ValueError(f"{option} {out}: {part} is not a folder, so nothing can be written under it")
             return
-
-
-def _starts_with(path: Path, head: bytes) -> bool:
-    from ..store import checked_file
-
-    try:
-        with open(checked_file(path, "file"), "rb") as f:
-            return f.read(len(head)) == head
-    except (OSError, ValueError):
-        return False
 
 
 def report_main(argv=None) -> int:
@@ -307,11 +340,13 @@ def report_main(argv=None) -> int:
         print(f"{ap.prog}: error: {results} lacks the stored results (no such folder): run {study.produce} first, "
               "or pass the folder that holds them with --results", file=sys.stderr)
         return 2
-    from ..report.markdown import MissingResultsError  # pandas, matplotlib: after the argument checks
+    from ..report.figures import FigureTargetError, staged_figures  # matplotlib: after the argument checks
+    from ..report.markdown import MissingResultsError  # pandas
 
     try:
-        path = resolve(study.report)(results, out)
-    except MissingResultsError as e:
+        with staged_figures():  # every figure's path checked before anything is written
+            path = resolve(study.report)(results, out)
+    except (MissingResultsError, FigureTargetError) as e:
         print(f"{ap.prog}: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

@@ -195,12 +195,15 @@ class RunDir:
         return run_file(latest, "checkpoint pointer", LATEST_MAX_BYTES).read_text(errors="replace").strip()
 
     def prune_checkpoints(self, keep: int) -> list[Path]:
-        """Delete all but the newest ``keep`` checkpoints -- only this tool's ``step_NNNNNN.pt`` files (torch archives)
-        and sharded ``step_NNNNNN.dcp`` directories (file by file), never the one ``latest`` names."""
+        """Delete all but the newest ``keep`` checkpoints -- only the ``step_NNNNNN.pt`` files this run wrote (torch
+        archives recording this run's id and their own step: :meth:`_own_checkpoint`) and sharded
+        ``step_NNNNNN.dcp`` directories (file by file, only the files DCP writes), never the one ``latest`` names.
+        A user's file or another run's checkpoint of such a name is left where it is and not counted."""
         pointed = self._pointed()
+        run_id = self.run_id
         found = sorted((p for p in self.checkpoints.iterdir()
                         if re.fullmatch(r"step_\d+\.pt", p.name) and p.is_file() and not p.is_symlink()
-                        and zipfile.is_zipfile(p)  # torch.save's archive: a file of another kind is not ours
+                        and self._own_checkpoint(p, run_id)
                         or re.fullmatch(r"step_\d+\.dcp", p.name) and p.is_dir() and not p.is_symlink()),
                        key=lambda p: int(p.name[5:].split(".")[0]))
         removed = []
@@ -213,6 +216,22 @@ class RunDir:
                 p.unlink()
             removed.append(p)
         return removed
+
+    @staticmethod
+    def _own_checkpoint(path: Path, run_id: str | None) -> bool:
+        """``path`` is a checkpoint this run wrote: a torch archive (a zip holding ``*/data.pkl``) that loads safely
+        (tensors mapped, not read) as a checkpoint recording ``run_id`` (None: a run folder made before run ids,
+        whose checkpoints record none) and the step its name says.  A zip of the user's, a damaged file or another
+        run's checkpoint is not this run's, so never deleted."""
+        try:
+            with zipfile.ZipFile(path) as z:
+                if not any(n.endswith("/data.pkl") for n in z.namelist()[:4096]):
+                    return False
+            state = safe_load(path, map_location="cpu", mmap=True)
+        except Exception:  # noqa: BLE001 -- not a zip, damaged, or not a checkpoint: not this run's
+            return False
+        return (isinstance(state, dict) and state.get("run_id") == run_id and "fingerprint" in state
+                and state.get("step") == int(path.name[5:-3]))
 
     @property
     def run_id(self) -> str | None:

@@ -27,10 +27,17 @@ from ...folder_lock import LOCK_NAME, FolderBusy, locked
 from ..registry import check_report_target
 from . import measure
 from .config import AuditConfig
-from .options import DEFAULT_OUT, add_arguments, build_parser, check_tables_only, config_from_args
+from .options import (
+    DEFAULT_OUT,
+    add_arguments,
+    build_parser,
+    check_drop_missing_units,
+    check_tables_only,
+    config_from_args,
+)
 from .plan import data_name, plan_units, sequence_sets
 from .sources import SequenceSpec, check_model_name
-from .stored import read_audit_config, read_unit
+from .stored import missing_units, missing_units_advice, read_audit_config, read_unit
 from .tables import check_units, load_units, stale_reason, write_results
 
 __all__ = ["run_audit", "main", "build_parser", "add_arguments", "run_from_args", "config_from_args",
@@ -68,41 +75,34 @@ AUDIT_FILES = frozenset({"config.json", "sequences.json", "audit.json", "recomme
                          ".gitignore", "units", "vectors", LOCK_NAME})
 
 
-def rewrite_tables(out: str | Path) -> Path:
+def rewrite_tables(out: str | Path, drop_missing_units: bool = False) -> Path:
     """``seco-lab audit --tables-only``: every table of an existing audit folder, from its stored units (a
-    table edited, damaged or deleted is written again); no unit is computed."""
+    table edited, damaged or deleted is written again); no unit is computed.  ``drop_missing_units``
+    (``--drop-missing-units``): units the tables were made from that are now gone are left out (and out of
+    ``audit.json``'s ``units_done``) instead of refused (:func:`check_units_kept`)."""
     out = check_audit_out(out)
     if not (out / "config.json").is_file():
         raise ValueError(f"{out} holds no audit (no config.json): --tables-only rewrites the tables of an audit "
                          "folder; run the audit first")
     with locked(out, "seco-lab audit", "wait for it to finish, or pass another --out"):
-        check_units_kept(out)
+        check_units_kept(out, drop_missing_units)
         return write_results(out)
 
 
-def check_units_kept(out: Path) -> None:
+def check_units_kept(out: Path, drop_missing_units: bool = False) -> None:
     """Refuse to rewrite the tables when units they were made from (``audit.json``'s ``units_done``) are gone (their
-    files deleted or moved): the rewritten tables would silently lose those units' rows.  A unit still there but
-    damaged is left out and named (:func:`~seco_lab.studies.audit.tables.unusable_units`).  Without a readable
-    ``audit.json`` there is nothing to compare (the tables are made from the units present)."""
+    files deleted or moved): the rewritten tables would silently lose those units' rows, unless asked for with
+    ``drop_missing_units``.  A unit still there but damaged is left out and named
+    (:func:`~seco_lab.studies.audit.tables.unusable_units`).  Without a readable ``audit.json`` there is nothing to
+    compare (the tables are made from the units present).  Tables from no usable unit at all are always refused."""
     if not load_units(out) and any((out / name).is_file() for name in ("strata.csv", "bias.csv", "cost.csv")):
         raise ValueError(f"--tables-only: {out / 'units'} holds no usable unit, so the tables would be rewritten "
                          "empty; nothing is rewritten.  Restore the units, or rerun the audit without --tables-only to "
                          "compute them again")
-    try:
-        done = store.read_json(out / "audit.json", "audit summary").get("units_done")
-    except (OSError, ValueError):
-        return
-    if not isinstance(done, list):
-        return
-    units = out / "units"
-    lost = sorted(str(u) for u in done if not (units / f"{u}.json").exists() and not (units / f"{u}.json").is_symlink())
-    if lost:
-        raise ValueError(f"--tables-only: the stored tables were made from units now missing in "
-                         f"{out / 'units'}: {', '.join(lost[:8])}{', ...' if len(lost) > 8 else ''}; the tables would "
-                         "lose their rows, so nothing is rewritten.  Restore the units (or rerun the audit without "
-                         f"--tables-only to compute them again); to make the tables from the units left, remove "
-                         f"{out / 'audit.json'} first")
+    lost = missing_units(out)
+    if lost and not drop_missing_units:
+        raise ValueError(f"--tables-only: {missing_units_advice(out, lost)}; nothing is rewritten (the tables "
+                         "would lose their rows)")
 
 
 def check_audit_out(out: str | Path) -> Path:
@@ -266,8 +266,9 @@ def run_args(ns: argparse.Namespace) -> int:
             check_report_target(ns.report, out, "report.md", "--report")
         if ns.tables_only:
             check_tables_only(ns)
-            rewrite_tables(out)
+            rewrite_tables(out, ns.drop_missing_units)
         else:
+            check_drop_missing_units(ns)
             run_audit(config_from_args(ns), out, progress=not ns.no_progress)
         from ...report.audit import write_report
 

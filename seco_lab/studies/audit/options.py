@@ -10,7 +10,8 @@ from pathlib import Path
 from ..registry import path_arg
 from .config import COMMITTED, DEFAULT, QUICK, STAGES, AuditConfig
 
-__all__ = ["DEFAULT_OUT", "add_arguments", "build_parser", "check_args", "check_tables_only", "config_from_args"]
+__all__ = ["DEFAULT_OUT", "add_arguments", "build_parser", "check_args", "check_drop_missing_units",
+           "check_tables_only", "config_from_args"]
 
 DEFAULT_OUT = Path("audit-results")
 DESCRIPTION = ("Audit a chunk-wise gradient estimator on a model and text: exact bias from hop strata, sampling noise "
@@ -26,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--report", type=path_arg, default=None, help="also write the Markdown report here")
     ap.add_argument("--tables-only", action="store_true",
                     help="rewrite the tables (and the report) of --out from its stored units; compute nothing")
+    ap.add_argument("--drop-missing-units", action="store_true",
+                    help="with --tables-only: rebuild the tables from the units present even when units they were "
+                         "made from are gone (their rows are dropped, and they leave audit.json's units_done)")
     add_arguments(ap)
     return ap
 
@@ -79,12 +83,21 @@ def check_tables_only(ns: argparse.Namespace) -> None:
     would be silently ignored -- refused, naming it."""
     probe = build_parser().parse_args([])
     given = [f"--{k.replace('_', '-')}" for k, v in vars(ns).items()
-             if k not in ("out", "report", "no_progress", "tables_only") and v != getattr(probe, k, v)
+             if k not in ("out", "report", "no_progress", "tables_only", "drop_missing_units")
+             and v != getattr(probe, k, v)
              and not (k == "quick" and ns.out is None)]  # --quick without --out names the folder audit-quick
     if given:
         raise ValueError(f"--tables-only rewrites the tables of the audit stored in --out with its stored settings; "
                          f"{', '.join(given)} would be ignored: drop {'it' if len(given) == 1 else 'them'}, or run "
                          "the audit without --tables-only")
+
+
+def check_drop_missing_units(ns: argparse.Namespace) -> None:
+    """``--drop-missing-units`` only changes what ``--tables-only`` does: refused without it, not ignored."""
+    if getattr(ns, "drop_missing_units", False) and not ns.tables_only:
+        raise ValueError("--drop-missing-units rebuilds the stored tables without the units gone from --out's units/ "
+                         "and works with --tables-only only: add --tables-only (an audit run computes missing units "
+                         "again)")
 
 
 def check_args(ns: argparse.Namespace) -> None:
@@ -98,4 +111,5 @@ def check_args(ns: argparse.Namespace) -> None:
     if ns.tables_only:
         check_tables_only(ns)
     else:
+        check_drop_missing_units(ns)
         config_from_args(ns)

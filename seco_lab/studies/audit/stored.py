@@ -11,7 +11,8 @@ from pathlib import Path
 from ... import store
 from .config import AuditConfig
 
-__all__ = ["UNIT_COMMON_KEYS", "UNIT_KEYS", "read_audit_config", "read_sequences", "read_unit", "unit_problem"]
+__all__ = ["UNIT_COMMON_KEYS", "UNIT_KEYS", "missing_units", "missing_units_advice", "read_audit_config",
+           "read_sequences", "read_unit", "unit_problem"]
 
 
 #: the keys the tables read from a unit of each stage (beside :data:`UNIT_COMMON_KEYS`); a unit lacking one is damaged
@@ -71,3 +72,28 @@ def read_sequences(out: Path) -> dict:
         raise ValueError(f"audit sequences file {path} holds an entry that is not a sequence's record; rerun the "
                          "audit (it writes the file again)")
     return specs
+
+
+def missing_units(out: str | Path) -> list[str]:
+    """The units the stored tables were made from (``audit.json``'s ``units_done``) whose files are gone from
+    ``out/units`` (deleted or moved); [] without a readable ``audit.json`` (nothing to compare)."""
+    out = Path(out)
+    try:
+        done = store.read_json(out / "audit.json", "audit summary").get("units_done")
+    except (OSError, ValueError):
+        return []
+    if not isinstance(done, list):
+        return []
+    units = out / "units"
+    return sorted(str(u) for u in done if not (units / f"{u}.json").exists() and not (units / f"{u}.json").is_symlink())
+
+
+def missing_units_advice(out: str | Path, lost: list[str]) -> str:
+    """What to say when the stored tables were made from units now missing (``lost``): the units, and the three
+    ways out that work (``audit --tables-only`` alone refuses, as the tables would lose their rows)."""
+    out = Path(out)
+    names = ", ".join(lost[:8]) + (f", ... ({len(lost)} in all)" if len(lost) > 8 else "")
+    return (f"the stored tables of {out} were made from units now missing in {out / 'units'}: {names}.  Restore "
+            f"those unit files; or rerun the audit with its stored settings and --out {out} to compute them again "
+            f"(the finished units are kept); or rebuild the tables from the units left, dropping the missing ones: "
+            f"`seco-lab audit --tables-only --drop-missing-units --out {out}`")
