@@ -5,25 +5,17 @@ lacking fields), J10 (a damaged metrics.jsonl blamed on the checkpoint) and a Na
 import json
 import math
 import os
-import shutil
 
 import pytest
 import torch
+from helpers import FAST, copy_run
 
 from seco_lab.cli import main
 from seco_lab.training.experiment import check_step_record
 from seco_lab.training.run_checks import RunDirError
 from seco_lab.training.run_dir import RunDir
 
-FAST = ["--seq-len", "32", "--chunk-size", "8", "--steps", "2", "--warmup", "0", "--batch-size", "2",
-        "--eval-batches", "1", "--eval-every", "1", "--ckpt-every", "1", "--no-progress", "--device", "cpu",
-        "--d-model", "16", "--d-ff", "32", "--n-layers", "1", "--n-heads", "2"]
 TEXT = "the quick brown fox jumps over the lazy dog; " * 40
-
-
-def _copy(src, dest):
-    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".lock"))
-    return dest
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +45,7 @@ def test_j2_a_text_run_resumed_on_other_text_is_refused(in_folder, capsys):
     file edited) trained steps 3-4 on other text without a word.  Checkpoints record a digest of the token rows;
     the same text, from any folder, still resumes and equals the uninterrupted run bit for bit."""
     s = _text_run(in_folder, TEXT)
-    ref = _copy(s, in_folder / "ref")
+    ref = copy_run(s, in_folder / "ref")
     other = in_folder / "other"
     other.mkdir()
     (other / "t.txt").write_text(TEXT.replace("fox", "cat"))
@@ -83,7 +75,7 @@ def test_j2_a_text_run_resumed_on_other_text_is_refused(in_folder, capsys):
 def test_j6_a_config_json_lacking_a_field_is_named_not_filled_with_a_default(drop, r2, tmp_path, capsys):
     """J6: with warmup (or the model's d_model) deleted from config.json, the default was shown as the run's
     setting ("the config differs ... warmup (20 -> 0)").  Every field the run wrote must be there."""
-    r = _copy(r2, tmp_path / "r")
+    r = copy_run(r2, tmp_path / "r")
     record = json.loads((r / "config.json").read_text())
     if "." in drop:
         del record["model"][drop.split(".")[1]]
@@ -98,7 +90,7 @@ def test_j6_a_config_json_lacking_a_field_is_named_not_filled_with_a_default(dro
 
 def test_j6_a_record_older_than_lr_cycles_still_resumes(r2, tmp_path):
     """lr_cycles came after the first release: a record without it is an older run's, and resumes."""
-    r = _copy(r2, tmp_path / "r")
+    r = copy_run(r2, tmp_path / "r")
     record = json.loads((r / "config.json").read_text())
     assert record.pop("lr_cycles") == []
     (r / "config.json").write_text(json.dumps(record))
@@ -112,7 +104,7 @@ def test_j6_a_record_older_than_lr_cycles_still_resumes(r2, tmp_path):
 def test_j10_a_damaged_metrics_record_is_named_as_metrics_damage(damage, words, r2, tmp_path, capsys):
     """J10: the step-2 record's grad_norm written as a string (or its loss removed) was reported as the checkpoint
     being another run's; it is metrics.jsonl that is damaged."""
-    r = _copy(r2, tmp_path / "r")
+    r = copy_run(r2, tmp_path / "r")
     lines = [json.loads(x) for x in (r / "metrics.jsonl").read_text().splitlines()]
     rec = next(x for x in lines if x.get("step") == 2 and "grad_norm" in x)
     damage(rec)
