@@ -1,7 +1,7 @@
 """Argument types and checks shared by the benchmark scripts: a wrong argument is one line and exit 2 before
 any measuring starts (``argparse.ArgumentTypeError`` from a type, ``ap.error`` from a check).
 
-* :func:`at_least` -- an integer >= a minimum (counts, lengths, sizes);
+* :func:`at_least` -- an integer >= a minimum (counts, lengths, sizes), <= a maximum (:data:`MAX_SIZE`);
 * :func:`positive_seconds` -- a finite number of seconds > 0 (timeouts);
 * :func:`check_threads`, :func:`check_out_dir`, :func:`check_revision` -- checks of parsed arguments.
 """
@@ -14,20 +14,29 @@ import os
 import subprocess
 from pathlib import Path
 
-__all__ = ["at_least", "check_out_dir", "check_revision", "check_threads", "positive_seconds"]
+__all__ = ["MAX_SIZE", "at_least", "check_out_dir", "check_revision", "check_threads", "positive_seconds"]
 
 
-def at_least(minimum: int):
-    """An argparse type: an integer >= ``minimum`` (a wrong count is refused before a minute of benchmarking)."""
+#: the longest sequence (tokens) or largest size a benchmark option takes: beyond, a run would only end in
+#: "out of memory" children after minutes (a 20-digit length once ran 40 s and ended in a C++ stack dump)
+MAX_SIZE = 1 << 20
+
+
+def at_least(minimum: int, maximum: int | None = None):
+    """An argparse type: an integer >= ``minimum`` (and <= ``maximum`` when given): a wrong count or a length no
+    machine holds is refused before a minute of benchmarking."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text[:60]!r}"
+                                             f"{'...' if len(text) > 60 else ''}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            shown = str(value) if len(str(value)) <= 30 else f"{str(value)[:30]}... ({len(str(value))} digits)"
+            bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum:,}]"
+            raise argparse.ArgumentTypeError(f"expected an integer {bound}, got {shown}")
         return value
-    parse.__name__ = f"integer >= {minimum}"
+    parse.__name__ = f"integer >= {minimum}" if maximum is None else f"integer in [{minimum}, {maximum}]"
     return parse
 
 

@@ -34,7 +34,7 @@ import pandas as pd
 if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "experiments"
-from .arguments import at_least, check_out_dir, check_threads
+from .arguments import MAX_SIZE, at_least, check_out_dir, check_threads
 from .child import reset_peak_rss, rss_bytes, run_child
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -243,7 +243,8 @@ def main(argv=None):
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=at_least(1), default=None,
                     help="torch threads per process (1 on a shared machine)")
-    ap.add_argument("--lengths", type=at_least(1), nargs="+", default=None, help="sequence lengths (default 1K-16K)")
+    ap.add_argument("--lengths", type=at_least(1, MAX_SIZE), nargs="+", default=None,
+                    help="sequence lengths (default 1K-16K; at most the model's positions)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     check_threads(ap, a.threads)
@@ -255,6 +256,10 @@ def main(argv=None):
         except ValueError as e:
             ap.error(f"--device: {e}")
     check_out_dir(ap, a.out)
+    longest = (QUICK if a.quick else DEFAULT).model["max_positions"]
+    if a.lengths and max(a.lengths) > longest:
+        ap.error(f"--lengths: {max(a.lengths):,} tokens exceed the benchmark model's {longest:,} positions"
+                 f"{' (--quick)' if a.quick else ''}; pass lengths <= {longest:,}")
     if a.child:
         job = json.loads(a.child)
         cfg = BenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in job["cfg"].items()})

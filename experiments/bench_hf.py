@@ -43,7 +43,7 @@ from seco_lab.report.bench_hf import ENGINE_VARIANTS  # the label suffixes of --
 if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "experiments"
-from .arguments import at_least
+from .arguments import MAX_SIZE, at_least
 from .child import reset_peak_rss, rss_bytes, run_child
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -306,11 +306,11 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="sub-minute smoke run on a tiny Llama")
-    ap.add_argument("--layers", type=at_least(1), default=None, help="decoder layers (SmolLM2-135M has 30)")
-    ap.add_argument("--lengths", type=at_least(1), nargs="+", default=None)
+    ap.add_argument("--layers", type=at_least(1, 4096), default=None, help="decoder layers (SmolLM2-135M has 30)")
+    ap.add_argument("--lengths", type=at_least(1, MAX_SIZE), nargs="+", default=None)
     ap.add_argument("--rounds", type=at_least(1), default=None)
     ap.add_argument("--warmup", type=at_least(0), default=None, help="untimed rounds first (default 1)")
-    ap.add_argument("--chunk-sizes", type=at_least(1), nargs="+", default=None,
+    ap.add_argument("--chunk-sizes", type=at_least(1, MAX_SIZE), nargs="+", default=None,
                     help="chunk sizes of SeCO/SpaCO (default 512); each is a row of its own")
     ap.add_argument("--draws", type=at_least(1), default=None,
                     help="SpaCO: random draws per round, averaged (default 8)")
@@ -326,7 +326,7 @@ def main(argv=None):
     ap.add_argument("--profile", type=at_least(1), default=None,
                     help="length of the profiled SeCO step (at the first chunk size)")
     ap.add_argument("--profile-lora", action="store_true", help="profile the LoRA model")
-    ap.add_argument("--pass1-tokens", type=at_least(0), default=None,
+    ap.add_argument("--pass1-tokens", type=at_least(0, MAX_SIZE), default=None,
                     help="tokens the engine's pass 1 forwards at once (default: the adapter's, 512; 0: chunk by chunk, "
                          "the engine before pass-1 spans)")
     ap.add_argument("--compare", nargs="+", choices=tuple(ENGINE_VARIANTS), default=None,

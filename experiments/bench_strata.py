@@ -31,7 +31,7 @@ import pandas as pd
 if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "experiments"
-from .arguments import at_least, check_out_dir, check_revision, positive_seconds
+from .arguments import MAX_SIZE, at_least, check_out_dir, check_revision, positive_seconds
 from .child import ROOT, run_child
 
 
@@ -76,8 +76,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--before", default=None, help="git revision of the 'before' code (omit: 'after' only)")
-    ap.add_argument("--length", type=at_least(1), default=2048)
-    ap.add_argument("--chunk-size", type=at_least(1), default=64)
+    ap.add_argument("--length", type=at_least(1, MAX_SIZE), default=2048)
+    ap.add_argument("--chunk-size", type=at_least(1, MAX_SIZE), default=64)
     ap.add_argument("--max-hops", type=at_least(0), default=6)
     ap.add_argument("--rounds", type=at_least(1), default=1)
     ap.add_argument("--text-file", default="pydoc_data/topics.py")

@@ -21,7 +21,7 @@ import torch
 if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "experiments"
-from .arguments import at_least
+from .arguments import MAX_SIZE, at_least
 
 SHAPES = ((576, 576), (192, 576), (1536, 576), (576, 1536))  # (out, in) of SmolLM2-135M's linear layers
 
@@ -53,8 +53,8 @@ def measure(d_out: int, d_in: int, rows: int, groups: int, reps: int) -> tuple[f
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=at_least(1), default=64, help="rows per chunk (the chunk size x batch)")
-    ap.add_argument("--groups", type=at_least(1), default=8, help="chunks batched into one GEMM")
+    ap.add_argument("--rows", type=at_least(1, MAX_SIZE), default=64, help="rows per chunk (the chunk size x batch)")
+    ap.add_argument("--groups", type=at_least(1, 4096), default=8, help="chunks batched into one GEMM")
     ap.add_argument("--reps", type=at_least(1), default=20)
     a = ap.parse_args(argv)
     torch.set_num_threads(1)

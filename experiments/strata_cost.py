@@ -14,14 +14,14 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "experiments"
-from .arguments import at_least
+from .arguments import MAX_SIZE, at_least
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", type=at_least(1), default=2)
-    ap.add_argument("--chunks", type=at_least(1), default=8)
-    ap.add_argument("--chunk-size", type=at_least(1), default=4)
+    ap.add_argument("--layers", type=at_least(1, 4096), default=2)
+    ap.add_argument("--chunks", type=at_least(1, 4096), default=8)
+    ap.add_argument("--chunk-size", type=at_least(1, MAX_SIZE), default=4)
     ap.add_argument("--reps", type=at_least(1), default=30)
     a = ap.parse_args(argv)
     import numpy as np  # after the arguments are checked: a refusal answers at once

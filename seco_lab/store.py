@@ -42,7 +42,8 @@ _HELD_LOCKS: dict[Path, IO] = {}  # study folders this process has locked (a rer
 
 __all__ = ["COMPRESSED", "CONFIG_MAX_BYTES", "RECORD_MAX_BYTES", "TABLE_MAX_BYTES", "DefinitionMismatch", "StudyFolder",
            "StudyFolderError", "atomic_write", "atomic_write_csv", "atomic_write_json", "check_study_out",
-           "checked_file", "clear_stale", "holds_nul", "file_sha256", "fingerprint", "protected_paths", "read_csv",
+           "check_table_content", "checked_file", "clear_stale", "holds_nul", "open_decompressed", "quoted_names",
+           "file_sha256", "fingerprint", "protected_paths", "read_csv",
            "read_json", "read_checked_bytes", "software_versions", "study_owner", "too_deep", "TEMP_TAG"]
 
 #: the tag of atomic_write's temporary files, ``NAME.seco-tmp<pid>``
@@ -157,6 +158,80 @@ def holds_nul(path: str | Path, block: int = 1 << 20) -> bool:
     return False
 
 
+def open_decompressed(path: Path, what: str, fix: str = "") -> IO[bytes]:
+    """The decompressed stream of a table whose name ends in one of :data:`COMPRESSED` (as pandas would read it);
+    a compression this tool cannot read in bounded blocks (``.zst``, ``.tar``) or a ``.zip`` of other than one
+    member is a ValueError naming the file."""
+    import bz2
+    import gzip
+    import lzma
+    import zipfile
+
+    name = path.name
+    if name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if name.endswith(".bz2"):
+        return bz2.open(path, "rb")
+    if name.endswith(".xz"):
+        return lzma.open(path, "rb")
+    if name.endswith(".zip"):
+        try:
+            archive = zipfile.ZipFile(path)
+        except zipfile.BadZipFile as e:
+            raise ValueError(f"{what} {path} cannot be decompressed ({e}): it is damaged{_fix(fix)}") from None
+        members = archive.namelist()
+        if len(members) != 1:
+            archive.close()
+            raise ValueError(f"{what} {path} is a zip archive of {len(members)} files, not one table{_fix(fix)}")
+        return archive.open(members[0])
+    raise ValueError(f"{what} {path} is compressed as {path.suffix}: seco-lab reads tables as .csv, .csv.gz, "
+                     f".csv.bz2, .csv.xz or .csv.zip; decompress it{_fix(fix)}")
+
+
+def check_table_content(path: str | Path, what: str, max_bytes: int | None = TABLE_MAX_BYTES, fix: str = "",
+                        block: int = 1 << 20) -> None:
+    """Refuse (ValueError naming the file and ``fix``) a table holding NUL bytes -- no text table has one, and
+    pandas given a long run of them reads it as one huge cell -- and a compressed table (:data:`COMPRESSED`) whose
+    decompressed content passes ``max_bytes`` (a "gzip bomb" of a few MB unpacks to GBs).  A compressed table is
+    decompressed block by block, at most ``max_bytes + 1`` bytes, and nothing is kept."""
+    import lzma
+    import zipfile
+    import zlib
+
+    path = Path(path)
+    nul = (f"{what} {path} holds NUL bytes: it is binary, or was cut and padded with zeros (a table this tool "
+           f"writes is text); it is damaged{_fix(fix)}")
+    if not path.name.endswith(COMPRESSED):
+        if holds_nul(path, block):
+            raise ValueError(nul)
+        return
+    total = 0
+    try:
+        with open_decompressed(path, what, fix) as f:
+            while chunk := f.read(block):
+                total += len(chunk)
+                if max_bytes is not None and total > max_bytes:
+                    raise ValueError(f"{what} {path} decompresses to more than {max_bytes:,} bytes, the limit for a "
+                                     f"{what}: it is not one (named by mistake, or damaged){_fix(fix)}")
+                if b"\0" in chunk:
+                    raise ValueError(nul.replace(" holds NUL bytes", " holds NUL bytes once decompressed"))
+    except (OSError, EOFError, zlib.error, lzma.LZMAError, zipfile.BadZipFile) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f"{what} {path} cannot be decompressed ({str(e)[:120] or type(e).__name__}): it is "
+                         f"damaged{_fix(fix)}") from None
+
+
+def quoted_names(names, width: int = 60, most: int = 12) -> str:
+    """A list of column names (or values) for a message: each cut to ``width`` characters, at most ``most`` of
+    them (a damaged table's "column" may be megabytes of one byte)."""
+    names = list(names)
+    cut = [repr(n) if len(str(n)) <= width else f"{str(n)[:width]!r}... ({len(str(n)):,} characters)"
+           for n in names[:most]]
+    more = f", ... ({len(names):,} columns)" if len(names) > most else ""
+    return f"[{', '.join(cut)}{more}]"
+
+
 def read_csv(path: str | Path, what: str, max_bytes: int | None = TABLE_MAX_BYTES, fix: str = "", **kwargs):
     """``pd.read_csv(path, **kwargs)`` of a stored table checked by :func:`checked_file` first (pandas would block
     on a FIFO and read a device without end); a table that does not parse (an empty file included) is a
@@ -164,9 +239,7 @@ def read_csv(path: str | Path, what: str, max_bytes: int | None = TABLE_MAX_BYTE
     import pandas as pd
 
     path = checked_file(path, what, max_bytes, fix)
-    if not path.name.endswith(COMPRESSED) and holds_nul(path):
-        raise ValueError(f"{what} {path} holds NUL bytes: it is binary, or was cut and padded with zeros (a table "
-                         f"this tool writes is text); it is damaged{_fix(fix)}")
+    check_table_content(path, what, max_bytes, fix)
     try:
         return pd.read_csv(path, **kwargs)
     except (ValueError, EOFError, RecursionError) as e:  # ParserError, EmptyDataError, UnicodeDecodeError

@@ -19,6 +19,7 @@ attribute) is caught with an error that names the chunk instead of a silently wr
 from __future__ import annotations
 
 import contextlib
+import itertools
 import numbers
 import operator
 import os
@@ -103,7 +104,15 @@ def check_subset(subset, num_chunks: int, size: int | None = None) -> tuple[int,
     """A drawn chunk set I: distinct integer indices in [0, k), sorted; exactly ``size`` of them if given."""
     if isinstance(subset, (str, bytes)) or not hasattr(subset, "__iter__"):
         raise TypeError(f"subset must be a sequence of chunk indices, got {subset!r}")
-    items = list(subset)
+    if getattr(subset, "ndim", None) == 0:  # a 0-d tensor or array has __iter__ but cannot be iterated
+        raise TypeError(f"subset must be a sequence of chunk indices (e.g. [3]), got the single value {subset!r}")
+    try:  # an unsized iterable (a generator) is read up to k + 1 items: more cannot be distinct indices in [0, k)
+        items = list(subset) if hasattr(subset, "__len__") else list(itertools.islice(subset, num_chunks + 1))
+    except TypeError as e:
+        raise TypeError(f"subset must be a sequence of chunk indices, got {subset!r:.80} ({e})") from None
+    if len(items) > num_chunks and not hasattr(subset, "__len__"):
+        raise ValueError(f"subset yields more than k={num_chunks} chunk indices: they cannot be distinct in "
+                         f"[0, {num_chunks})")
     indices = []
     for j in items:  # ints, numpy integers, integer 0-d tensors (an integer tensor's elements): what has __index__
         try:

@@ -100,7 +100,13 @@ class Scheme:
         if self.cap_on == "hop":
             return [c0] + [min(c, self.cap) for c in raw]
         out, prod, prev = [c0], Fraction(1), Fraction(1)
-        for c in raw:
+        # once the capped product is at the cap and no factor left is below 1, every later ratio is 1: the exact
+        # product (which grows with q, e.g. (k/t)^q) is not needed any more
+        at_least_one = list(itertools.accumulate(reversed([c >= 1 for c in raw]), lambda a, b: a and b))[::-1]
+        for q, c in enumerate(raw):
+            if prev == self.cap and at_least_one[q]:
+                out.extend([Fraction(1)] * (len(raw) - q))
+                break
             prod *= c
             capped = min(prod, self.cap)
             out.append(capped / prev if prev else Fraction(0))
@@ -113,20 +119,29 @@ class Scheme:
 
     def chain_weights_exact(self, num_chunks: int, budget: int, max_hops: int) -> list[Fraction]:
         """W(p) = c_0 c_1 ... c_p for p = 0..P.  A chain of k chunks has at most k-1 hops: more than
-        :data:`EXACT_TERMS` weights past k-1 (exact fractions whose size grows with p) are refused."""
+        :data:`EXACT_TERMS` weights past k-1 (exact fractions whose size grows with p) are refused, and so are
+        weights whose total size passes :data:`EXACT_BITS` (:class:`ExactTooLarge`; :meth:`chain_weights` then
+        computes the floats in log space)."""
         k, t = check_budget(num_chunks, budget)
         max_hops = check_max_hops(max_hops)
         if max_hops > k - 1 + EXACT_TERMS:
             raise ValueError(f"max_hops P={max_hops:,}: no chain of k={k} chunks has more than {k - 1} hops, and "
                              f"{max_hops + 1:,} exact weights would take long to compute; pass max_hops <= "
                              f"{k - 1 + EXACT_TERMS:,} (k - 1 suffices)")
-        return list(itertools.accumulate(self.factors_exact(k, t, max_hops), lambda a, b: a * b))
+        size = ExactSize(self, "chain weights W", k, t, max_hops)
+        return [size.add(p, w) for p, w in
+                enumerate(itertools.accumulate(self.factors_exact(k, t, max_hops), lambda a, b: a * b))]
 
     def chain_weights(self, num_chunks: int, budget: int, max_hops: int) -> np.ndarray:
         """W(p) as floats; a weight beyond float range (e.g. (k/t)^p at k = 256) is ``inf``, which
-        :meth:`HopStrata.combine` accepts only on an exactly zero stratum."""
+        :meth:`HopStrata.combine` accepts only on an exactly zero stratum.  Exact while the exact weights fit
+        :data:`EXACT_BITS`; beyond (a huge k) the products are taken in log space."""
         k, t = num_chunks, budget
-        return np.array([fraction_to_float(w) for w in self.chain_weights_exact(k, t, max_hops)])
+        try:
+            exact = self.chain_weights_exact(k, t, max_hops)
+        except ExactTooLarge:
+            return np.array([log2_to_float(v) for v in log2_products(self.factors_exact(k, t, max_hops))])
+        return np.array([fraction_to_float(w) for w in exact])
 
     def constant_relay(self, num_chunks: int, budget: int) -> bool:
         """True when c_q does not depend on q (for the hops that can occur), so one relay buffer suffices."""
@@ -150,30 +165,60 @@ class Scheme:
             raise ValueError(f"max_hops P={max_hops:,}: {max_hops + 1:,} weights, but no chain of k={k} chunks has "
                              f"more than {k - 1} hops; pass P <= k - 1 = {k - 1}")
         top = min(max_hops, last_nonzero)
-        if self.closed_form is not None:
-            head = [Fraction(self.closed_form(self, k, t, p)) for p in range(top + 1)]
-        else:
+        if self.closed_form is not None and top < CLOSED_FORM_TERMS:
+            size = ExactSize(self, "expected weights w", k, t, max_hops)
+            head = [size.add(p, Fraction(self.closed_form(self, k, t, p))) for p in range(top + 1)]
+        else:  # a closed form computes each term afresh (falling factorials): the direct products are linear
             head = self.direct_expected_weights(k, t, top)
         return head + [Fraction(0)] * (max_hops - top)
 
     def direct_expected_weights(self, num_chunks: int, budget: int, max_hops: int) -> list[Fraction]:
-        """w(p) computed generically as chain weight times survival probability."""
+        """w(p) computed generically as chain weight times survival probability (both as running products)."""
         k, t = num_chunks, budget
         W = self.chain_weights_exact(k, t, max_hops)
-        return [W[p] * self.sampler.inclusion(k, t, p + 1) for p in range(max_hops + 1)]
+        size = ExactSize(self, "expected weights w", k, t, max_hops)
+        return [size.add(p, w * pi) for p, (w, pi) in enumerate(zip(W, self.inclusions(k, t, max_hops)))]
+
+    def inclusions(self, num_chunks: int, budget: int, max_hops: int):
+        """pi(p) = inclusion(k, t, p + 1) for p = 0..P, as running products (each term from the last)."""
+        k, t = num_chunks, budget
+        pi = Fraction(1)
+        rho = self.sampler.rate(k, t) if self.sampler.kind != "uniform" else None
+        for p in range(max_hops + 1):
+            if rho is not None:
+                pi *= rho
+            else:
+                pi = pi * Fraction(t - p, k - p) if p < t else Fraction(0)
+            yield pi
+
+    def inclusion_ratios(self, num_chunks: int, budget: int, max_hops: int) -> list[Fraction]:
+        """pi(p) / pi(p-1) for p = 0..P (pi(-1) = 1): small exact fractions, for the log-space weights of a huge k."""
+        k, t = num_chunks, budget
+        if self.sampler.kind != "uniform":
+            return [self.sampler.rate(k, t)] * (max_hops + 1)
+        return [Fraction(t - p, k - p) if p < t else Fraction(0) for p in range(max_hops + 1)]
 
     def expected_weights(self, num_chunks: int, budget: int, max_hops: int) -> np.ndarray:
         """w(p) as floats.  Each factor is a float but their product need not be: a weight beyond float range
         (a user's scheme with huge factors; no built-in one) is refused, naming it, rather than an
-        OverflowError or an inf that every bias metric would turn into NaN."""
+        OverflowError or an inf that every bias metric would turn into NaN.  Exact while the exact weights fit
+        :data:`EXACT_BITS`; beyond (a huge k) the products are taken in log space."""
         k, t = num_chunks, budget
+        try:
+            weights, to_float, to_log2 = self.expected_weights_exact(k, t, max_hops), fraction_to_float, fraction_log2
+        except ExactTooLarge:
+            # each step's factor times its survival ratio (1 for Bernoulli's 1/rho): no cancellation of huge logs
+            weights = log2_products(c * r for c, r in zip(self.factors_exact(k, t, max_hops),
+                                                          self.inclusion_ratios(k, t, max_hops)))
+            to_float, to_log2 = log2_to_float, float
         out = []
-        for p, w in enumerate(self.expected_weights_exact(k, t, max_hops)):
-            value = fraction_to_float(w)
+        for p, w in enumerate(weights):
+            value = to_float(w)
             if math.isinf(value):  # p >= 1: w(0) = c_0 pi(0) <= c_0 is a float
-                size = (w.numerator.bit_length() - w.denominator.bit_length()) * math.log10(2)
+                log = to_log2(w)
                 raise ValueError(f"scheme {self.name!r}: the expected weight w({p}) at k={k}, t={t} is beyond float "
-                                 f"range (about 1e{size:.0f}); pass max_hops <= {p - 1} or use smaller factors")
+                                 f"range (about 1e{log * math.log10(2):.0f}); pass max_hops <= {p - 1} or use smaller "
+                                 "factors")
             out.append(value)
         return np.array(out)
 
@@ -183,6 +228,59 @@ class Scheme:
 
 #: exact (Fraction) terms computed past k - 1 at most: each is a product of P factors, so their cost grows with P
 EXACT_TERMS = 4096
+
+
+#: the most bits (numerators and denominators together) the exact weights of one call may take: W(p) = (k/t)^p grows
+#: with p, so k exact weights take O(k^2 log k) bits (k = 4096, t = 1: 1e8 bits, 0.1 s); beyond, the float weights
+#: are computed in log space and the exact ones refused (:class:`ExactTooLarge`)
+EXACT_BITS = 2**28
+
+#: a closed form computes each w(p) afresh (falling factorials of p + 1 terms): beyond this many terms the running
+#: products of :meth:`Scheme.direct_expected_weights` (equal by definition) are used
+CLOSED_FORM_TERMS = 1024
+
+
+class ExactTooLarge(ValueError):
+    """The exact weights asked for would pass :data:`EXACT_BITS` (time and memory grow with k squared)."""
+
+
+class ExactSize:
+    """Counts the bits of the exact weights computed so far; refuses past :data:`EXACT_BITS`, naming the cost."""
+
+    def __init__(self, scheme: Scheme, what: str, k: int, t: int, max_hops: int):
+        self.scheme, self.what, self.k, self.t, self.max_hops, self.bits = scheme, what, k, t, max_hops, 0
+
+    def add(self, p: int, value: Fraction) -> Fraction:
+        self.bits += value.numerator.bit_length() + value.denominator.bit_length()
+        if self.bits > EXACT_BITS:
+            digits = max(value.numerator.bit_length(), value.denominator.bit_length()) * math.log10(2)
+            raise ExactTooLarge(
+                f"scheme {self.scheme.name!r}: the exact {self.what}(0..{self.max_hops:,}) at k={self.k:,}, "
+                f"t={self.t:,} would take more than {EXACT_BITS // 2**23} MB ({self.what}({p:,}) alone has "
+                f"{digits:,.0f} digits); use the float chain_weights / expected_weights (log space there), or pass "
+                f"max_hops <= {max(p - 1, 0):,}")
+        return value
+
+
+def fraction_log2(value: Fraction) -> float:
+    """log2(value) of an exact value >= 0 (-inf at 0), without converting it to float (no overflow)."""
+    if value == 0:
+        return -math.inf
+    return math.log2(value.numerator) - math.log2(value.denominator)
+
+
+def log2_products(factors) -> list[float]:
+    """log2 of the running products of factors >= 0 (-inf once a factor is 0)."""
+    out, total = [], 0.0
+    for c in factors:
+        total = -math.inf if c == 0 or total == -math.inf else total + fraction_log2(Fraction(c))
+        out.append(total)
+    return out
+
+
+def log2_to_float(log: float) -> float:
+    """2 ** log, inf beyond float range and 0.0 below it."""
+    return math.inf if log >= 1024 else 2.0 ** log
 
 
 def fraction_to_float(value: Fraction) -> float:

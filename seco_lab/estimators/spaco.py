@@ -112,8 +112,7 @@ class HopStrata:
                             f"array or tensor), got {type(weights).__name__}")
         out = {n: torch.zeros_like(g) for n, g in self.strata[0].items()}
         for p, (w, g) in enumerate(zip(weights, self.strata)):
-            w = as_float(w.item() if isinstance(w, torch.Tensor) and w.numel() == 1 else w, f"weight W({p})",
-                         finite=False)  # an infinite weight on a zero stratum adds nothing (above)
+            w = weight_as_float(w, p)  # an infinite weight on a zero stratum adds nothing (above)
             if math.isnan(w):
                 raise ValueError(f"weight W({p}) is NaN: the scheme's weights are not defined at {p} hops")
             if w == 0 or not any(bool(t.any()) for t in g.values()):
@@ -239,14 +238,23 @@ class ChainBasis:
                 np.asarray(chain_weights)
             if np.iscomplexobj(raw) or raw.dtype == bool:  # a cast would drop the imaginary part
                 raise TypeError(f"got {raw.dtype} values")
+            if raw.dtype == object and raw.ndim == 1:  # ints beyond int64, Fractions: each checked as combine does
+                raw = np.array([weight_as_float(x, p) for p, x in enumerate(raw)])
             w = raw.astype(float)
-        except (TypeError, ValueError, RuntimeError) as e:  # complex, strings, ragged lists
+        except (TypeError, ValueError, RuntimeError, OverflowError) as e:  # complex, strings, ragged lists
             raise ValueError(f"chain_weights must be real numbers W(0), ..., W(P): {e}") from None
         if w.ndim != 1 or len(w) < self.max_hops + 1 or not np.isfinite(w[: self.max_hops + 1]).all():
             raise ValueError(f"chain_weights must hold W(0), ..., W(P) for P = {self.max_hops} hops: "
                              f"{self.max_hops + 1} finite numbers, got {np.asarray(chain_weights).tolist()!r:.120}")
         coef = np.where(self.contained(subset), w[self.hops], 0.0)
         return torch.as_tensor(coef, dtype=self.vectors.dtype) @ self.vectors
+
+
+def weight_as_float(w, p: int) -> float:
+    """The weight W(p) as a float (inf allowed: the callers check it against their strata): a one-element
+    tensor's value, an int too large for a float or a non-number refused naming W(p)."""
+    return as_float(w.item() if isinstance(w, torch.Tensor) and w.numel() == 1 else w, f"weight W({p})",
+                    finite=False)
 
 
 def chain_basis(model, tokens, targets, chunk_size: int, max_hops: int, ignore_index: int = -100,

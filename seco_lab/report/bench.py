@@ -11,7 +11,18 @@ import pandas as pd
 from ..studies.registry import STUDIES
 from . import bench_fsdp, bench_hf
 from .figures import new_figure, save_figure
-from .markdown import fmt, generated_note, read_json_table, read_results_csv, require, table, write_markdown
+from .markdown import (
+    COUNT,
+    NON_NEGATIVE,
+    POSITIVE,
+    fmt,
+    generated_note,
+    read_json_table,
+    read_results_csv,
+    require,
+    table,
+    write_markdown,
+)
 
 __all__ = ["INTEGER_COLUMNS", "bench_report", "load_bench", "summarize_bench"]
 
@@ -32,7 +43,8 @@ def load_bench(folder: Path) -> tuple[pd.DataFrame, dict]:
     folder = Path(folder)
     require(folder, BENCH_FILES, PRODUCE_BENCH)
     df = read_results_csv(folder / "results.csv", RESULTS_COLUMNS, PRODUCE_BENCH, text_columns=("label", "metric"),
-                          nan_allowed=lambda d: d["metric"].astype(str).eq("error"), more_columns=True)
+                          nan_allowed=lambda d: d["metric"].astype(str).eq("error"), more_columns=True,
+                          ranges={"length": COUNT, "value": NON_NEGATIVE})
     return df, read_json_table(folder / "bench.json", PRODUCE_BENCH)
 
 
@@ -165,7 +177,10 @@ def strata_cost_section(path: Path) -> list[str]:
     """LoRA hop strata next to a SeCO step, before and after (experiments/bench_strata.py)."""
     df = read_results_csv(path, ("length", "chunk_size", "max_hops", "tag", "rev", "seco_cpu_s", "strata_cpu_s",
                                  "ratio", "peak_rss_gib", "loadavg_1m"), "`python -m experiments.bench_strata`",
-                          text_columns=("tag", "rev"), more_columns=True)
+                          text_columns=("tag", "rev"), more_columns=True,
+                          ranges={"length": COUNT, "chunk_size": COUNT, "max_hops": NON_NEGATIVE,
+                                  "seco_cpu_s": NON_NEGATIVE, "strata_cpu_s": NON_NEGATIVE, "ratio": POSITIVE,
+                                  "peak_rss_gib": NON_NEGATIVE, "loadavg_1m": NON_NEGATIVE})
     keys = ["length", "chunk_size", "max_hops", "tag", "rev"]
     g = df.groupby(keys, sort=False).agg(rounds=("ratio", "size"), seco_cpu_s=("seco_cpu_s", "median"),
                                          strata_cpu_s=("strata_cpu_s", "median"), ratio=("ratio", "median"),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .markdown import MissingResultsError, read_results_csv, table
+from .markdown import COUNT, NON_NEGATIVE, MissingResultsError, read_results_csv, table
 
 __all__ = ["INTEGER_COLUMNS", "render", "summarize"]
 
@@ -26,7 +26,11 @@ def read_fsdp_results(path: str | Path) -> pd.DataFrame:
     """``fsdp_results.csv``, checked: rows, and numbers in the columns the report reads."""
     return read_results_csv(path, ("round", "mode", "parameters", "base_mib", "peak_mib", "step_s", "all_gather",
                                    "reduce_scatter", "all_reduce", "seq_len", "chunk_size", "model"), PRODUCE,
-                            text_columns=("mode", "model"), more_columns=True)
+                            text_columns=("mode", "model"), more_columns=True,
+                            ranges={"round": NON_NEGATIVE, "parameters": COUNT, "base_mib": NON_NEGATIVE,
+                                    "peak_mib": NON_NEGATIVE, "step_s": NON_NEGATIVE, "all_gather": NON_NEGATIVE,
+                                    "reduce_scatter": NON_NEGATIVE, "all_reduce": NON_NEGATIVE, "seq_len": COUNT,
+                                    "chunk_size": COUNT})
 
 
 def summarize(results: pd.DataFrame | str | Path) -> pd.DataFrame:

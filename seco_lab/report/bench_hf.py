@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .markdown import read_results_csv, table
+from .markdown import COUNT, NON_NEGATIVE, read_results_csv, table
 
 __all__ = ["KEYS", "NOT_MET_REASONS", "clock", "render", "summarize", "targets"]
 
@@ -399,10 +399,13 @@ def read_hf_results(path: str | Path) -> pd.DataFrame:
     value)."""
     return read_results_csv(path, ("tag", "n_layers", "chunk_size", "length", "lora", "label", "metric", "value"),
                             PRODUCE, text_columns=("tag", "lora", "label", "metric"), more_columns=True,
-                            nan_allowed=lambda d: d["metric"].astype(str).eq("error"))
+                            nan_allowed=lambda d: d["metric"].astype(str).eq("error"),
+                            ranges={"n_layers": COUNT, "chunk_size": COUNT, "length": COUNT, "value": NON_NEGATIVE})
 
 
 def _profiles(results_dir: Path) -> list[pd.DataFrame]:
     return [read_results_csv(path, ("op", "self_cpu_s", "share", "calls", "tag", "length", "n_layers"), PRODUCE,
-                             text_columns=("op", "tag"), more_columns=True)
+                             text_columns=("op", "tag"), more_columns=True,
+                             ranges={"self_cpu_s": NON_NEGATIVE, "share": NON_NEGATIVE, "calls": NON_NEGATIVE,
+                                     "length": COUNT, "n_layers": COUNT})
             for path in sorted(Path(results_dir).glob("hf_profile_*.csv"))]

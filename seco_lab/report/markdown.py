@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -9,18 +10,19 @@ import numpy as np
 import pandas as pd
 
 from ..store import (
-    COMPRESSED,
     RECORD_MAX_BYTES,
     TABLE_MAX_BYTES,
     atomic_write,
+    check_table_content,
     checked_file,
-    holds_nul,
+    quoted_names,
     read_csv,
     read_json,
 )
 
-__all__ = ["MissingResultsError", "check_bounds", "fmt", "generated_note", "read_json_table", "read_results_csv",
-           "read_stored_csv", "require", "stored_file", "table", "write_markdown"]
+__all__ = ["COUNT", "NON_NEGATIVE", "POSITIVE", "MissingResultsError", "check_bounds", "fmt", "generated_note",
+           "read_json_table", "read_results_csv", "read_stored_csv", "require", "stored_file", "stored_read_errors",
+           "table", "write_markdown"]
 
 
 class MissingResultsError(FileNotFoundError):
@@ -45,49 +47,58 @@ def stored_file(path: Path, what: str, max_bytes: int, produce: str) -> Path:
         raise MissingResultsError(str(e)) from None
 
 
+@contextlib.contextmanager
+def stored_read_errors(path: Path, produce: str):
+    """Translate a failed read of the stored file ``path`` into a :class:`MissingResultsError` naming it and
+    ``produce``: a missing file, a refusal of :mod:`seco_lab.store` (a ValueError, said as is) or an OS error."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise MissingResultsError(f"{path} is missing: run {produce} first, or pass the folder that holds it with "
+                                  "--results") from None
+    except (OSError, ValueError) as e:
+        raise MissingResultsError(str(e) if isinstance(e, ValueError) else
+                                  f"{path} cannot be read ({e.strerror or e}): rerun {produce}") from None
+
+
 def read_json_table(path: Path, produce: str, expect: type | tuple[type, ...] | None = dict):
     """A stored JSON file of a report (``study.json``, ``bench.json``), read by :func:`seco_lab.store.read_json`:
     a FIFO, device, folder or huge file, parse errors, an empty file or a value other than ``expect`` (a JSON
     object by default) are refused with a :class:`MissingResultsError` naming the file and ``produce``."""
     path = Path(path)
-    try:
+    with stored_read_errors(path, produce):
         return read_json(path, "stored record", RECORD_MAX_BYTES, f"remove it and rerun {produce}", expect)
-    except FileNotFoundError:
-        raise MissingResultsError(f"{path} is missing: run {produce} first, or pass the folder that holds it with "
-                                  "--results") from None
-    except (OSError, ValueError) as e:
-        raise MissingResultsError(str(e) if isinstance(e, ValueError) else
-                                  f"{path} cannot be read ({e.strerror or e}): rerun {produce}") from None
 
 
 def read_stored_csv(path: Path, produce: str, **kwargs) -> pd.DataFrame:
     """A stored table of a report read whole, unchecked beyond parsing (:func:`read_results_csv` checks columns
-    and values): a FIFO, device, folder or huge file, or a file that does not parse, is a
-    :class:`MissingResultsError` naming it and ``produce``."""
+    and values): a FIFO, device, folder or huge file (a compressed one: decompressed), NUL bytes, or a file that
+    does not parse, is a :class:`MissingResultsError` naming it and ``produce``."""
     path = Path(path)
-    try:
+    with stored_read_errors(path, produce):
         return read_csv(path, "stored results table", TABLE_MAX_BYTES, f"rerun {produce}", **kwargs)
-    except FileNotFoundError:
-        raise MissingResultsError(f"{path} is missing: run {produce} first, or pass the folder that holds it with "
-                                  "--results") from None
-    except (OSError, ValueError) as e:
-        raise MissingResultsError(str(e) if isinstance(e, ValueError) else
-                                  f"{path} cannot be read ({e.strerror or e}): rerun {produce}") from None
+
+
+#: :func:`read_results_csv` range rules: a count (layers, chunk size, length), a time/size/memory, a ratio
+COUNT, NON_NEGATIVE, POSITIVE = (">=", 1), (">=", 0), (">", 0)
 
 
 def read_results_csv(path: Path, columns: tuple[str, ...], produce: str, text_columns=("scheme", "metric", "check"),
                      nan_allowed=None, key: tuple[str, ...] | None = None, more_columns: bool = False,
-                     inf_allowed=None) -> pd.DataFrame:
+                     inf_allowed=None, ranges: dict[str, tuple[str, float]] | None = None) -> pd.DataFrame:
     """A stored results table, checked before any number of it is reported: it parses, has exactly
     ``columns`` (with ``more_columns``: at least these, the others unchecked), at least one row, numbers in
     every other than ``text_columns``, and no infinity (but where ``inf_allowed(df)`` allows it); NaN only
     where ``nan_allowed(df)`` (a boolean row mask) allows it; no two rows with the same ``key`` columns (a
-    repeated or conflicting result).  Each refusal names the file and the fix."""
+    repeated or conflicting result); with ``ranges`` (column -> ``(">=", 1)``, ``(">", 0)``, ...: use
+    :data:`COUNT`, :data:`NON_NEGATIVE`, :data:`POSITIVE`) every number of the column in its range (a negative
+    layer count or time is damage, not a result).  Each refusal names the file, the column, the row and the fix."""
     path = Path(path)
     stored_file(path, "stored results table", TABLE_MAX_BYTES, produce)  # pandas would block on a FIFO
-    if not path.name.endswith(COMPRESSED) and holds_nul(path):
-        raise MissingResultsError(f"{path} holds NUL bytes: it is binary, or was cut and padded with zeros (a table "
-                                  f"this tool writes is text); rerun {produce}")
+    try:  # NUL bytes; a compressed table: its decompressed size too (read in bounded blocks, nothing kept)
+        check_table_content(path, "stored results table", TABLE_MAX_BYTES, f"rerun {produce}")
+    except ValueError as e:
+        raise MissingResultsError(str(e)) from None
     try:
         df = pd.read_csv(path)
     except pd.errors.EmptyDataError:
@@ -98,8 +109,8 @@ def read_results_csv(path: Path, columns: tuple[str, ...], produce: str, text_co
         first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
         raise MissingResultsError(f"{path} cannot be parsed as CSV ({first}): rerun {produce}") from None
     if (not set(columns) <= set(df.columns)) if more_columns else tuple(df.columns) != tuple(columns):
-        raise MissingResultsError(f"{path} has columns {list(df.columns)}, not {list(columns)}: it was written by "
-                                  f"another version or is damaged; rerun {produce} (with --fresh)")
+        raise MissingResultsError(f"{path} has columns {quoted_names(df.columns)}, not {list(columns)}: it was "
+                                  f"written by another version or is damaged; rerun {produce} (with --fresh)")
     if df.empty:
         raise MissingResultsError(f"{path} has a header but no rows: the results are missing; rerun {produce}")
     for c in columns:
@@ -119,11 +130,18 @@ def read_results_csv(path: Path, columns: tuple[str, ...], produce: str, text_co
         if missing.any():
             raise MissingResultsError(f"{path}: column {c!r} is empty or NaN in {int(missing.sum())} row(s) (first: "
                                       f"row {int(missing.idxmax()) + 2}): the results are incomplete; rerun {produce}")
+    for c, (op, bound) in (ranges or {}).items():
+        values = pd.to_numeric(df[c], errors="coerce")
+        bad = values.notna() & ~(values >= bound if op == ">=" else values > bound)
+        if bad.any():
+            row = int(bad.idxmax())
+            raise MissingResultsError(f"{path}: column {c!r} holds {values[row]:g} (row {row + 2}), but it must be "
+                                      f"{op} {bound:g}: the file is damaged or was edited; rerun {produce}")
     if key is not None:
         repeated = df.duplicated(list(key), keep="first")
         if repeated.any():
             row = int(repeated.idxmax())
-            first = ", ".join(f"{c}={df[c].iloc[row]}" for c in key)
+            first = ", ".join(f"{c}={str(df[c].iloc[row])[:60]}" for c in key)
             raise MissingResultsError(f"{path} holds {int(repeated.sum())} row(s) whose ({', '.join(key)}) repeats an "
                                       f"earlier row (first: row {row + 2}, {first}): repeated or conflicting results "
                                       f"(two studies joined?); rerun {produce}")

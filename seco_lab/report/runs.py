@@ -12,6 +12,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from ..store import holds_nul
 from ..studies.registry import check_image_target, check_run_dirs
 from ..training.run_dir import read_config, read_metrics
 from .figures import save_figure
@@ -36,9 +37,17 @@ def plotted_metrics(run_dir) -> list[dict]:
     """The run's metric records, checked for plotting: at least one, each with an integer ``step``, every
     loss a number.  Non-finite losses (a diverged step) are left out of the curves with a warning."""
     path = Path(run_dir) / "metrics.jsonl"
-    rows = read_metrics(run_dir)
+    with warnings.catch_warnings(record=True) as torn:  # a torn last line: said below when it is all there is
+        warnings.simplefilter("always")
+        rows = read_metrics(run_dir)
     if not rows:
+        if path.exists() and path.stat().st_size and (holds_nul(path) or torn):
+            what = "holds NUL bytes" if holds_nul(path) else "holds only a torn line"
+            raise ValueError(f"{path} {what} and no complete record: the metrics file is damaged (cut and padded "
+                             "with zeros, or overwritten); restore it from a copy, or rerun the run")
         raise ValueError(f"{path} holds no metrics yet: nothing to plot (has the run taken a step?)")
+    for w in torn:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     dropped = 0
     out = []
     for i, r in enumerate(rows, 1):
