@@ -74,6 +74,7 @@ class Study:
     add_arguments: str | None = None  # "module:function" (parser) -> None
     quick_results: Path | None = None  # default results folder of --quick (None: no quick mode)
     produce: str = ""  # how the results are produced, for messages (default: `make NAME-study`)
+    check_args: str | None = None  # "module:function" (args) -> None, without torch: ValueError for a refused option
     aliases: tuple[str, ...] = field(default=())
 
     def __post_init__(self):
@@ -164,6 +165,12 @@ def study_main(argv=None, prog: str | None = None) -> int:
         args.out = check_study_out(default if args.out is None else args.out)
     except StudyFolderError as e:
         ap.error(str(e))
+    if study.check_args:  # before torch: a refused option answers at once
+        try:
+            resolve(study.check_args)(args)
+        except ValueError as e:
+            print(f"{ap.prog}: error: {e}", file=sys.stderr)
+            return 2
     from .runner import WorkerDied
 
     try:
@@ -369,6 +376,7 @@ register(Study("bias", "every SpaCO compensation scheme against the exact gradie
                quick_results="reports/_work/bias_study_quick", report="seco_lab.report.bias:bias_report",
                run="seco_lab.studies.bias.driver:run_from_args",
                add_arguments="seco_lab.studies.bias.options:add_arguments",
+               check_args="seco_lab.studies.bias.options:check_draws",
                produce="`make bias-study` (`seco-lab study bias`, alias `seco-lab bias-study`)"))
 register(Study("train", "does the bias change what a model learns? every scheme trained against SeCO.",
                results="reports/training_study", report_file="reports/training_study.md",

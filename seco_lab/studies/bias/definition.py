@@ -38,7 +38,15 @@ import torch
 
 from ...estimators.schemes import Scheme, get_scheme
 from ...models.tiny import TinyConfig, TinyTransformer
-from .options import DEFAULT_DRAWS, DEFAULT_PAPER_DRAWS, QUICK_DRAWS, QUICK_PAPER_DRAWS
+from .options import (
+    BATCHES,
+    DEFAULT_DRAWS,
+    DEFAULT_PAPER_DRAWS,
+    PAPER_BATCHES,
+    QUICK_DRAWS,
+    QUICK_PAPER_BATCHES,
+    QUICK_PAPER_DRAWS,
+)
 
 __all__ = [
     "BERNOULLI", "CHECK_COLUMNS", "CONVERGENCE_COLUMNS", "DEFAULT", "FALLING_FACTORIAL", "GROUP_COLUMNS",
@@ -108,7 +116,7 @@ class StudyConfig:
     budgets: dict = field(default_factory=lambda: {4: (1, 2, 3, 4), 8: (1, 2, 3, 4, 8), 16: (1, 2, 3, 4, 8, 16)})
     seeds: tuple[int, ...] = (0, 1, 2)
     draws: int = DEFAULT_DRAWS
-    batches: int = 50
+    batches: int = BATCHES
     ci_level: float = 0.95
     base_seed: int = 20250607
     chunk_size: int = 4
@@ -124,7 +132,7 @@ class StudyConfig:
     paper_budgets: tuple[int, ...] = (8, 16, 32)
     paper_seeds: tuple[int, ...] = (0, 1)
     paper_draws: int = DEFAULT_PAPER_DRAWS
-    paper_batches: int = 10
+    paper_batches: int = PAPER_BATCHES
 
     def groups(self) -> list[tuple[int, int, int]]:
         """Every chain-basis (L, k, seed), largest first so parallel workers finish together."""
@@ -161,7 +169,7 @@ class StudyConfig:
 DEFAULT = StudyConfig()
 QUICK = replace(DEFAULT, depths=(1, 2), chunk_counts=(4, 8), budgets={4: (1, 2, 4), 8: (1, 2, 3, 8)}, seeds=(0, 1),
                 draws=QUICK_DRAWS, paper_cells=((2, 32),), paper_budgets=(2, 8), paper_seeds=(0,),
-                paper_draws=QUICK_PAPER_DRAWS, paper_batches=3)
+                paper_draws=QUICK_PAPER_DRAWS, paper_batches=QUICK_PAPER_BATCHES)
 
 
 def seed_sequence(cfg: StudyConfig, n_layers: int, num_chunks: int, seed: int, purpose: Purpose,

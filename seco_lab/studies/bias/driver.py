@@ -47,7 +47,7 @@ from .definition import (
     StudyConfig,
 )
 from .group import run_group
-from .options import COST_GUARD_HOURS, MAX_DRAWS, MAX_PAPER_DRAWS, add_arguments
+from .options import COST_GUARD_HOURS, add_arguments, check_draws
 from .paper import run_paper_group
 
 __all__ = [
@@ -234,23 +234,13 @@ def check_cost(cfg: StudyConfig, force: bool = False) -> float:
 def config_from_args(args) -> StudyConfig:
     """The study definition the command line asks for (ValueError on impossible draw counts, and on a study
     whose estimated cost is above the guard without --force)."""
+    check_draws(args)
     cfg = replace(QUICK if args.quick else DEFAULT, arch=args.arch)
-    for flag, value, most in (("--draws", args.draws, MAX_DRAWS), ("--paper-draws", args.paper_draws, MAX_PAPER_DRAWS)):
-        if value is not None and value > most:
-            raise ValueError(f"{flag} {value:,} is above the {most:,} the study takes (1000 times the default); "
-                             f"lower {flag}")
     if args.draws is not None:
-        if args.draws < 2 * cfg.batches:
-            raise ValueError(f"--draws must be at least {2 * cfg.batches} (two draws per batch of the jackknife)")
         cfg = replace(cfg, draws=args.draws - args.draws % cfg.batches)
     if args.paper_draws is not None:
-        if args.paper_draws == 0:
-            cfg = replace(cfg, paper_cells=())
-        elif args.paper_draws < 2 * cfg.paper_batches:
-            raise ValueError(f"--paper-draws must be 0 or at least {2 * cfg.paper_batches} (two draws per jackknife "
-                             "batch)")
-        else:
-            cfg = replace(cfg, paper_draws=args.paper_draws - args.paper_draws % cfg.paper_batches)
+        cfg = (replace(cfg, paper_cells=()) if args.paper_draws == 0 else
+               replace(cfg, paper_draws=args.paper_draws - args.paper_draws % cfg.paper_batches))
     check_cost(cfg, getattr(args, "force", False))
     return cfg
 
