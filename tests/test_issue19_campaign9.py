@@ -145,3 +145,26 @@ def test_campaign9_slow_refusals_answer_before_torch(argv, tmp_path):
                          cwd=tmp_path)
     assert "RC 2 []" in out.stdout, out.stdout + out.stderr
     assert "error:" in out.stderr.strip().splitlines()[-1] and "Traceback" not in out.stderr
+
+
+def test_j1_without_audit_json_the_tables_never_lose_rows_unasked(tmp_path, capsys):
+    """J1, rest: with audit.json deleted and one unit moved away, --tables-only rebuilt the tables from the units
+    left (bias.csv 1,071 -> 714 rows), exit 0.  Without audit.json the tables are rebuilt in memory and compared
+    row for row; --drop-missing-units asks for the rebuild."""
+    import shutil
+    from pathlib import Path
+
+    out = tmp_path / "a"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "reports/audit/k128", out,
+                    ignore=shutil.ignore_patterns("vectors"))
+    (out / "audit.json").unlink()
+    (out / "units/strata-s00.json").rename(tmp_path / "strata-s00.json")
+    before = {p.name: p.read_bytes() for p in out.glob("*.csv")}
+    capsys.readouterr()
+    assert main(["audit", "--tables-only", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "audit.json is missing or damaged" in err and "bias.csv 1,071 -> 714 rows" in err
+    assert "--drop-missing-units" in err
+    assert {p.name: p.read_bytes() for p in out.glob("*.csv")} == before
+    assert main(["audit", "--tables-only", "--drop-missing-units", "--out", str(out)]) == 0
+    assert (out / "bias.csv").read_text().count("\n") == 715

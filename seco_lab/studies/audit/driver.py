@@ -37,8 +37,8 @@ from .options import (
 )
 from .plan import data_name, plan_units, sequence_sets
 from .sources import SequenceSpec, check_model_name
-from .stored import missing_units, missing_units_advice, read_audit_config, read_unit
-from .tables import check_units, load_units, stale_reason, write_results
+from .stored import missing_units, missing_units_advice, read_audit_config, read_unit, units_done
+from .tables import check_units, derive_results, load_units, stale_reason, write_results
 
 __all__ = ["run_audit", "main", "build_parser", "add_arguments", "run_from_args", "config_from_args",
            "check_audit_out", "rewrite_tables", "AUDIT_FILES", "DEFAULT_OUT", "run_args"]
@@ -86,7 +86,32 @@ def rewrite_tables(out: str | Path, drop_missing_units: bool = False) -> Path:
                          "folder; run the audit first")
     with locked(out, "seco-lab audit", "wait for it to finish, or pass another --out"):
         check_units_kept(out, drop_missing_units)
+        if not drop_missing_units and units_done(out) is None:
+            check_no_rows_lost(out)
         return write_results(out)
+
+
+def check_no_rows_lost(out: Path) -> None:
+    """Without a readable ``audit.json`` the units the stored tables were made from cannot be named: rebuild the
+    tables in memory and refuse when one of them would have fewer rows than the stored one (units gone, or
+    damaged and left out), so no row is dropped unasked."""
+    shrunk = []
+    for name, table in derive_results(out).items():
+        path = out / name
+        if not name.endswith(".csv") or not path.is_file():
+            continue
+        try:
+            stored = store.read_checked_bytes(path, "stored table", store.TABLE_MAX_BYTES).count(b"\n") - 1
+        except (OSError, ValueError):
+            continue  # a damaged table is written again
+        if len(table) < stored:
+            shrunk.append(f"{name} {stored:,} -> {len(table):,} rows")
+    if shrunk:
+        raise ValueError(f"--tables-only: {out / 'audit.json'} is missing or damaged, so the units the tables were "
+                         f"made from cannot be named, and the units in {out / 'units'} would rebuild them with fewer "
+                         f"rows ({', '.join(shrunk[:4])}); nothing is rewritten.  Restore audit.json or the unit "
+                         "files, or rerun the audit with --out to compute them again, or pass --drop-missing-units "
+                         "to rebuild from the units present")
 
 
 def check_units_kept(out: Path, drop_missing_units: bool = False) -> None:

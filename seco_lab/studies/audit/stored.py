@@ -11,7 +11,7 @@ from pathlib import Path
 from ... import store
 from .config import AuditConfig
 
-__all__ = ["UNIT_COMMON_KEYS", "UNIT_KEYS", "missing_units", "missing_units_advice", "read_audit_config",
+__all__ = ["UNIT_COMMON_KEYS", "UNIT_KEYS", "missing_units", "missing_units_advice", "units_done", "read_audit_config",
            "read_sequences", "read_unit", "unit_problem"]
 
 
@@ -74,15 +74,22 @@ def read_sequences(out: Path) -> dict:
     return specs
 
 
+def units_done(out: str | Path) -> list | None:
+    """``audit.json``'s ``units_done`` (the units the stored tables were made from), or None when that file is
+    missing, unreadable or holds no such list."""
+    try:
+        done = store.read_json(Path(out) / "audit.json", "audit summary").get("units_done")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return done if isinstance(done, list) else None
+
+
 def missing_units(out: str | Path) -> list[str]:
     """The units the stored tables were made from (``audit.json``'s ``units_done``) whose files are gone from
     ``out/units`` (deleted or moved); [] without a readable ``audit.json`` (nothing to compare)."""
     out = Path(out)
-    try:
-        done = store.read_json(out / "audit.json", "audit summary").get("units_done")
-    except (OSError, ValueError):
-        return []
-    if not isinstance(done, list):
+    done = units_done(out)
+    if done is None:
         return []
     units = out / "units"
     return sorted(str(u) for u in done if not (units / f"{u}.json").exists() and not (units / f"{u}.json").is_symlink())
