@@ -110,6 +110,12 @@ def check_args(ns: argparse.Namespace) -> None:
         check_report_target(ns.report, out, "report.md", "--report")
     if ns.tables_only:
         check_tables_only(ns)
+        if not Path(out).exists():  # the driver says the same of a folder without config.json, after torch
+            raise ValueError(f"{out} holds no audit (no such folder): --tables-only rewrites the tables of an audit "
+                             "folder; run the audit first")
     else:
         check_drop_missing_units(ns)
-        config_from_args(ns)
+        cfg = config_from_args(ns)
+        model = str(getattr(cfg, "model", ""))
+        if model.lower().endswith(".gguf") and not Path(model).expanduser().is_file():
+            raise ValueError(f"model {model!r}: no such .gguf file")  # as sources.check_model_name, before torch
