@@ -45,7 +45,8 @@ from .config import (
 )
 from .field_types import unwrap_optional
 from .models.tiny_config import TinyConfig
-from .studies.registry import STUDIES, check_image_target, check_run_dirs, path_arg, report_main, study_main
+from .store import check_image_target
+from .studies.registry import STUDIES, check_run_dirs, path_arg, report_main, study_main
 from .training.memory_estimate import check_fits_in_memory
 from .training.run_checks import check_usable
 

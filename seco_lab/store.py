@@ -43,7 +43,8 @@ _HELD_LOCKS: dict[Path, IO] = {}  # study folders this process has locked (a rer
 __all__ = ["COMPRESSED", "CONFIG_MAX_BYTES", "RECORD_MAX_BYTES", "TABLE_MAX_BYTES", "DefinitionMismatch", "StudyFolder",
            "StudyFolderError", "atomic_write", "atomic_write_csv", "atomic_write_json", "check_study_out",
            "check_table_content", "checked_file", "clear_stale", "holds_nul", "open_decompressed", "quoted_names",
-           "file_sha256", "fingerprint", "protected_paths", "read_csv",
+           "FIGURE_MARK_KEY", "FIGURE_MARK_VALUE", "PNG_SIGNATURE", "check_image_target", "check_parent_folder",
+           "is_generated_png", "file_sha256", "fingerprint", "lacking_files", "protected_paths", "read_csv",
            "read_json", "read_checked_bytes", "software_versions", "study_owner", "too_deep", "TEMP_TAG"]
 
 #: the tag of atomic_write's temporary files, ``NAME.seco-tmp<pid>``
@@ -562,3 +563,77 @@ class StudyFolder:
     def write_manifest(self, manifest: dict) -> None:
         """Write ``study.json``, stamped with the study's name (:func:`study_owner` reads it back)."""
         atomic_write_json(self.manifest_path, manifest if self.study is None else {"study": self.study, **manifest})
+
+
+def lacking_files(folder, names, produce: str) -> str | None:
+    """The message for a results ``folder`` lacking some of ``names`` (None when it holds them all), naming the
+    command (``produce``) that writes them."""
+    missing = [f for f in names if not (Path(folder) / f).exists()]
+    if not missing:
+        return None
+    return (f"{folder} lacks {', '.join(missing)}: run {produce} first, or pass the folder that holds them with "
+            "--results")
+
+
+#: the PNG tEXt chunk (keyword NUL text) every figure seco-lab writes carries (``seco_lab.report.figures.write_png``):
+#: an existing PNG is written over only when it carries it, so a user's image is never replaced
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+FIGURE_MARK_KEY, FIGURE_MARK_VALUE = "seco-lab", "generated"
+_FIGURE_MARK = f"{FIGURE_MARK_KEY}\x00{FIGURE_MARK_VALUE}".encode("latin-1")
+_PNG_MAX_CHUNKS = 64  # the mark sits before the image data, among the first few chunks
+
+
+def is_generated_png(path: Path) -> bool:
+    """``path`` is a PNG seco-lab wrote: a regular file whose chunks before the image data hold the tEXt chunk
+    ``seco-lab: generated``.  Reads at most a few chunk headers (the image data is never read); False for
+    anything else (a FIFO or device is never opened)."""
+    try:
+        with open(checked_file(path, "figure"), "rb") as f:
+            if f.read(8) != PNG_SIGNATURE:
+                return False
+            for _ in range(_PNG_MAX_CHUNKS):
+                head = f.read(8)
+                if len(head) < 8:
+                    return False
+                length, kind = int.from_bytes(head[:4], "big"), head[4:]
+                if kind in (b"IDAT", b"IEND"):
+                    return False
+                if kind == b"tEXt" and length == len(_FIGURE_MARK):
+                    if f.read(length) == _FIGURE_MARK:
+                        return True
+                    f.seek(4, 1)
+                else:
+                    f.seek(length + 4, 1)  # the chunk's data and its CRC
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def check_image_target(out: Path, option: str | None = "--out") -> None:
+    """Refuse a figure target that is a folder, not a ``.png`` file (PNG bytes would be written under another
+    suffix), or an existing file that is not a figure seco-lab wrote (:func:`is_generated_png`: a user's image,
+    even a PNG, is never written over); ValueError naming it.  ``option``: the option that named it (None for a
+    figure a report or a run writes by name).  Importable without matplotlib: ``seco-lab plot`` refuses at once."""
+    out = Path(out)
+    name = f"{option} {out}" if option else str(out)
+    if out.is_dir():
+        raise ValueError(f"{name} is a folder: " + (f"name the image file to write, e.g. {out / 'runs_loss.png'}"
+                                                   if option else "the figure of that name is not written; move "
+                                                   "the folder away"))
+    if out.suffix.lower() != ".png":
+        raise ValueError(f"{name}: the figure is written as a PNG image; give the file a .png suffix")
+    check_parent_folder(out, option or "figure")
+    if (out.exists() or out.is_symlink()) and not is_generated_png(out):
+        raise ValueError(f"{name} exists and is not a figure seco-lab wrote (no \"{FIGURE_MARK_KEY}: "
+                         f"{FIGURE_MARK_VALUE}\" mark in its PNG metadata): it is not written over (it could be a "
+                         "file of yours); " + ("pass another .png file, or remove it first" if option else
+                                               "move it away or remove it, then run the command again"))
+
+
+def check_parent_folder(out: Path, option: str) -> None:
+    """The folder ``out`` goes in is a folder, or can be made one (no part of it is a file)."""
+    for part in Path(out).parents:
+        if part.exists():
+            if not part.is_dir():
+                raise ValueError(f"{option} {out}: {part} is not a folder, so nothing can be written under it")
+            return

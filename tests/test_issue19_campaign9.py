@@ -133,7 +133,8 @@ def test_a_nan_step_record_matches_its_own_nan_in_metrics(tmp_path):
                                   ["train", "--run-dir", "no/such/run", "--resume"],
                                   ["study", "bias", "--draws", "-1"], ["bias-study", "--paper-draws", "3"],
                                   ["audit", "--tables-only", "--out", "no/such/audit"],
-                                  ["audit", "--model", "no/such/model.gguf"]])
+                                  ["audit", "--model", "no/such/model.gguf"], ["report", "bias", "--results", "."],
+                                  ["report", "train", "--results", "."]])
 def test_campaign9_slow_refusals_answer_before_torch(argv, tmp_path):
     """Campaign 9 timed these at 1.8-5 s: the run folder, the device, --stop-at and a missing --text were checked
     after torch was imported and the model built."""

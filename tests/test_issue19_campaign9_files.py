@@ -31,7 +31,7 @@ def r2(tmp_path_factory):
 def test_j8_plot_never_writes_over_a_png_seco_lab_did_not_write(r2, tmp_path, capsys):
     """J8: `plot r --out photo.png` replaced any file starting with the PNG signature.  Every figure now carries a
     seco-lab mark in its PNG metadata, and only a marked file is written over (a second plot to the same file)."""
-    from seco_lab.studies.registry import is_generated_png
+    from seco_lab.store import is_generated_png
 
     photo = tmp_path / "photo.png"
     photo.write_bytes(USER_PNG)
@@ -50,7 +50,7 @@ def test_j8_every_figure_writer_marks_its_png_and_refuses_a_users_file(tmp_path)
     """Every place a figure is written (the reports' save_figure, the training study's save, write_png) goes through
     one function: the mark is in the file, and a user's file at the path is refused by name, left as it was."""
     from seco_lab.report.figures import FigureTargetError, save_figure, write_png
-    from seco_lab.studies.registry import is_generated_png
+    from seco_lab.store import is_generated_png
     from seco_lab.studies.train.figures import save
 
     for i, writer in enumerate((save_figure, save, lambda f, p: write_png(f, p, dpi=50))):
@@ -67,7 +67,7 @@ def test_j8_every_figure_writer_marks_its_png_and_refuses_a_users_file(tmp_path)
 
 
 def test_j8_the_committed_figures_carry_the_mark_so_the_reports_can_be_made_again_in_place():
-    from seco_lab.studies.registry import is_generated_png
+    from seco_lab.store import is_generated_png
 
     committed = sorted((ROOT / "reports/figures").rglob("*.png"))
     assert committed and [p.name for p in committed if not is_generated_png(p)] == []

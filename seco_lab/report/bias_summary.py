@@ -34,7 +34,7 @@ PAPER_RATIO = 16  # the paper's chunks-to-budget ratio k/t (k = 128 chunks of 12
 OTHER_PAPER_RATIOS = (8, 4)  # the paper's other budgets at k = 128: t = 16, 32
 COVERAGE_BAND = 0.99  # a scheme's count of covering intervals is flagged outside this binomial band
 PRODUCE_BIAS = STUDIES["bias"].produce
-STUDY_FILES = ("results.csv", "paper.csv", "checks.csv", "groups.csv", "convergence.csv", "study.json")
+STUDY_FILES = STUDIES["bias"].stored_files
 
 
 MATCHED_SCALE = ("noise_to_signal", "best_scale_mse")  # added in study format 4

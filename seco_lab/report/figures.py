@@ -9,7 +9,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from ..store import atomic_write
+from ..store import FIGURE_MARK_KEY, FIGURE_MARK_VALUE, atomic_write, check_image_target
 from ..studies.bias.definition import (
     BERNOULLI,
     FALLING_FACTORIAL,
@@ -20,7 +20,6 @@ from ..studies.bias.definition import (
     RELEASED_UNBIASED,
     SCHEMES,
 )
-from ..studies.registry import FIGURE_MARK_KEY, FIGURE_MARK_VALUE, check_image_target
 
 __all__ = ["SCHEME_COLOURS", "FigureTargetError", "new_figure", "save_figure", "scheme_marker", "scheme_offset",
            "scheme_order", "scheme_style", "staged_figures", "write_png"]

@@ -15,6 +15,7 @@ from ..store import (
     atomic_write,
     check_table_content,
     checked_file,
+    lacking_files,
     quoted_names,
     read_csv,
     read_json,
@@ -31,10 +32,9 @@ class MissingResultsError(FileNotFoundError):
 
 def require(folder: Path, names: tuple[str, ...], produce: str) -> None:
     """Refuse with a message naming the command (``produce``) that writes the missing files."""
-    missing = [f for f in names if not (Path(folder) / f).exists()]
-    if missing:
-        raise MissingResultsError(f"{folder} lacks {', '.join(missing)}: run {produce} first, or pass the folder "
-                                  "that holds them with --results")
+    lacking = lacking_files(folder, names, produce)
+    if lacking:
+        raise MissingResultsError(lacking)
 
 
 def stored_file(path: Path, what: str, max_bytes: int, produce: str) -> Path:

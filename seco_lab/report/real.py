@@ -39,7 +39,7 @@ def load_real(out_dir: str | Path = DEFAULT_DIR) -> tuple[dict, pd.DataFrame, pd
     from ..estimators.schemes import SCHEME_NAMES
 
     out_dir = Path(out_dir)
-    require(out_dir, ("study.json", "strata.csv", "results.csv"), PRODUCE_REAL)
+    require(out_dir, STUDIES["real"].stored_files, PRODUCE_REAL)
     study = read_json_table(out_dir / "study.json", PRODUCE_REAL)
     try:
         cfg, gradients = study["config"], list(study["gradients"])

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from ..store import holds_nul
-from ..studies.registry import check_image_target, check_run_dirs
+from ..store import check_image_target, holds_nul
+from ..studies.registry import check_run_dirs
 from ..training.run_dir import read_config, read_metrics
 from .figures import save_figure
 

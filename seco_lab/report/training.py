@@ -23,7 +23,7 @@ from .markdown import (
 __all__ = ["load_training", "summarize_training", "training_report"]
 
 PRODUCE_TRAINING = STUDIES["train-compare"].produce
-TRAINING_FILES = ("throughput.csv", "far_loss.csv", "training.json")
+TRAINING_FILES = STUDIES["train-compare"].stored_files
 #: what training.json records that the report reads, with its JSON type
 TRAINING_RECORD = {"n_keys": int, "demo": dict, "synthetic": dict, "software": dict}
 

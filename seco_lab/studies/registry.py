@@ -40,6 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..store import check_parent_folder
+
 __all__ = ["ALIASES", "STUDIES", "DefaultsHelpFormatter", "Study", "build_report_parser", "build_study_parser",
            "check_report_target", "path_arg", "register", "report_main", "resolve", "study_main"]
 
@@ -75,6 +77,7 @@ class Study:
     quick_results: Path | None = None  # default results folder of --quick (None: no quick mode)
     produce: str = ""  # how the results are produced, for messages (default: `make NAME-study`)
     check_args: str | None = None  # "module:function" (args) -> None, without torch: ValueError for a refused option
+    stored_files: tuple[str, ...] = ()  # what its report reads from the results folder (checked before pandas)
     aliases: tuple[str, ...] = field(default=())
 
     def __post_init__(self):
@@ -253,77 +256,11 @@ def check_report_target(out: Path, results: str | Path, name: str, option: str) 
                          "remove it first")
 
 
-#: the PNG tEXt chunk (keyword NUL text) every figure seco-lab writes carries (``seco_lab.report.figures.write_png``):
-#: an existing PNG is written over only when it carries it, so a user's image is never replaced
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-FIGURE_MARK_KEY, FIGURE_MARK_VALUE = "seco-lab", "generated"
-_FIGURE_MARK = f"{FIGURE_MARK_KEY}\x00{FIGURE_MARK_VALUE}".encode("latin-1")
-_PNG_MAX_CHUNKS = 64  # the mark sits before the image data, among the first few chunks
-
-
-def is_generated_png(path: Path) -> bool:
-    """``path`` is a PNG seco-lab wrote: a regular file whose chunks before the image data hold the tEXt chunk
-    ``seco-lab: generated``.  Reads at most a few chunk headers (the image data is never read); False for
-    anything else (a FIFO or device is never opened)."""
-    from ..store import checked_file
-
-    try:
-        with open(checked_file(path, "figure"), "rb") as f:
-            if f.read(8) != PNG_SIGNATURE:
-                return False
-            for _ in range(_PNG_MAX_CHUNKS):
-                head = f.read(8)
-                if len(head) < 8:
-                    return False
-                length, kind = int.from_bytes(head[:4], "big"), head[4:]
-                if kind in (b"IDAT", b"IEND"):
-                    return False
-                if kind == b"tEXt" and length == len(_FIGURE_MARK):
-                    if f.read(length) == _FIGURE_MARK:
-                        return True
-                    f.seek(4, 1)
-                else:
-                    f.seek(length + 4, 1)  # the chunk's data and its CRC
-    except (OSError, ValueError):
-        return False
-    return False
-
-
-def check_image_target(out: Path, option: str | None = "--out") -> None:
-    """Refuse a figure target that is a folder, not a ``.png`` file (PNG bytes would be written under another
-    suffix), or an existing file that is not a figure seco-lab wrote (:func:`is_generated_png`: a user's image,
-    even a PNG, is never written over); ValueError naming it.  ``option``: the option that named it (None for a
-    figure a report or a run writes by name).  Importable without matplotlib: ``seco-lab plot`` refuses at once."""
-    out = Path(out)
-    name = f"{option} {out}" if option else str(out)
-    if out.is_dir():
-        raise ValueError(f"{name} is a folder: " + (f"name the image file to write, e.g. {out / 'runs_loss.png'}"
-                                                   if option else "the figure of that name is not written; move "
-                                                   "the folder away"))
-    if out.suffix.lower() != ".png":
-        raise ValueError(f"{name}: the figure is written as a PNG image; give the file a .png suffix")
-    check_parent_folder(out, option or "figure")
-    if (out.exists() or out.is_symlink()) and not is_generated_png(out):
-        raise ValueError(f"{name} exists and is not a figure seco-lab wrote (no \"{FIGURE_MARK_KEY}: "
-                         f"{FIGURE_MARK_VALUE}\" mark in its PNG metadata): it is not written over (it could be a "
-                         "file of yours); " + ("pass another .png file, or remove it first" if option else
-                                               "move it away or remove it, then run the command again"))
-
-
 def check_run_dirs(run_dirs) -> None:
     """Each of ``run_dirs`` holds a ``metrics.jsonl`` (what a run writes first); ValueError naming the others."""
     missing = [str(d) for d in run_dirs if not (Path(d) / "metrics.jsonl").exists()]
     if missing:
         raise ValueError(f"not a run directory (no metrics.jsonl): {', '.join(missing)}")
-
-
-def check_parent_folder(out: Path, option: str) -> None:
-    """The folder ``out`` goes in is a folder, or can be made one (no part of it is a file)."""
-    for part in Path(out).parents:
-        if part.exists():
-            if not part.is_dir():
-                raise ValueError(f"{option} {out}: {part} is not a folder, so nothing can be written under it")
-            return
 
 
 def report_main(argv=None) -> int:
@@ -346,6 +283,12 @@ def report_main(argv=None) -> int:
     if not Path(results).is_dir():  # said before pandas and matplotlib are imported
         print(f"{ap.prog}: error: {results} lacks the stored results (no such folder): run {study.produce} first, "
               "or pass the folder that holds them with --results", file=sys.stderr)
+        return 2
+    from ..store import lacking_files
+
+    lacking = lacking_files(results, study.stored_files, study.produce)
+    if lacking:
+        print(f"{ap.prog}: error: {lacking}", file=sys.stderr)
         return 2
     from ..report.figures import FigureTargetError, staged_figures  # matplotlib: after the argument checks
     from ..report.markdown import MissingResultsError  # pandas
@@ -377,16 +320,19 @@ register(Study("bias", "every SpaCO compensation scheme against the exact gradie
                run="seco_lab.studies.bias.driver:run_from_args",
                add_arguments="seco_lab.studies.bias.options:add_arguments",
                check_args="seco_lab.studies.bias.options:check_draws",
+               stored_files=("results.csv", "paper.csv", "checks.csv", "groups.csv", "convergence.csv", "study.json"),
                produce="`make bias-study` (`seco-lab study bias`, alias `seco-lab bias-study`)"))
 register(Study("train", "does the bias change what a model learns? every scheme trained against SeCO.",
                results="reports/training_study", report_file="reports/training_study.md",
                quick_results="reports/_work/training_study_quick", aliases=("training-study",),
                report="seco_lab.studies.train.report:training_study_report",
+               stored_files=("results.csv.gz", "runs.csv", "study.json"),
                run="seco_lab.studies.train.driver:run_from_args",
                add_arguments="seco_lab.studies.train.options:add_arguments"))
 register(Study("real", "hop strata and each scheme's exact bias on the pretrained SmolLM2-135M (stdlib text).",
                results="reports/real_study/k16x16", report_file="reports/real_study.md",
                report="seco_lab.report.real:real_report", run="seco_lab.studies.real:run_from_args",
+               stored_files=("study.json", "strata.csv", "results.csv"),
                add_arguments="seco_lab.studies.real_config:add_arguments"))
 register(Study("audit", "a gradient estimator audited on SmolLM2-135M at k = 128: strata with the remainder, exact "
                "bias, sampling against data noise, cost, equal compute.", results="reports/audit/k128",
@@ -396,9 +342,10 @@ register(Study("audit", "a gradient estimator audited on SmolLM2-135M at k = 128
                produce="`make audit` (`seco-lab study audit`, or `seco-lab audit --committed`)"))
 register(Study("bench", "time and memory of every method as sequences grow (benchmarks in experiments/).",
                results="reports/bench", report_file="reports/benchmarks.md",
-               report="seco_lab.report.bench:bench_report",
+               report="seco_lab.report.bench:bench_report", stored_files=("results.csv", "bench.json"),
                produce="`make bench` (`python -m experiments.bench` in the repository)"))
 register(Study("train-compare", "the training modes compared: throughput and far-token loss (experiments/).",
                results="reports/training", report_file="reports/training.md", aliases=("training",),
                report="seco_lab.report.training:training_report",
+               stored_files=("throughput.csv", "far_loss.csv", "training.json"),
                produce="`make train-compare` (`python -m experiments.train_compare` in the repository)"))

@@ -9,10 +9,11 @@ import pandas as pd
 
 from ...report.markdown import MissingResultsError, read_json_table, read_results_csv, require
 from ...store import study_owner
+from ..registry import STUDIES
 
 __all__ = ["FINAL_METRICS", "PRODUCE_TRAIN", "RESULT_COLUMNS", "RUN_COLUMNS", "load"]
 
-PRODUCE_TRAIN = "`make train-study` (`seco-lab study train`)"
+PRODUCE_TRAIN = STUDIES["train"].produce
 RESULT_COLUMNS = ("run_id", "arm", "optimizer", "lr", "seed", "step", "metric", "distance", "value")
 FINAL_METRICS = ("train_loss", "val_loss", "val_far_loss", "test_loss", "test_far_loss")  # every run, last step
 RUN_COLUMNS = ("run_id", "arm", "optimizer", "lr", "seed", "steps_done")  # runs.csv has these and more
@@ -25,7 +26,7 @@ def load(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     at a distance with no target), no repeated rows, one ``runs.csv`` row per run ``study.json`` counts,
     the same runs in both tables, and every run has every measurement of its arm's other runs."""
     folder = Path(folder)
-    require(folder, ("results.csv.gz", "runs.csv", "study.json"), PRODUCE_TRAIN)
+    require(folder, STUDIES["train"].stored_files, PRODUCE_TRAIN)
     study = read_json_table(folder / "study.json", PRODUCE_TRAIN)
     owner = study_owner(study)
     if owner != "train":
