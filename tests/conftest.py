@@ -1,7 +1,9 @@
-"""pytest configuration only: thread count and hypothesis profiles.  Shared test helpers live in helpers.py."""
+"""pytest configuration: thread count, hypothesis profiles, the integration marker, and one shared fixture (``r2``,
+a finished 2-step run).  Shared test helpers live in helpers.py."""
 
 import os
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -27,9 +29,20 @@ INTEGRATION_MODULES = {"test_bench", "test_bias_study", "test_fsdp", "test_hf", 
 
 
 def pytest_collection_modifyitems(config, items):
-    import pytest
-
     for item in items:
         module = getattr(item, "module", None)
         if item.get_closest_marker("slow") or (module is not None and module.__name__ in INTEGRATION_MODULES):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="module")
+def r2(tmp_path_factory):
+    """A finished 2-step run of the tiny model (``helpers.FAST``), one per test module; copy it before changing it
+    (``helpers.copy_run``)."""
+    from helpers import FAST
+
+    from seco_lab.cli import main
+
+    base = tmp_path_factory.mktemp("runs")
+    assert main(["train", *FAST, "--run-dir", str(base / "r2")]) == 0
+    return base / "r2"

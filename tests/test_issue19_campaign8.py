@@ -14,13 +14,6 @@ from seco_lab.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def r2(tmp_path_factory):
-    base = tmp_path_factory.mktemp("runs")
-    assert main(["train", *FAST, "--run-dir", str(base / "r2")]) == 0
-    return base / "r2"
-
-
 def test_h3_a_sibling_copys_checkpoint_with_config_json_deleted_is_refused(r2, tmp_path, capsys):
     """H3: copies a (extended with --rewarm) and b (extended plainly, stopped at 3) of one run; b's config.json
     deleted and a's step-3 checkpoint copied over b's: the run id agrees, and with config.json gone the record

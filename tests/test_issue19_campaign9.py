@@ -18,13 +18,6 @@ from seco_lab.training.run_dir import RunDir
 TEXT = "the quick brown fox jumps over the lazy dog; " * 40
 
 
-@pytest.fixture(scope="module")
-def r2(tmp_path_factory):
-    base = tmp_path_factory.mktemp("runs")
-    assert main(["train", *FAST, "--run-dir", str(base / "r2")]) == 0
-    return base / "r2"
-
-
 @pytest.fixture
 def in_folder(tmp_path):
     here = os.getcwd()

@@ -18,13 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 USER_PNG = b"\x89PNG\r\n\x1a\nmy holiday photo"  # a PNG signature, then a user's bytes
 
 
-@pytest.fixture(scope="module")
-def r2(tmp_path_factory):
-    base = tmp_path_factory.mktemp("runs")
-    assert main(["train", *FAST, "--run-dir", str(base / "r2")]) == 0
-    return base / "r2"
-
-
 # --------------------------------------------------------------------------- J8: figures
 
 

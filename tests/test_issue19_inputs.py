@@ -752,7 +752,8 @@ def _set_probe_cos_nan(df):
 
 @pytest.mark.parametrize("damage, message", [
     # E16: a truncated results.csv.gz was an EOFError traceback
-    (lambda d: (d / "results.csv.gz").write_bytes((d / "results.csv.gz").read_bytes()[:3000]), "cannot be decompressed"),
+    (lambda d: (d / "results.csv.gz").write_bytes((d / "results.csv.gz").read_bytes()[:3000]),
+     "cannot be decompressed"),
     # E17: half the runs removed from runs.csv
     (lambda d: _truncate(d / "runs.csv", 6), "runs.csv has 6 runs, but study.json records 12"),
     # E18: a NaN learning rate
