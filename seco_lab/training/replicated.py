@@ -14,7 +14,8 @@ runs one code path for both:
 * ``save_checkpoint``, ``load_whole_state`` -- rank 0 writes the whole state as one ``.pt`` file
   (:meth:`seco_lab.training.run_dir.RunDir.save_checkpoint`); every rank loads it whole.
 * ``collective`` -- False: running the model or reading its weights is rank-local, so rank 0 alone
-  evaluates at step 0 and saves the adapter (``full_state_dict()`` is None: the model holds whole weights).
+  saves the adapter (``full_state_dict()`` is None: the model holds whole weights).  Evaluation runs on
+  every rank either way: each evaluates its slice of the global validation batch, and the sums are all-reduced.
 """
 
 from __future__ import annotations

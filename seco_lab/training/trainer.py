@@ -341,17 +341,46 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
+        """``eval_loss`` (and ``eval_far_loss`` where the data has far targets): the mean over ``eval_batches``
+        validation batches of the token-mean loss of each global batch -- the batch of ``batch_size`` sequences
+        the one-process run evaluates, whatever the world size.  Every rank evaluates its slice of it
+        (:meth:`rank_slice`); the loss sums and target counts are all-reduced (float64) before dividing.
+        Collective when ``world > 1``: every rank calls it and runs the same forwards."""
         c = self.cfg
-        losses, far = [], []
+        sums = []  # per batch: [loss sum, targets, far loss sum, far targets] of this rank's slice
+        far = False
         for i in range(c.eval_batches):
-            b = self.data.batch("val", i, max(1, c.batch_size // self.world))
-            losses.append(float(self.forward_loss(b.tokens, b.targets)))
-            if b.far.any():
-                far.append(float(self.forward_loss(b.tokens, b.far_targets())))
-        out = {"eval_loss": float(np.mean(losses))}
+            full = self.data.batch("val", i, c.batch_size)  # the global batch, the same on every rank
+            far = far or bool(full.far.any())
+            b = self.rank_slice(full)
+            sums.append([*self._loss_sum(b.tokens, b.targets, b.targets),
+                         *(self._loss_sum(b.tokens, b.far_targets(), b.targets) if full.far.any() else (0.0, 0))])
+        totals = torch.tensor(sums, dtype=torch.float64)
+        if self.world > 1:
+            totals = totals.to(self.device)
+            dist.all_reduce(totals)
+            totals = totals.cpu()
+        out = {"eval_loss": float((totals[:, 0] / totals[:, 1]).mean())}
         if far:
-            out["eval_far_loss"] = float(np.mean(far))
+            has = totals[:, 3] > 0
+            out["eval_far_loss"] = float((totals[has, 2] / totals[has, 3]).mean())
         return out
+
+    def rank_slice(self, full: Batch) -> Batch:
+        """This rank's ``batch_size // world`` sequences of the global batch ``full``."""
+        per_rank = self.cfg.batch_size // self.world
+        return full.slice(slice(self.rank * per_rank, (self.rank + 1) * per_rank))
+
+    def _loss_sum(self, tokens, targets, fallback, ignore_index: int = -100) -> tuple[float, int]:
+        """``(sum of the token losses, number of targets)`` over the non-ignored ``targets``.  A slice with
+        none gives ``(0.0, 0)``; under a sharded model it still runs the forward (on ``fallback``) so that
+        every rank joins the same parameter gathers."""
+        n = int((targets != ignore_index).sum())
+        if n == 0:
+            if self.parallel.collective:
+                self.forward_loss(tokens, fallback)
+            return 0.0, 0
+        return float(self.forward_loss(tokens, targets)) * n, n
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict:
@@ -365,7 +394,7 @@ class Trainer:
                    disable=not self.run.progress or self.rank != 0)
         last = {}
         try:
-            if self.step == 0 and (self.rank == 0 or self.parallel.collective):  # sharded: a collective forward
+            if self.step == 0:  # every rank: evaluation is collective (the ranks' slices are all-reduced)
                 self._log({"step": 0, **self.evaluate()})
             while self.step < stop:
                 last = self._one_step(stop)
