@@ -43,7 +43,7 @@ from seco_lab.report.bench_hf import ENGINE_VARIANTS  # the label suffixes of --
 if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "experiments"
-from .arguments import MAX_SIZE, at_least
+from .arguments import MAX_SIZE, at_least, check_out_dir
 from .child import reset_peak_rss, rss_bytes, run_child
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -344,6 +344,7 @@ def main(argv=None):
         ap.error("--no-time --no-memory without --profile measures nothing")
     if a.threads is not None and a.threads > MAX_THREADS:
         ap.error(f"--threads {a.threads}: at most {MAX_THREADS} (this machine has {os.cpu_count()} cores)")
+    check_out_dir(ap, a.out)
     if a.child:
         job = json.loads(a.child)
         cfg = HFBenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in job["cfg"].items()})

@@ -125,6 +125,9 @@ def train_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model with dense / SeCO / SpaCO gradients",
                        description="Train a chunk model; every flag is a TrainConfig / RunControl field.",
                        argument_default=argparse.SUPPRESS, epilog=DISTRIBUTED_HELP)
+    # "--lr -1e-3": argparse (3.11) takes only -N and -N.N for negative numbers, so an exponent made the value look
+    # like a flag ("expected one argument"); with it the value is parsed, and refused by the field's own check
+    p._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
     groups = {g: p.add_argument_group(g) for g in GROUPS}
     groups["run control"].add_argument("--config", type=path_arg, metavar="FILE",
                                        help="JSON or TOML file of TrainConfig fields (a [model] table for the model)")

@@ -76,9 +76,12 @@ def test_h5_an_audit_unit_without_its_fields_is_damaged_not_a_traceback(content,
     """H5: a unit holding {} raised KeyError: 'stage' from --tables-only.  A unit lacking what its stage's tables
     read counts as damaged: left out of the tables and named, with why (as a unit that is not JSON is)."""
     (audit_copy / "units/cost-s00.json").write_text(content)
-    assert main(["audit", "--tables-only", "--out", str(audit_copy), "--no-progress"]) == 0
+    before = (audit_copy / "cost.csv").read_bytes()
+    assert main(["audit", "--tables-only", "--out", str(audit_copy), "--no-progress"]) == 2  # its rows would go
     out = capsys.readouterr()
     assert "cost-s00" in out.out + out.err and words in out.out + out.err and "Traceback" not in out.err
+    assert "cost.csv: s00/forward" in out.err and (audit_copy / "cost.csv").read_bytes() == before
+    assert main(["audit", "--tables-only", "--drop-missing-units", "--out", str(audit_copy), "--no-progress"]) == 0
 
 
 def test_h5_a_unit_value_of_the_wrong_kind_is_named(audit_copy):

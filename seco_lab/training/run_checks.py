@@ -140,6 +140,9 @@ def check_replaceable(path: Path) -> None:
 def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
     """Everything that can be checked without creating anything; raise :class:`RunDirError`."""
     path = check_path_given(path)
+    if path.is_symlink() and not path.exists():
+        raise RunDirError(f"run directory {path} is a symbolic link to {os.readlink(path)}, which does not exist; "
+                          "point it at a folder, or choose another --run-dir")
     if path.exists() and not path.is_dir():
         raise RunDirError(f"run directory {path} is a file; choose another --run-dir")
     parent = next((p for p in [path, *path.parents] if p.exists()), Path("."))

@@ -24,7 +24,6 @@ from tqdm.auto import tqdm
 
 from ... import store
 from ...folder_lock import LOCK_NAME, FolderBusy, locked
-from ..registry import check_report_target
 from . import measure
 from .config import AuditConfig
 from .options import (
@@ -32,12 +31,13 @@ from .options import (
     add_arguments,
     build_parser,
     check_drop_missing_units,
+    check_report_of,
     check_tables_only,
     config_from_args,
 )
 from .plan import data_name, plan_units, sequence_sets
 from .sources import SequenceSpec, check_model_name
-from .stored import missing_units, missing_units_advice, read_audit_config, read_unit, units_done
+from .stored import missing_units, missing_units_advice, read_audit_config, read_unit
 from .tables import check_units, derive_results, load_units, stale_reason, write_results
 
 __all__ = ["run_audit", "main", "build_parser", "add_arguments", "run_from_args", "config_from_args",
@@ -86,32 +86,49 @@ def rewrite_tables(out: str | Path, drop_missing_units: bool = False) -> Path:
                          "folder; run the audit first")
     with locked(out, "seco-lab audit", "wait for it to finish, or pass another --out"):
         check_units_kept(out, drop_missing_units)
-        if not drop_missing_units and units_done(out) is None:
+        if not drop_missing_units:
             check_no_rows_lost(out)
         return write_results(out)
 
 
+#: the columns naming the unit a row of a stored table came from
+UNIT_COLUMNS = {"strata.csv": ("sequence",), "bias.csv": ("sequence",), "cost.csv": ("sequence", "method"),
+                "mc.csv": ("sequence", "t", "sampler")}
+
+
 def check_no_rows_lost(out: Path) -> None:
-    """Without a readable ``audit.json`` the units the stored tables were made from cannot be named: rebuild the
-    tables in memory and refuse when one of them would have fewer rows than the stored one (units gone, or
-    damaged and left out), so no row is dropped unasked."""
-    shrunk = []
-    for name, table in derive_results(out).items():
-        path = out / name
-        if not name.endswith(".csv") or not path.is_file():
-            continue
+    """Rebuild the tables in memory and refuse when a unit whose rows a stored table holds would have none (its
+    file gone, or damaged and left out), or ``data.csv`` would count fewer sequences -- whatever ``audit.json`` says
+    (it may be missing, damaged or edited) -- so no unit's rows are dropped unasked (``--drop-missing-units`` asks).
+    Rows a table holds twice, cut or damaged values are not a loss: the table is written again."""
+    lost = []
+    derived = derive_results(out)
+    for name, columns in UNIT_COLUMNS.items():
         try:
-            stored = store.read_checked_bytes(path, "stored table", store.TABLE_MAX_BYTES).count(b"\n") - 1
+            stored = store.read_csv(out / name, "stored table", dtype=str)
         except (OSError, ValueError):
-            continue  # a damaged table is written again
-        if len(table) < stored:
-            shrunk.append(f"{name} {stored:,} -> {len(table):,} rows")
-    if shrunk:
-        raise ValueError(f"--tables-only: {out / 'audit.json'} is missing or damaged, so the units the tables were "
-                         f"made from cannot be named, and the units in {out / 'units'} would rebuild them with fewer "
-                         f"rows ({', '.join(shrunk[:4])}); nothing is rewritten.  Restore audit.json or the unit "
-                         "files, or rerun the audit with --out to compute them again, or pass --drop-missing-units "
-                         "to rebuild from the units present")
+            continue  # missing or damaged: written again
+        if not set(columns) <= set(stored.columns):
+            continue
+        keys = {tuple(row) for row in stored[list(columns)].dropna().astype(str).values}
+        kept = {tuple(row) for row in derived[name][list(columns)].astype(str).values}
+        gone = sorted(keys - kept)
+        if gone:
+            lost.append(f"{name}: {', '.join('/'.join(k) for k in gone[:3])}{' ...' if len(gone) > 3 else ''}")
+    try:
+        stored = store.read_csv(out / "data.csv", "stored table")
+        before = float(stored.loc[stored.metric == "n_sequences", "value"].iloc[0])
+        after = derived["data.csv"].set_index("metric")["value"].get("n_sequences", 0)
+        if after < before:
+            lost.append(f"data.csv: {before:g} -> {after:g} sequences")
+    except (OSError, ValueError, KeyError, IndexError, AttributeError, TypeError):
+        pass  # missing or damaged: written again
+    if lost:
+        raise ValueError(f"--tables-only: the units in {out / 'units'} would rebuild the tables without the rows of "
+                         f"units they hold ({'; '.join(lost[:4])}): those units' files are gone or damaged (left "
+                         "out); nothing is rewritten.  Restore those unit files, or rerun the audit with its stored "
+                         f"settings and --out {out} to compute them again, or pass --drop-missing-units to rebuild "
+                         "from the units present")
 
 
 def check_units_kept(out: Path, drop_missing_units: bool = False) -> None:
@@ -287,8 +304,7 @@ def run_args(ns: argparse.Namespace) -> int:
     """``seco-lab audit`` on parsed options (:func:`seco_lab.studies.audit.options.build_parser`)."""
     out = ns.out or (Path("audit-quick") if ns.quick else DEFAULT_OUT)
     try:
-        if ns.report is not None:  # before anything is computed: never over a user's file or a folder
-            check_report_target(ns.report, out, "report.md", "--report")
+        report = check_report_of(ns, out)  # before anything is computed: never over a user's file or a folder
         if ns.tables_only:
             check_tables_only(ns)
             rewrite_tables(out, ns.drop_missing_units)
@@ -297,7 +313,7 @@ def run_args(ns: argparse.Namespace) -> int:
             run_audit(config_from_args(ns), out, progress=not ns.no_progress)
         from ...report.audit import write_report
 
-        report = write_report(out, ns.report or out / "report.md")
+        report = write_report(out, report)
     except (ValueError, TypeError, FileNotFoundError, ImportError, MemoryError, FolderBusy) as e:
         print(f"seco-lab audit: error: {e}", file=sys.stderr)
         return 2

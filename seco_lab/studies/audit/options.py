@@ -10,7 +10,7 @@ from pathlib import Path
 from ..registry import path_arg
 from .config import COMMITTED, DEFAULT, QUICK, STAGES, AuditConfig
 
-__all__ = ["DEFAULT_OUT", "add_arguments", "build_parser", "check_args", "check_drop_missing_units",
+__all__ = ["DEFAULT_OUT", "add_arguments", "build_parser", "check_args", "check_report_of", "check_drop_missing_units",
            "check_tables_only", "config_from_args"]
 
 DEFAULT_OUT = Path("audit-results")
@@ -100,14 +100,21 @@ def check_drop_missing_units(ns: argparse.Namespace) -> None:
                          "again)")
 
 
+def check_report_of(ns: argparse.Namespace, out: Path) -> Path:
+    """The report the audit writes (``--report``, by default ``OUT/report.md``), refused before anything is computed
+    when it is a folder or a file seco-lab did not generate (a user's notes saved as ``OUT/report.md`` included)."""
+    from ..registry import check_report_target
+
+    report = Path(ns.report) if ns.report is not None else Path(out) / "report.md"
+    check_report_target(report, out, "report.md", "--report" if ns.report is not None else "the report")
+    return report
+
+
 def check_args(ns: argparse.Namespace) -> None:
     """What ``seco-lab audit`` checks before torch is imported (a refused argument answers at once): the report
     target, ``--tables-only`` with settings it would ignore, and the audit's settings (:class:`AuditConfig`)."""
-    from ..registry import check_report_target
-
     out = ns.out or (Path("audit-quick") if ns.quick else DEFAULT_OUT)
-    if ns.report is not None:  # before anything is computed: never over a user's file or a folder
-        check_report_target(ns.report, out, "report.md", "--report")
+    check_report_of(ns, out)
     if ns.tables_only:
         check_tables_only(ns)
         if not Path(out).exists():  # the driver says the same of a folder without config.json, after torch

@@ -6,6 +6,7 @@ audit's modules: the tables, the driver and the sources read through it.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ... import store
@@ -32,7 +33,49 @@ def unit_problem(unit) -> str | None:
     if stage not in UNIT_KEYS:
         return f"no audit stage ({str(stage)[:40]!r}; one of {', '.join(UNIT_KEYS)})"
     lacking = [k for k in (*UNIT_COMMON_KEYS, *UNIT_KEYS[stage]) if k not in unit]
-    return f"a {stage} unit without {', '.join(lacking)}" if lacking else None
+    if lacking:
+        return f"a {stage} unit without {', '.join(lacking)}"
+    bad = next(((name, v) for name, v in _measured(unit) if not _is_non_negative(v)), None)
+    if bad is not None:
+        return f"a {stage} unit whose {bad[0]} is {str(bad[1])[:40]} (a time, norm or variance is a finite number >= 0)"
+    return None
+
+
+def _is_non_negative(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+def _measured(unit: dict):
+    """(name, value) of what a unit measured that cannot be negative: its times, norms and ratios, the times of
+    each cost row, and the diagonals of its Gram matrices (a squared norm each)."""
+    for key in ("unit_cpu_s", "unit_wall_s", "g_norm", "remainder_ratio"):
+        if key in unit:
+            yield key, unit[key]
+    for key in ("cpu_s", "wall_s"):
+        value = unit.get(key)
+        for part, v in (value.items() if isinstance(value, dict) else [(None, value)] if key in unit else []):
+            yield (f"{key}.{part}" if part is not None else key), v
+    for i, r in enumerate(unit["norm_ratio"] if isinstance(unit.get("norm_ratio"), list) else []):
+        yield f"norm_ratio[{i}]", r
+    for i, row in enumerate(unit["rows"] if unit.get("stage") == "cost" and isinstance(unit["rows"], list) else []):
+        for key in ("cpu_s", "wall_s"):
+            yield f"rows[{i}].{key}", row.get(key) if isinstance(row, dict) else row
+    for key in ("per_tensor_gram", "exact_gram"):
+        for where, v in _diagonals(unit.get(key), key):
+            yield where, v
+
+
+def _diagonals(m, name: str):
+    """The diagonal entries of a square matrix (a list of rows), or of each matrix of a list of them."""
+    if not isinstance(m, list) or not m or not isinstance(m[0], list):
+        return
+    if m[0] and isinstance(m[0][0], list):
+        for i, sub in enumerate(m):
+            yield from _diagonals(sub, f"{name}[{i}]")
+        return
+    for i, row in enumerate(m):
+        if isinstance(row, list) and i < len(row):
+            yield f"{name}[{i}][{i}]", row[i]
 
 
 def read_unit(path: Path) -> dict | None:

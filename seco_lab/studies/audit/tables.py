@@ -130,12 +130,36 @@ def cross_gram(out: Path, prefix: str, names: list[str], stored: Path,
             store.atomic_write_json(stored, {"names": names, "rows_per_sequence": r, "gram": gram.tolist()})
         return names, gram.reshape(len(names), r, len(names), r) if r > 1 else gram
     if stored.exists() or stored.is_symlink():
-        d = store.read_json(stored, "stored Gram matrix", store.RECORD_MAX_BYTES,
-                            "rerun the audit (the flat vectors give it again)")
-        g = np.array(d["gram"])
-        r = d["rows_per_sequence"]
-        return d["names"], g.reshape(len(d["names"]), r, len(d["names"]), r) if r > 1 else g
+        return stored_gram(stored, names)
     return None
+
+
+def stored_gram(stored: Path, names: list[str]) -> tuple[list[str], np.ndarray]:
+    """The stored Gram matrix of ``stored`` (``{"names", "rows_per_sequence", "gram"}``) restricted to ``names``, the
+    sequences whose units the tables use now: a sequence whose unit was dropped or left out is dropped from the Gram
+    too (the Gram of a subset is the sub-matrix).  A name it lacks, a matrix of the wrong shape, or a negative or
+    non-finite squared norm on its diagonal is a ValueError naming the file."""
+    fix = "rerun the audit (the flat vectors give it again)"
+    d = store.read_json(stored, "stored Gram matrix", store.RECORD_MAX_BYTES, fix)
+    try:
+        have, r = [str(n) for n in d["names"]], int(d["rows_per_sequence"])
+        g = np.array(d["gram"], dtype=float)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{stored} is damaged ({type(e).__name__}: {str(e)[:80]}); {fix}") from None
+    n = len(have) * r
+    if r < 1 or g.shape != (n, n):
+        raise ValueError(f"{stored} is damaged: a Gram matrix of shape {g.shape} for {len(have)} sequences of {r} "
+                         f"row(s); {fix}")
+    if not np.all(np.isfinite(g)) or np.any(np.diag(g) < 0):
+        raise ValueError(f"{stored} is damaged: its diagonal (squared norms) holds a negative or non-finite value; "
+                         f"{fix}")
+    lacking = [x for x in names if x not in have]
+    if lacking:
+        raise ValueError(f"{stored} holds no Gram row for {', '.join(lacking[:5])} (the vectors of those sequences "
+                         f"are not stored either); {fix}")
+    keep = [have.index(x) for x in names]
+    g = g.reshape(len(have), r, len(have), r)[np.ix_(keep, range(r), keep, range(r))]
+    return list(names), g if r > 1 else g.reshape(len(names), len(names))
 
 
 def scheme_cost(cost_rows: pd.DataFrame) -> dict[tuple[int, str], float]:
