@@ -96,7 +96,10 @@ def test_f14_a_damaged_unit_is_named_in_the_tables_run_and_the_report(tmp_path, 
     and in the report, as stored but damaged (not as 'not yet run')."""
     folder = _audit_copy(tmp_path)
     (folder / "units" / "cost-s00.json").write_text("{tr")
-    assert main(["audit", "--tables-only", "--out", str(folder), "--no-progress"]) == 0
+    # its rows would leave the tables: refused unless asked for (campaign 10 K1), then rebuilt without it
+    assert main(["audit", "--tables-only", "--out", str(folder), "--no-progress"]) == 2
+    assert "cost-s00.json is damaged" in capsys.readouterr().err
+    assert main(["audit", "--tables-only", "--drop-missing-units", "--out", str(folder), "--no-progress"]) == 0
     err = capsys.readouterr().err
     assert "cost-s00.json is damaged" in err
     report = (folder / "report.md").read_text()
@@ -147,7 +150,7 @@ def test_the_stale_unit_record_is_json(tmp_path):
     """audit.json lists unusable units as {stem: why} (the report reads it)."""
     folder = _audit_copy(tmp_path)
     (folder / "units" / "cost-s00.json").write_text("[]")
-    main(["audit", "--tables-only", "--out", str(folder), "--no-progress"])
+    assert main(["audit", "--tables-only", "--drop-missing-units", "--out", str(folder), "--no-progress"]) == 0
     assert "cost-s00" in json.loads((folder / "audit.json").read_text())["units_unusable"]
 
 
