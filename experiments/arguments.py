@@ -68,6 +68,9 @@ def check_out_dir(ap: argparse.ArgumentParser, out: Path | None, flag: str = "--
     if out is None:
         return
     for part in (Path(out), *Path(out).parents):
+        if part.is_symlink() and not part.exists():
+            ap.error(f"{flag} {out}: {part} is a symbolic link to {os.readlink(part)}, which does not exist; point it "
+                     "at a folder, or pass another folder for the results")
         if part.exists():
             if not part.is_dir():
                 ap.error(f"{flag} {out}: {part} is a file, not a folder; pass a folder for the results")

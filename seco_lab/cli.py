@@ -127,7 +127,8 @@ def train_parser(sub) -> argparse.ArgumentParser:
                        argument_default=argparse.SUPPRESS, epilog=DISTRIBUTED_HELP)
     # "--lr -1e-3": argparse (3.11) takes only -N and -N.N for negative numbers, so an exponent made the value look
     # like a flag ("expected one argument"); with it the value is parsed, and refused by the field's own check
-    p._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+    p._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-(\d+\.?\d*|\.\d+)[eE][-+]?\d+$|^-(inf|nan)$",
+                                            re.IGNORECASE)
     groups = {g: p.add_argument_group(g) for g in GROUPS}
     groups["run control"].add_argument("--config", type=path_arg, metavar="FILE",
                                        help="JSON or TOML file of TrainConfig fields (a [model] table for the model)")

@@ -44,8 +44,8 @@ __all__ = ["COMPRESSED", "CONFIG_MAX_BYTES", "RECORD_MAX_BYTES", "TABLE_MAX_BYTE
            "StudyFolderError", "atomic_write", "atomic_write_csv", "atomic_write_json", "check_study_out",
            "check_table_content", "checked_file", "clear_stale", "holds_nul", "open_decompressed", "quoted_names",
            "FIGURE_MARK_KEY", "FIGURE_MARK_VALUE", "PNG_SIGNATURE", "check_image_target", "check_parent_folder",
-           "is_generated_png", "file_sha256", "fingerprint", "lacking_files", "protected_paths", "read_csv",
-           "read_json", "read_checked_bytes", "software_versions", "study_owner", "too_deep", "TEMP_TAG"]
+           "is_generated_png", "extra_fields", "file_sha256", "fingerprint", "lacking_files", "protected_paths",
+           "read_csv", "read_json", "read_checked_bytes", "software_versions", "study_owner", "too_deep", "TEMP_TAG"]
 
 #: the tag of atomic_write's temporary files, ``NAME.seco-tmp<pid>``
 TEMP_TAG = "seco-tmp"
@@ -242,10 +242,23 @@ def read_csv(path: str | Path, what: str, max_bytes: int | None = TABLE_MAX_BYTE
     path = checked_file(path, what, max_bytes, fix)
     check_table_content(path, what, max_bytes, fix)
     try:
-        return pd.read_csv(path, **kwargs)
+        df = pd.read_csv(path, **kwargs)
     except (ValueError, EOFError, RecursionError) as e:  # ParserError, EmptyDataError, UnicodeDecodeError
         first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
         raise ValueError(f"{what} {path} cannot be read as CSV ({first}): it is damaged{_fix(fix)}") from None
+    if "index_col" not in kwargs and (problem := extra_fields(df)):
+        raise ValueError(f"{what} {path}: {problem}: it is damaged{_fix(fix)}")
+    return df
+
+
+def extra_fields(df) -> str | None:
+    """What is wrong when rows of a table read by ``pd.read_csv`` hold more fields than its header: pandas then
+    takes the first fields for an index (a row number would be a tuple or a text); None when they do not."""
+    import pandas as pd
+
+    if isinstance(df.index, pd.RangeIndex):
+        return None
+    return f"rows hold more fields than the header's {len(df.columns)} (the extra first fields became an index)"
 
 
 def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[bytes]], object]) -> Path:

@@ -15,6 +15,7 @@ from ..store import (
     atomic_write,
     check_table_content,
     checked_file,
+    extra_fields,
     lacking_files,
     quoted_names,
     read_csv,
@@ -108,6 +109,8 @@ def read_results_csv(path: Path, columns: tuple[str, ...], produce: str, text_co
             raise
         first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
         raise MissingResultsError(f"{path} cannot be parsed as CSV ({first}): rerun {produce}") from None
+    if problem := extra_fields(df):
+        raise MissingResultsError(f"{path}: {problem}: the file is damaged; rerun {produce}")
     if (not set(columns) <= set(df.columns)) if more_columns else tuple(df.columns) != tuple(columns):
         raise MissingResultsError(f"{path} has columns {quoted_names(df.columns)}, not {list(columns)}: it was "
                                   f"written by another version or is damaged; rerun {produce} (with --fresh)")

@@ -11,6 +11,9 @@ import pandas as pd
 from ..studies.registry import STUDIES
 from .figures import new_figure, save_figure
 from .markdown import (
+    COUNT,
+    NON_NEGATIVE,
+    POSITIVE,
     MissingResultsError,
     generated_note,
     read_json_table,
@@ -37,9 +40,11 @@ def load_training(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     require(folder, TRAINING_FILES, PRODUCE_TRAINING)
     throughput = read_results_csv(folder / "throughput.csv", ("mode", "tokens_per_s", "backprop_chunks", "k",
                                                               "steps_timed"), PRODUCE_TRAINING, text_columns=("mode",),
-                                  more_columns=True)
+                                  more_columns=True, ranges={"tokens_per_s": POSITIVE, "backprop_chunks": NON_NEGATIVE,
+                                                             "k": COUNT, "steps_timed": COUNT})
     far = read_results_csv(folder / "far_loss.csv", ("mode", "step", "eval_far_loss", "eval_loss"), PRODUCE_TRAINING,
-                           text_columns=("mode",), more_columns=True)
+                           text_columns=("mode",), more_columns=True,
+                           ranges={"step": NON_NEGATIVE, "eval_far_loss": NON_NEGATIVE, "eval_loss": NON_NEGATIVE})
     meta = read_json_table(folder / "training.json", PRODUCE_TRAINING)
     wrong = [k for k, kind in TRAINING_RECORD.items() if not isinstance(meta.get(k), kind) or isinstance(
         meta.get(k), bool) and kind is int]

@@ -7,7 +7,10 @@ audit's modules: the tables, the driver and the sources read through it.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
+
+import numpy as np
 
 from ... import store
 from .config import AuditConfig
@@ -24,20 +27,64 @@ UNIT_KEYS = {"exact": (), "strata": ("sequence", "norm_ratio", "per_tensor_gram"
 UNIT_COMMON_KEYS = ("stage", "unit", "unit_wall_s", "unit_cpu_s")
 
 
-def unit_problem(unit) -> str | None:
-    """Why a stored unit cannot be used (None when it can): not a JSON object, an unknown stage, or a key its stage's
-    tables read missing."""
+def unit_problem(unit, stem: str | None = None) -> str | None:
+    """Why a stored unit cannot be used (None when it can): not a JSON object, an unknown stage, a key its stage's
+    tables read missing, a name that is not its sequence's (or, given ``stem``, not its file's), an impossible Gram
+    matrix, or a negative or non-finite time, norm or ratio."""
     if not isinstance(unit, dict):
         return "not a readable JSON object"
+    if stem is not None and unit.get("unit") != stem:
+        return f"a unit named {str(unit.get('unit'))[:40]!r} in the file of {stem!r} (moved or copied over another)"
     stage = unit.get("stage")
     if stage not in UNIT_KEYS:
         return f"no audit stage ({str(stage)[:40]!r}; one of {', '.join(UNIT_KEYS)})"
     lacking = [k for k in (*UNIT_COMMON_KEYS, *UNIT_KEYS[stage]) if k not in unit]
     if lacking:
         return f"a {stage} unit without {', '.join(lacking)}"
+    if not _named_for(unit):
+        what = f"sequence {str(unit.get('sequence'))[:20]!r}"
+        if stage == "mc":
+            what += f", t {str(unit.get('t'))[:20]}, sampler {str(unit.get('sampler'))[:20]!r}"
+        return f"a {stage} unit named {str(unit.get('unit'))[:40]!r} that holds {what} (its name says otherwise)"
+    if (why := _gram_problem(unit)) is not None:
+        return f"a {stage} unit whose {why}"
     bad = next(((name, v) for name, v in _measured(unit) if not _is_non_negative(v)), None)
     if bad is not None:
         return f"a {stage} unit whose {bad[0]} is {str(bad[1])[:40]} (a time, norm or variance is a finite number >= 0)"
+    return None
+
+
+def _named_for(unit: dict) -> bool:
+    """The unit's name is the one the audit gives the unit of its sequence (and budget, sampler): a unit whose
+    fields were edited, or swapped with another's, would count one sequence twice or put its rows under another."""
+    stage, seq, name = unit.get("stage"), str(unit.get("sequence")), unit.get("unit")
+    if stage in ("strata", "cost"):
+        return name == f"{stage}-{seq}"
+    if stage == "mc":
+        return name == f"mc-{seq}-t{unit.get('t')}-{unit.get('sampler')}"
+    if stage == "data":  # data-NAME, or data-dNN when its windows have their own length (plan.data_name)
+        return name == f"data-{seq}" or (isinstance(name, str) and re.fullmatch(r"data-d\d{2,}", name) is not None)
+    return True
+
+
+def _gram_problem(unit: dict) -> str | None:
+    """A Gram matrix of the unit that no set of vectors has: not symmetric, or an entry above the product of the
+    norms (Cauchy-Schwarz, up to rounding)."""
+    for key in ("per_tensor_gram", "exact_gram"):
+        value = unit.get(key)
+        if not isinstance(value, list):
+            continue
+        try:
+            g = np.asarray(value, dtype=float)
+        except (TypeError, ValueError):
+            return f"{key} is not a matrix of numbers"
+        for i, m in enumerate(g.reshape(-1, *g.shape[-2:]) if g.ndim >= 2 else []):
+            if m.shape[0] != m.shape[1] or not np.all(np.isfinite(m)):
+                return f"{key}[{i}] is not a finite square matrix"
+            d = np.sqrt(np.clip(np.diag(m), 0, None))
+            bound = np.outer(d, d) * (1 + 1e-9) + 1e-300
+            if np.any(np.abs(m - m.T) > 1e-9 * bound) or np.any(np.abs(m) > bound):
+                return f"{key}[{i}] is not a Gram matrix (asymmetric, or an entry above the product of the norms)"
     return None
 
 
@@ -48,7 +95,8 @@ def _is_non_negative(v) -> bool:
 def _measured(unit: dict):
     """(name, value) of what a unit measured that cannot be negative: its times, norms and ratios, the times of
     each cost row, and the diagonals of its Gram matrices (a squared norm each)."""
-    for key in ("unit_cpu_s", "unit_wall_s", "g_norm", "remainder_ratio"):
+    for key in ("unit_cpu_s", "unit_wall_s", "g_norm", "remainder_ratio", "seco_vs_dense",
+                "strata_plus_remainder_vs_dense", "remainder_vs_dense_minus_sum", "full_strata_sum_vs_dense"):
         if key in unit:
             yield key, unit[key]
     for key in ("cpu_s", "wall_s"):
@@ -87,7 +135,7 @@ def read_unit(path: Path) -> dict | None:
         unit = store.read_json(path, "audit unit")
     except (OSError, ValueError):
         return None
-    return unit if unit_problem(unit) is None else None
+    return unit if unit_problem(unit, Path(path).stem) is None else None
 
 
 def read_audit_config(out: Path) -> AuditConfig:

@@ -56,7 +56,7 @@ def unusable_units(out: Path) -> dict[str, str]:
             try:
                 store.checked_file(p, "audit unit", store.RECORD_MAX_BYTES)
                 try:
-                    why = unit_problem(store.read_json(p, "audit unit"))
+                    why = unit_problem(store.read_json(p, "audit unit"), p.stem)
                 except (OSError, ValueError):
                     why = "not a readable JSON object"
                 bad[p.stem] = f"damaged ({why})"
@@ -153,6 +153,11 @@ def stored_gram(stored: Path, names: list[str]) -> tuple[list[str], np.ndarray]:
     if not np.all(np.isfinite(g)) or np.any(np.diag(g) < 0):
         raise ValueError(f"{stored} is damaged: its diagonal (squared norms) holds a negative or non-finite value; "
                          f"{fix}")
+    d = np.sqrt(np.diag(g))
+    bound = np.outer(d, d) * (1 + 1e-9) + 1e-300
+    if np.any(np.abs(g - g.T) > 1e-9 * bound) or np.any(np.abs(g) > bound):
+        raise ValueError(f"{stored} is damaged: it is no Gram matrix (asymmetric, or an inner product above the "
+                         f"product of the norms); {fix}")
     lacking = [x for x in names if x not in have]
     if lacking:
         raise ValueError(f"{stored} holds no Gram row for {', '.join(lacking[:5])} (the vectors of those sequences "
@@ -187,6 +192,11 @@ def _derive_results(out: Path, write_grams: bool) -> dict[str, pd.DataFrame | di
     check_units(cfg, units, out)
     specs = read_sequences(out)
     strata_units = {u["sequence"]: u for u in units.values() if u["stage"] == "strata"}
+    unnamed = sorted(n for n in strata_units if n not in specs)
+    if unnamed:  # the kind column (prose, code) comes from it: never written blank
+        raise ValueError(f"{out / 'sequences.json'} is missing or holds no record of {', '.join(unnamed[:5])}: the "
+                         "tables name each sequence's kind from it; restore it, or rerun the audit with its stored "
+                         f"settings and --out {out} (the finished units are kept)")
     schemes = {n: get_scheme(n) for n in cfg.schemes}
     prof, bias = strata_tables(cfg, strata_units, specs, schemes)
     mc, samp_var = mc_table(cfg, units, schemes)
