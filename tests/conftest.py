@@ -1,5 +1,5 @@
-"""pytest configuration: thread count, hypothesis profiles, the integration marker, and one shared fixture (``r2``,
-a finished 2-step run).  Shared test helpers live in helpers.py."""
+"""pytest configuration: thread count, hypothesis profiles, the integration marker, and two shared fixtures (``r2``,
+a finished 2-step run; ``audit_copy``, a copy of the committed k = 128 audit).  Shared helpers live in helpers.py."""
 
 import os
 
@@ -46,3 +46,16 @@ def r2(tmp_path_factory):
     base = tmp_path_factory.mktemp("runs")
     assert main(["train", *FAST, "--run-dir", str(base / "r2")]) == 0
     return base / "r2"
+
+
+@pytest.fixture
+def audit_copy(tmp_path):
+    """A copy of the committed audit ``reports/audit/k128`` (its units, tables and stored Grams; without the flat
+    vectors, which are not committed, and a lock file) to damage."""
+    import shutil
+    from pathlib import Path
+
+    out = tmp_path / "a"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "reports/audit/k128", out,
+                    ignore=shutil.ignore_patterns("vectors", ".lock"))
+    return out

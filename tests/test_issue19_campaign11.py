@@ -12,13 +12,6 @@ from seco_lab.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def audit_copy(tmp_path):
-    out = tmp_path / "a"
-    shutil.copytree(ROOT / "reports/audit/k128", out, ignore=shutil.ignore_patterns("vectors"))
-    return out
-
-
 def _edit(path, change):
     d = json.loads(path.read_text())
     change(d)

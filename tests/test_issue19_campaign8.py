@@ -52,13 +52,6 @@ def test_h4_chain_weights_refuse_a_max_hops_far_past_any_chain():
     assert len(w) == 5 + EXACT_TERMS and w[3] == pytest.approx(2.5**3)
 
 
-@pytest.fixture()
-def audit_copy(tmp_path):
-    out = tmp_path / "a"
-    shutil.copytree(ROOT / "reports/audit/k128", out, ignore=shutil.ignore_patterns("vectors"))
-    return out
-
-
 def test_h1_audit_tables_only_never_empties_the_tables_of_missing_units(audit_copy, capsys):
     """H1: with units/ moved away, `audit --tables-only` rewrote every table empty and exited 0.  The units the
     stored tables were made from (audit.json's units_done) must still be there; removing audit.json asks for

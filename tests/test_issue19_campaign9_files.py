@@ -121,13 +121,6 @@ def test_j8_keep_checkpoints_deletes_only_the_checkpoints_this_run_wrote(r2, tmp
 # --------------------------------------------------------------------------- J7 + H1: the advice that works
 
 
-@pytest.fixture()
-def audit_copy(tmp_path):
-    out = tmp_path / "a"
-    shutil.copytree(ROOT / "reports/audit/k128", out, ignore=shutil.ignore_patterns("vectors", ".lock"))
-    return out
-
-
 def test_j7_report_audit_names_the_missing_unit_and_advice_that_works(audit_copy, tmp_path, capsys):
     """J7: with a unit file removed, `report audit` advised `audit --tables-only --out a`, which then refused.  The
     message names the missing unit and the ways out; the command it gives works, and the report follows."""

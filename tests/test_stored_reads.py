@@ -103,13 +103,6 @@ def no_traceback(err: str) -> None:
 # --------------------------------------------------------------------------- G6: audit units
 
 
-@pytest.fixture
-def audit_copy(tmp_path):
-    a = tmp_path / "a"
-    shutil.copytree(ROOT / "reports/audit/k128", a, ignore=shutil.ignore_patterns("vectors", ".lock"))
-    return a
-
-
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
 def test_g6_report_audit_with_a_fifo_or_device_unit_ends_with_a_message(kind, audit_copy, tmp_path):
     """G6 reproducer 1/2: `report audit` on an audit whose unit cost-s00.json is a FIFO hung forever in open(); as a
