@@ -196,7 +196,8 @@ def test_a_unit_copied_from_another_audit_is_refused_naming_it(tiny_audit, tmp_p
     # a unit this code wrote records the audit's digest: another audit's is refused whatever its shape
     own = json.loads((tiny_audit / "units" / "strata-s01.json").read_text())
     assert own["digest"]
-    (folder / "units" / "strata-s00.json").write_text(json.dumps({**own, "unit": "strata-s00", "digest": "0" * 16}))
+    (folder / "units" / "strata-s00.json").write_text(json.dumps({**own, "unit": "strata-s00", "sequence": "s00",
+                                                                 "digest": "0" * 16}))
     assert main(["audit", "--tables-only", "--out", str(folder), "--no-progress"]) == 2
     assert "(digest '0000000000000000', this audit's" in capsys.readouterr().err
 

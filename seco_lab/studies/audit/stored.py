@@ -33,14 +33,14 @@ def unit_problem(unit, stem: str | None = None) -> str | None:
     matrix, or a negative or non-finite time, norm or ratio."""
     if not isinstance(unit, dict):
         return "not a readable JSON object"
-    if stem is not None and unit.get("unit") != stem:
-        return f"a unit named {str(unit.get('unit'))[:40]!r} in the file of {stem!r} (moved or copied over another)"
     stage = unit.get("stage")
     if stage not in UNIT_KEYS:
         return f"no audit stage ({str(stage)[:40]!r}; one of {', '.join(UNIT_KEYS)})"
     lacking = [k for k in (*UNIT_COMMON_KEYS, *UNIT_KEYS[stage]) if k not in unit]
     if lacking:
         return f"a {stage} unit without {', '.join(lacking)}"
+    if stem is not None and unit.get("unit") != stem:
+        return f"a unit named {str(unit.get('unit'))[:40]!r} in the file of {stem!r} (moved or copied over another)"
     if not _named_for(unit):
         what = f"sequence {str(unit.get('sequence'))[:20]!r}"
         if stage == "mc":
