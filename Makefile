@@ -13,7 +13,7 @@ STUDIES       := bias train real audit
 QUICK_STUDIES := bias train audit
 JOBS_real     := 1
 
-.PHONY: install test test-unit lint report train-demo train-compare bench bench-hf bench-hf-chunks bench-hf-spans bench-hf-fused bench-fsdp clean \
+.PHONY: install test test-unit lint report train-demo train-compare bench bench-hf bench-hf-chunks bench-hf-spans bench-hf-fused bench-hf-keep bench-fsdp clean \
         $(addsuffix -study,$(STUDIES)) $(addsuffix -study-quick,$(QUICK_STUDIES))
 
 install: $(STAMP)
@@ -127,6 +127,16 @@ bench-hf-spans: $(STAMP)
 	  released-unbiased --draws 4 --pass1-compare --no-memory --rounds 2 --warmup 0 --lora-only --tag spans-side
 	$(HF) --layers 30 --lengths 2048 --chunk-sizes 64 128 --methods forward hf_full seco spaco --schemes \
 	  released-unbiased --draws 4 --pass1-compare --no-memory --rounds 2 --warmup 0 --no-lora --tag spans-side
+
+# Issue 24, SpaCO with graphs kept from pass 1 (spaco_grad keep_graphs, HFChunkModel.keep_graphs): at 8K, chunk 64
+# and 128, t/k = 1/8, the mean over 8 random draws; up to 16 drawn chunks kept (all of them at both chunk sizes)
+# against every drawn chunk rebuilt, interleaved in one process (tag keep-side), then the peak memory of each in a
+# fresh process.  About 70 CPU-minutes, single-threaded.
+KEEP8K = $(HF) --layers 30 --lengths 8192 --chunk-sizes 64 128 --methods forward spaco --schemes released-unbiased \
+  --compare keep --keep-graphs 16 --no-lora --warmup 0 --tag keep-side
+bench-hf-keep: $(STAMP)
+	$(KEEP8K) --no-memory --rounds 1
+	$(KEEP8K) --no-time
 
 # Issue 24, layer gradients into .grad (seco_lab.models.fused_grads): SeCO and SpaCO with and without it,
 # interleaved in one process (--compare fused, tag fused-side), at 2K (full parameters and LoRA) and SpaCO at 8K

@@ -68,6 +68,7 @@ class HFBenchConfig:
     threads: int | None = None
     pass1_tokens: int | None = -1  # -1: the adapter's own (HFChunkModel.pass1_tokens); 0: pass 1 chunk by chunk
     compare: tuple[str, ...] = ()  # engine variants (ENGINE_VARIANTS) also timed for SeCO and SpaCO, interleaved
+    keep_graphs: int = 0  # SpaCO: drawn chunks whose pass-1 graph pass 2 backpropagates (HFChunkModel.keep_graphs)
     hidden_size: int = SMOLLM2_135M["hidden_size"]
     intermediate_size: int = SMOLLM2_135M["intermediate_size"]
     vocab_size: int = SMOLLM2_135M["vocab_size"]
@@ -91,7 +92,8 @@ def methods(cfg: HFBenchConfig, n: int) -> list[dict]:
         if "spaco" in cfg.methods and k % cfg.ratio == 0:
             out += [{"method": "spaco", "scheme": s, "budget": k // cfg.ratio, "ratio": cfg.ratio, "chunk_size": c}
                     for s in cfg.schemes]
-    out += [{**m, "variant": v} for v in cfg.compare for m in list(out) if m["method"] in ("seco", "spaco")]
+    out += [{**m, "variant": v} for v in cfg.compare for m in list(out)
+            if m["method"] in (("spaco",) if v == "keep" else ("seco", "spaco"))]
     return out
 
 
@@ -128,6 +130,7 @@ def build(cfg: HFBenchConfig, n: int, lora: bool):
     adapter = HFChunkModel(model)
     if cfg.pass1_tokens is not None and cfg.pass1_tokens >= 0:
         adapter.pass1_tokens = cfg.pass1_tokens or None
+    adapter.keep_graphs = cfg.keep_graphs
     gen = torch.Generator().manual_seed(cfg.seed)
     tokens = torch.randint(0, cfg.vocab_size, (1, n + 1), generator=gen)
     return model, adapter, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
@@ -137,8 +140,8 @@ def build(cfg: HFBenchConfig, n: int, lora: bool):
 def engine_variant(adapter, name: str):
     """Within: the adapter runs the engine as it was before a change -- ``pass1``: pass 1 chunk by chunk
     (before pass-1 spans); ``fused``: every layer gradient through autograd (before
-    seco_lab.models.fused_grads)."""
-    attr, value = {"pass1": ("pass1_tokens", None), "fused": ("fused_grads", None)}[name]
+    seco_lab.models.fused_grads); ``keep``: SpaCO rebuilds every drawn chunk (no graph kept from pass 1)."""
+    attr, value = {"pass1": ("pass1_tokens", None), "fused": ("fused_grads", None), "keep": ("keep_graphs", 0)}[name]
     had = attr in vars(adapter)
     saved, _ = getattr(adapter, attr), setattr(adapter, attr, value)
     try:
@@ -332,8 +335,11 @@ def main(argv=None):
     ap.add_argument("--compare", nargs="+", choices=tuple(ENGINE_VARIANTS), default=None,
                     help="also time SeCO and SpaCO with the engine before a change, interleaved in the same process: "
                          "pass1 = pass 1 chunk by chunk (before pass-1 spans), fused = every layer gradient through "
-                         "autograd (before seco_lab.models.fused_grads)")
+                         "autograd (before seco_lab.models.fused_grads), keep = SpaCO without kept pass-1 graphs")
     ap.add_argument("--pass1-compare", action="store_true", help="the same as --compare pass1")
+    ap.add_argument("--keep-graphs", type=at_least(0, MAX_SIZE), default=None,
+                    help="SpaCO: pass 1 keeps the graphs of the last N drawn chunks for pass 2 (default 0; "
+                         "--compare keep times the same steps with none kept)")
     ap.add_argument("--tag", default="after", help="label of this run in the CSV (e.g. before/after a change)")
     ap.add_argument("--out", type=Path, default=Path("reports/bench"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -358,7 +364,7 @@ def main(argv=None):
             "methods": tuple(a.methods) if a.methods else None, "schemes": tuple(a.schemes) if a.schemes else None,
             "lora": (False,) if a.no_lora else (True,) if a.lora_only else None, "warmup": a.warmup,
             "chunk_sizes": tuple(a.chunk_sizes) if a.chunk_sizes else None, "draws": a.draws, "threads": a.threads,
-            "pass1_tokens": a.pass1_tokens,
+            "pass1_tokens": a.pass1_tokens, "keep_graphs": a.keep_graphs,
             "compare": tuple(dict.fromkeys((a.compare or []) + (["pass1"] if a.pass1_compare else []))) or None}
     cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
     t0 = time.perf_counter()

@@ -18,7 +18,7 @@ and each hop multiplies them by a factor chosen from the label.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from contextlib import nullcontext
 
 import numpy as np
@@ -50,35 +50,77 @@ def trainable(model) -> list[tuple[str, torch.nn.Parameter]]:
 
 
 @torch.no_grad()
-def cache_leaves(model: ChunkModel, batch: ChunkedBatch, with_loss: bool = True,
-                 include_last: bool = True) -> tuple[list[ChunkCache], torch.Tensor | None]:
+def cache_leaves(model: ChunkModel, batch: ChunkedBatch, with_loss: bool = True, include_last: bool = True,
+                 keep: Collection[int] = (), kept: dict | None = None) -> tuple[list[ChunkCache], torch.Tensor | None]:
     """Pass 1: forward every chunk without a graph; return the caches as leaves and the mean loss.
 
     ``with_loss=False`` passes no targets (a model may then skip its output head, e.g. the
     LM head over a large vocabulary) and returns ``None`` for the loss: for engines whose
     pass 2 rebuilds every chunk and sums the loss there (SeCO).  ``include_last=False`` (only
     with ``with_loss=False``) also skips the last chunk, whose cache no chunk reads: k - 1 leaves.
+
+    ``keep`` (with a dict ``kept``): chunks forwarded *with* a graph, alone, whose outputs go to
+    ``kept[j]``; pass 2 backpropagates them as they are instead of rebuilding them (:func:`relay_sweep`,
+    :func:`backward_sweep`), which saves a chunk forward each at the price of holding their activations
+    from pass 1 to pass 2.  Their leaves are their own keys/values, detached (a model with
+    ``stored_cache`` puts them in its cache buffer), so what later chunks read is unchanged.
     """
     if with_loss and not include_last:
         raise ValueError("include_last=False needs with_loss=False: the last chunk's loss comes from its forward")
+    keep = sorted(set(int(j) for j in keep))
+    if keep and kept is None:
+        raise ValueError("cache_leaves: keep needs a dict `kept` to hand the kept chunk outputs back in")
     leaves: list[ChunkCache] = []
     total = 0.0
     n_chunks = batch.num_chunks if include_last else batch.num_chunks - 1
+    if keep and not 0 <= keep[0] <= keep[-1] < n_chunks:
+        raise ValueError(f"cache_leaves: keep must name chunks 0..{n_chunks - 1}, got {keep}")
     span = pass1_span(model, batch.chunk_size, with_loss, batch.tokens.shape[0])
     # a model may keep the leaves in one buffer (so a chunk reads its prefix without copying it)
     buffer = getattr(model, "cache_buffer", None)
     end = min(n_chunks * batch.chunk_size, batch.length)
     with buffer(batch.tokens.shape[0], end) if callable(buffer) and end > 0 else nullcontext():
-        for j in range(0, n_chunks, span):
-            m = min(span, n_chunks - j)
+        for j, m in _pass1_pieces(n_chunks, span, keep):
             tok, tgt, start = batch.span(j, m)
+            if j in keep:  # with a graph, handed to pass 2
+                with torch.enable_grad():
+                    out = checked_chunk(model.chunk_forward(tok, tgt if with_loss else None, leaves, start,
+                                                            batch.ignore_index), j)
+                kept[j] = out
+                total = total + out.loss_sum.detach()
+                store = getattr(model, "stored_cache", None)
+                cache = store(out.cache, start) if callable(store) else out.cache
+                leaves.append(unflat_cache([_own_version(t).requires_grad_(True) for t in flat_cache(cache)]))
+                continue
             out = checked_chunk(model.chunk_forward(tok, tgt if with_loss else None, leaves, start,
                                                     batch.ignore_index), j if m == 1 else f"{j}..{j + m - 1}")
             total = total + out.loss_sum
             sizes = batch.chunk_lengths(j, m)
             parts = [_split_span(model, t.detach(), sizes) if m > 1 else (t.detach(),) for t in flat_cache(out.cache)]
-            leaves += [unflat_cache([p[i].requires_grad_(True) for p in parts]) for i in range(m)]
+            leaf = _own_version if keep else torch.Tensor.detach
+            leaves += [unflat_cache([leaf(p[i]).requires_grad_(True) for p in parts]) for i in range(m)]
     return leaves, total / batch.n_targets if with_loss else None
+
+
+def _own_version(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s data (same storage, no copy) as a tensor with a version counter of its own.  A leaf that is a
+    view of a cache buffer shares the buffer's counter, which every later chunk's write bumps; a graph kept from
+    pass 1 saved the leaves it read and would refuse them as modified (they are not: the writes go elsewhere)."""
+    return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+
+
+def _pass1_pieces(n_chunks: int, span: int, keep: Sequence[int]) -> list[tuple[int, int]]:
+    """Pass 1's forwards as (first chunk, chunks): spans of up to ``span`` chunks, each kept chunk alone."""
+    pieces, j, stops = [], 0, list(keep) + [n_chunks]
+    for stop in stops:
+        while j < stop:
+            m = min(span, stop - j)
+            pieces.append((j, m))
+            j += m
+        if stop < n_chunks:
+            pieces.append((stop, 1))
+            j = stop + 1
+    return pieces
 
 
 def _split_span(model: ChunkModel, t: torch.Tensor, sizes: Sequence[int]) -> tuple[torch.Tensor, ...]:
@@ -142,7 +184,7 @@ def hop_relay(max_hops: int, factors=None, lump: bool = False) -> Relay:
 
 def hop_sweep(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCache], params: Sequence[torch.Tensor],
               visit: Sequence[int], max_hops: int, collect: Collect, factors=None, collect_total: bool = False,
-              lump: bool = False) -> None:
+              lump: bool = False, kept: dict | None = None) -> None:
     """The stratified pass: chunk j's loss seeds stratum 0 (times ``factors[0]``), and what a chunk receives in
     stratum q reaches stratum q + 1 of the earlier visited chunks (:func:`hop_relay`); ``collect(q, j, grads)``
     gets each stratum's parameter gradient (the sum over strata with ``collect_total``; with ``lump`` also
@@ -150,7 +192,7 @@ def hop_sweep(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCach
     (factors = 1), their Monte Carlo and the hop-dependent SpaCO schemes (factors = c_q) all run on it."""
     backward_sweep(model, batch, leaves, params, visit, direct_label=lambda j: 0,
                    direct_scale=1.0 if factors is None else float(factors[0]), relay=hop_relay(max_hops, factors, lump),
-                   collect=collect, collect_total=collect_total)
+                   collect=collect, collect_total=collect_total, kept=kept)
 
 
 def forward_loss(model: ChunkModel, tokens, targets, chunk_size: int | None = None,
@@ -163,7 +205,8 @@ def forward_loss(model: ChunkModel, tokens, targets, chunk_size: int | None = No
 
 def backward_sweep(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCache], params: Sequence[torch.Tensor],
                    visit: Sequence[int], *, direct_label: Callable[[int], Hashable], direct_scale: float, relay: Relay,
-                   collect: Collect, collect_total: bool = False, batch_labels: bool | None = None) -> None:
+                   collect: Collect, collect_total: bool = False, batch_labels: bool | None = None,
+                   kept: dict | None = None) -> None:
     """Pass 2, generalised.  Visits ``visit`` in decreasing order; at chunk j backprops
 
         direct_scale * J_j / N  (under label direct_label(j))
@@ -188,11 +231,13 @@ def backward_sweep(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[Chun
     When every chunk has one label and every hop the same factor (SeCO, constant-relay
     SpaCO) the sweep runs as :func:`relay_sweep` (gradients accumulated in place) and
     ``collect(label, None, param_grads)`` is called once with the sum over chunks.
+    ``kept``: chunk outputs pass 1 built with a graph (:func:`cache_leaves` ``keep``), used instead of
+    rebuilding those chunks (and removed from the dict once backpropagated).
     """
     order = sorted(set(int(j) for j in visit), reverse=True)
     constant = _constant_relay(order, direct_label, relay)
     if constant is not None:
-        _collected_relay_sweep(model, batch, leaves, params, order, direct_scale, constant, collect)
+        _collected_relay_sweep(model, batch, leaves, params, order, direct_scale, constant, collect, kept)
         return
     visited = set(order)
     buffers: dict[int, dict[Hashable, list[torch.Tensor | None]]] = defaultdict(dict)
@@ -203,7 +248,7 @@ def backward_sweep(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[Chun
     for j in order:
         sources = [i for i in range(j) if i in visited]
         src_leaves = [t for i in sources for t in flat_cache(leaves[i])]
-        out, outputs = _rebuild_chunk(model, batch, leaves, j)
+        out, outputs = _rebuild_chunk(model, batch, leaves, j, kept)
         seeds = _chunk_seeds(direct_label(j), direct_scale / batch.n_targets, buffers.pop(j, {}))
         relayed = [lab for lab in seeds if any(relay(lab, j, i) is not None for i in sources)]
         jobs = _chunk_jobs(seeds, relayed, collect_total)
@@ -219,18 +264,23 @@ def backward_sweep(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[Chun
 
 def _collected_relay_sweep(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCache],
                            params: Sequence[torch.Tensor], order: Sequence[int], direct_scale: float,
-                           constant: tuple[Hashable, float], collect: Collect) -> None:
+                           constant: tuple[Hashable, float], collect: Collect, kept: dict | None = None) -> None:
     """A sweep with one label and one factor (:func:`_constant_relay`) as :func:`relay_sweep`, its parameter
     gradients (summed over chunks) handed to ``collect(label, None, grads)``."""
     label, factor = constant
     _, grads = grads_in_isolation(params, lambda: relay_sweep(
-        model, batch, leaves, params, order, direct_scale=direct_scale, relay_factor=factor))
+        model, batch, leaves, params, order, direct_scale=direct_scale, relay_factor=factor, kept=kept))
     collect(label, None, grads)
 
 
-def _rebuild_chunk(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCache], j: int):
-    """Chunk j rebuilt with a graph from the earlier leaves, checked against its pass-1 cache; returns the
-    chunk's output and the tensors its products start from, [summed token loss] + its flat cache."""
+def _rebuild_chunk(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCache], j: int,
+                   kept: dict | None = None):
+    """Chunk j rebuilt with a graph from the earlier leaves, checked against its pass-1 cache (or, when pass 1
+    kept its graph, ``kept.pop(j)``); returns the chunk's output and the tensors its products start from,
+    [summed token loss] + its flat cache."""
+    if kept and j in kept:
+        out = kept.pop(j)
+        return out, [out.loss_sum] + flat_cache(out.cache)
     tok, tgt, start = batch.chunk(j)
     with torch.enable_grad():
         out = checked_chunk(model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index), j)
@@ -297,6 +347,7 @@ def relay_sweep(
     *,
     direct_scale: float = 1.0,
     relay_factor: float = 1.0,
+    kept: dict | None = None,
 ) -> torch.Tensor:
     """Pass 2 with one relay buffer: at chunk j (decreasing over ``visit``) backprop
 
@@ -310,6 +361,8 @@ def relay_sweep(
     chunk instead of a product and an add (:mod:`seco_lab.models.fused_grads`).
     relay_factor = 1 is SeCO; a constant c_q = c is constant-relay SpaCO
     (each hop multiplies by c exactly once, when the buffer seeds its chunk).
+    ``kept``: chunk outputs built with a graph in pass 1 (:func:`cache_leaves` ``keep``), backpropagated
+    as they are instead of rebuilt (each removed from the dict once used).
     Returns the summed token loss of the visited chunks (detached).
     """
     order = sorted(set(int(j) for j in visit), reverse=True)
@@ -324,19 +377,17 @@ def relay_sweep(
     with fuse(params) if fuse is not None else nullcontext():
         for j in order:
             loss_sum = loss_sum + _relay_chunk(model, batch, leaves, params, own_leaves[j], visited, j,
-                                               direct_scale, relay_factor)
+                                               direct_scale, relay_factor, kept)
     return loss_sum if isinstance(loss_sum, torch.Tensor) else torch.zeros(())
 
 
 def _relay_chunk(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[ChunkCache], params: Sequence[torch.Tensor],
                  own: Sequence[torch.Tensor], visited: set[int], j: int, direct_scale: float,
-                 relay_factor: float) -> torch.Tensor:
-    """One chunk of :func:`relay_sweep`: rebuilt, checked, backpropagated; returns its summed token loss."""
-    tok, tgt, start = batch.chunk(j)
+                 relay_factor: float, kept: dict | None = None) -> torch.Tensor:
+    """One chunk of :func:`relay_sweep`: rebuilt and checked (or taken from ``kept``), backpropagated; returns its
+    summed token loss."""
     src = [t for i in range(j) if i in visited for t in flat_cache(leaves[i])]
-    with torch.enable_grad():  # checked before its backward: a NaN loss accumulates nothing
-        out = checked_chunk(model.chunk_forward(tok, tgt, leaves[:j], start, batch.ignore_index), j)
-    check_recomputed(own, flat_cache(out.cache), j)
+    out, _ = _rebuild_chunk(model, batch, leaves, j, kept)  # checked before its backward: a NaN loss adds nothing
     outs, seeds = [out.loss_sum], [out.loss_sum.new_tensor(direct_scale / batch.n_targets)]
     for o, leaf in zip(flat_cache(out.cache), own):
         if leaf.grad is not None and o.requires_grad:

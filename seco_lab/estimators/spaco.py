@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.checks import as_bool, as_float, check_budget, check_max_hops, check_subset, guard_memory
+from ..core.checks import as_bool, as_float, as_int, check_budget, check_max_hops, check_subset, guard_memory
 from ..core.engine import accumulate_into, backward_sweep, cache_leaves, checked_batch, hop_sweep, trainable
 from ..core.grads import GradDict, flatten, named_grads
 from .schemes import Scheme, get_scheme
@@ -45,6 +45,7 @@ def spaco_grad(
     generator: np.random.Generator | int | None = None,
     ignore_index: int = -100,
     max_hops: int | None = None,
+    keep_graphs: int | None = None,
 ) -> tuple[torch.Tensor, GradDict]:
     """Sparse chunk-wise gradient estimate for one drawn set I (docs/estimators.md §3).
 
@@ -56,6 +57,11 @@ def spaco_grad(
     to min(|I| - 1, L), L = number of cache layers: a chain crosses at most L caches
     (docs/estimators.md §2, checked by the tier-1 tests), so deeper strata are exactly zero.
     Pass ``max_hops=len(subset) - 1`` for a model without that property.
+
+    ``keep_graphs`` = n: pass 1 forwards the last n drawn chunks with a graph and pass 2 backpropagates
+    them as they are instead of rebuilding them -- n chunk forwards fewer, for n chunks' activations held
+    from pass 1 to pass 2 (a memory cost independent of the sequence length).  The same estimate up to
+    rounding (tested).  Default: the model's ``keep_graphs`` attribute, 0 where it has none.
     """
     batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     scheme = get_scheme(scheme)
@@ -65,9 +71,11 @@ def spaco_grad(
     if subset is None:
         subset = scheme.sampler.draw(k, t, generator)
     subset = check_subset(subset, k, t if scheme.sampler.kind == "uniform" else None)
+    keep_graphs = as_int(getattr(model, "keep_graphs", 0) if keep_graphs is None else keep_graphs, "keep_graphs", 0)
     params = trainable(model)
     acc = [torch.zeros_like(p) for _, p in params]
-    leaves, loss = cache_leaves(model, batch)
+    kept: dict = {}
+    leaves, loss = cache_leaves(model, batch, keep=subset[len(subset) - min(keep_graphs, len(subset)):], kept=kept)
     depth = len(leaves[0])  # cache layers
     P = min(max(len(subset) - 1, 0), depth if max_hops is None else max_hops)
     c = scheme.factors(k, t, P)
@@ -75,9 +83,9 @@ def spaco_grad(
     if scheme.constant_relay(k, t):  # one label: every hop multiplies by c_1 (one relay buffer)
         relay_factor = float(c[1]) if P >= 1 else 0.0
         backward_sweep(model, batch, leaves, tensors, subset, direct_label=lambda j: 0, direct_scale=float(c[0]),
-                       relay=lambda lab, j, i: (0, relay_factor), collect=collect, collect_total=True)
+                       relay=lambda lab, j, i: (0, relay_factor), collect=collect, collect_total=True, kept=kept)
     else:
-        hop_sweep(model, batch, leaves, tensors, subset, P, collect, factors=c, collect_total=True)
+        hop_sweep(model, batch, leaves, tensors, subset, P, collect, factors=c, collect_total=True, kept=kept)
     return loss, named_grads(params, acc)
 
 

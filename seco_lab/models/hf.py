@@ -137,6 +137,10 @@ class HFChunkModel(nn.Module):
     # (seco_lab.core.engine.pass1_span)
     pass1_tokens = 512
     cache_seq_dim = -2
+    # SpaCO: how many drawn chunks (the last) pass 1 forwards with a graph that pass 2 backpropagates instead of
+    # rebuilding them -- that many chunk forwards fewer, that many chunks' activations held meanwhile
+    # (seco_lab.estimators.spaco.spaco_grad keep_graphs)
+    keep_graphs = 0
 
     def __init__(self, model: nn.Module, chunk_attention: bool = True):
         super().__init__()
@@ -214,6 +218,16 @@ class HFChunkModel(nn.Module):
             yield self._kv_buffer
         finally:
             self._kv_buffer = previous
+
+    def stored_cache(self, cache, start: int):
+        """A chunk's cache built with a graph (pass 1 keeping it for pass 2), its keys/values copied into the open
+        cache buffer at ``start``: views of the buffer, so later chunks still read their prefix as one view; the
+        cache as it is where no buffer is open or it does not fit."""
+        if self._kv_buffer is None:
+            return cache
+        with torch.no_grad():
+            stored = [self._kv_buffer.store(l, start, k.detach(), v.detach()) for l, (k, v) in enumerate(cache)]
+        return cache if any(s is None for s in stored) else tuple(stored)
 
     def fused_grads(self, params):
         """The engine's pass 2 opens this around its chunk backwards: the model's linear and embedding

@@ -315,6 +315,12 @@ ENGINE_VARIANTS = {
               "in-place product per chunk (seco_lab.models.fused_grads), instead of a product that autograd then "
               "adds; the embedding adds only its looked-up rows. The same steps with every gradient through "
               "autograd, timed in the same process, are the 'before'."),
+    "keep": (" (drawn chunks rebuilt)", "rebuilt", "kept from pass 1",
+             "SpaCO with pass-1 graphs kept, side by side (one process, interleaved rounds)",
+             "Pass 1 forwards the last drawn chunks with a graph, alone, and pass 2 backpropagates those graphs "
+             "instead of rebuilding the chunks (spaco_grad(keep_graphs=n), HFChunkModel.keep_graphs): n chunk "
+             "forwards fewer for n chunks' activations held from pass 1 to pass 2. The same steps rebuilding every "
+             "drawn chunk, timed in the same process, are the 'before'."),
 }
 #: the label suffix of a step timed with the engine's pass 1 chunk by chunk
 PASS1_CHUNKS = ENGINE_VARIANTS["pass1"][0]
