@@ -34,6 +34,8 @@ def pack_dataset(source, tokenizer, seq_len: int, *, text_column: str = "text", 
         docs = datasets.load_dataset("text", data_files=[str(f) for f in files], sample_by="document", split="train")
     if text_column not in docs.column_names:
         raise ValueError(f"the dataset has no column {text_column!r} (columns: {docs.column_names})")
+    if len(docs) == 0:
+        raise ValueError("the dataset holds no documents: there is nothing to tokenize and pack")
     eos = tokenizer.eos_token_id
     if add_eos and eos is None:
         raise ValueError("the tokenizer has no eos_token_id; pass add_eos=False or set tokenizer.eos_token")

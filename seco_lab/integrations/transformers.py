@@ -158,7 +158,10 @@ class SeCOTrainerMixin:
         if by_items:  # the model's loss is S / num_items_in_batch
             if torch.is_tensor(num_items_in_batch):
                 num_items_in_batch = num_items_in_batch.reshape(-1)[0]
-            factor = 1.0 / float(num_items_in_batch)
+            items = float(num_items_in_batch)
+            # no target in the whole batch (every label -100): no micro-batch has a loss; the stock Trainer
+            # would divide by 0 (NaN); training_step skips such micro-batches, so the factor is never used
+            factor = 1.0 / items if items > 0 else 0.0
             if self.args.average_tokens_across_devices:
                 factor *= self.accelerator.num_processes // self.get_tp_size()
         else:  # the model's loss is the micro-batch mean S / n

@@ -364,12 +364,27 @@ def check_lora_rank(model: nn.Module, r: int, targets) -> None:
                          "or less")
 
 
+def check_lora_targets(model: nn.Module, targets) -> None:
+    """Every LoRA target names a module of ``model`` (peft's rule for a list: the module's name, or its last
+    dotted parts); peft itself refuses only a list that matches nothing, so one misspelt name among good ones
+    would train fewer adapters than asked without a word."""
+    if isinstance(targets, str):  # peft reads a string as one regular expression: nothing to check by name
+        return
+    names = [name for name, _ in model.named_modules()]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(f"--lora-targets: {', '.join(map(repr, missing))} match{'es' if len(missing) == 1 else ''} "
+                         f"no module of the model; its linear layers are named {', '.join(linear)}")
+
+
 def add_lora(model: nn.Module, r: int = 8, alpha: int = 16, targets=("q_proj", "v_proj"), dropout: float = 0.0,
              init_lora_weights=True) -> nn.Module:
     """Wrap with peft LoRA adapters on ``targets`` (default: attention q and v, as in the paper);
     only the adapter weights require grad."""
     from peft import LoraConfig, get_peft_model
 
+    check_lora_targets(model, targets)
     check_lora_rank(model, r, targets)
     cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=dropout, bias="none",
                      task_type="CAUSAL_LM", init_lora_weights=init_lora_weights)

@@ -151,6 +151,10 @@ def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
                           "another --run-dir")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise RunDirError(f"run directory {path}: {parent} is not writable; choose another --run-dir")
+    for sub in ("checkpoints",):  # a folder of the run's, where something else stands
+        if (path / sub).exists() and not (path / sub).is_dir():
+            raise RunDirError(f"{path / sub} is a file, not a folder (the run keeps its checkpoints in it); move it "
+                              "away, or choose another --run-dir")
     if resume:
         if not (path / "config.json").is_file() and not checkpoint_steps(path):
             raise RunDirError(f"--resume: {path} holds no run (no config.json); start it without --resume")
