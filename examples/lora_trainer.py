@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -124,7 +125,74 @@ def compare_memory(args: argparse.Namespace, argv: list[str]) -> None:
     print(memory_table(payload))
 
 
+REPORT_PRODUCE = "`python examples/lora_trainer.py --compare-memory --output-dir DIR`"
+#: what one run of memory.json holds: field -> (types, lower bound or None, strict); bools are not numbers here
+RUN_FIELDS = {"trainer": (str, None, False), "seq_len": (int, 1, False), "chunk_size": (int, 1, False),
+              "rows": (int, 1, False), "steps": (int, 1, False), "train_loss": ((int, float), 0, False),
+              "cpu_seconds": ((int, float), 0, False), "rss_before_train_mib": ((int, float), 0, True),
+              "peak_rss_mib": ((int, float), 0, True), "threads": (int, 1, False), "model": (str, None, False)}
+#: the fields that identify the setup: stock and SeCO must share them for their peaks to be compared
+SETUP_FIELDS = ("seq_len", "model", "rows", "steps", "threads")
+
+
+class MemoryRecordError(ValueError):
+    """memory.json is missing, unreadable, or not one stock and one SeCO run of the same setup."""
+
+
+def read_memory(output_dir: str | Path) -> dict:
+    """``output_dir/memory.json`` read by the project's stored-record reader and checked (:func:`check_memory`);
+    any failure is one :class:`MemoryRecordError` naming the file."""
+    from seco_lab.store import RECORD_MAX_BYTES, read_json
+
+    path = Path(output_dir) / "memory.json"
+    try:  # a FIFO, folder or huge file, not UTF-8, not JSON, not an object: a ValueError naming the file
+        payload = read_json(path, "memory record", RECORD_MAX_BYTES, f"rerun {REPORT_PRODUCE}")
+    except FileNotFoundError:
+        raise MemoryRecordError(f"{path} is missing: run {REPORT_PRODUCE} first, or pass the folder that holds it "
+                                "with --output-dir") from None
+    except ValueError as e:
+        raise MemoryRecordError(str(e)) from None
+    except OSError as e:
+        raise MemoryRecordError(f"{path} cannot be read ({e.strerror or e}): rerun {REPORT_PRODUCE}") from None
+    check_memory(payload, path)
+    return payload
+
+
+def check_memory(payload: dict, path: str | Path = "memory.json") -> None:
+    """Refuse (:class:`MemoryRecordError`) a record the table would misreport: no ``command`` string, other than
+    exactly one stock and one SeCO (or SpaCO) run, a field missing, of the wrong type, not finite or out of range,
+    a peak below the resident set before training, or two runs of different setups (:data:`SETUP_FIELDS`)."""
+    def bad(why: str) -> MemoryRecordError:
+        return MemoryRecordError(f"{path}: {why}: it is damaged or not written by --compare-memory; rerun "
+                                 f"{REPORT_PRODUCE}")
+
+    if not isinstance(payload.get("command"), str):
+        raise bad('no "command" string')
+    runs = payload.get("runs")
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise bad('"runs" is not a list of objects')
+    for i, r in enumerate(runs):
+        for field, (kinds, low, strict) in RUN_FIELDS.items():
+            v = r.get(field)
+            if not isinstance(v, kinds) or isinstance(v, bool):
+                raise bad(f"run {i} has no {field!r}" if v is None else f"run {i}: {field!r} is {v!r}, not "
+                          + ("text" if kinds is str else "an integer" if kinds is int else "a number"))
+            if low is not None and not (math.isfinite(v) and (v > low if strict else v >= low)):
+                raise bad(f"run {i}: {field} = {v!r} is impossible (it must be {'>' if strict else '≥'} {low})")
+        if r["peak_rss_mib"] < r["rss_before_train_mib"]:
+            raise bad(f"run {i} ({r['trainer']}): peak RSS {r['peak_rss_mib']:g} MiB is below the RSS before "
+                      f"training, {r['rss_before_train_mib']:g} MiB (a peak is a high-water mark)")
+    trainers = sorted(r["trainer"] for r in runs)
+    if len(runs) != 2 or trainers[0] not in ("seco", "spaco") or trainers[1] != "stock":
+        raise bad(f"it holds the runs {trainers}, not one 'stock' and one 'seco' (or 'spaco') to compare")
+    for field in SETUP_FIELDS:
+        if runs[0][field] != runs[1][field]:
+            raise bad(f"the runs differ in {field} ({runs[0]['trainer']}: {runs[0][field]!r}, {runs[1]['trainer']}: "
+                      f"{runs[1][field]!r}), so their peaks are not comparable")
+
+
 def memory_table(payload: dict) -> str:
+    check_memory(payload)
     runs = payload["runs"]
     stock = next(r for r in runs if r["trainer"] == "stock")
 
@@ -139,9 +207,10 @@ def memory_table(payload: dict) -> str:
                      f"| {r['peak_rss_mib']:.0f} | {own(r):.0f} "
                      f"| {r['cpu_seconds']:.0f} | {r['train_loss']:.4f} |")
     for r in runs:
-        if r is not stock:
+        if r is not stock:  # the stock run's own peak can be 0 (no growth past the loaded model): no ratio then
+            ratio = f"{own(r) / own(stock):.2f}x" if own(stock) > 0 else "n/a (the stock run's is 0)"
             lines.append(f"\n{r['trainer']}: peak RSS {r['peak_rss_mib'] / stock['peak_rss_mib']:.2f}x the stock "
-                         f"Trainer's; training's own peak {own(r) / own(stock):.2f}x")
+                         f"Trainer's; training's own peak {ratio}")
     return "\n".join(lines)
 
 
@@ -150,10 +219,15 @@ def main(argv=None) -> None:
     as_json = "--result-json" in argv
     argv = [a for a in argv if a != "--result-json"]
     args = parse_args(argv)
-    if args.report:
-        print(memory_table(json.loads((Path(args.output_dir) / "memory.json").read_text())))
-    elif args.compare_memory:
-        compare_memory(args, argv)
+    if args.report or args.compare_memory:
+        try:
+            if args.report:
+                print(memory_table(read_memory(args.output_dir)))
+            else:
+                compare_memory(args, argv)
+        except MemoryRecordError as e:
+            print(f"lora_trainer.py: error: {e}", file=sys.stderr)
+            sys.exit(2)
     else:
         result = train(args)
         print(json.dumps(result) if as_json else f"peak resident set {result['peak_rss_mib']:.0f} MiB "

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..store import RECORD_MAX_BYTES, TABLE_MAX_BYTES, extra_fields, read_checked_bytes, read_csv, read_json
+from .exactness import EXACT_TOL, above_tol, not_exact
 from .figures import new_figure, save_figure
 from .markdown import MissingResultsError, fmt, generated_note, read_json_table, stored_file, table, write_markdown
 
@@ -122,16 +123,14 @@ def _what_ran(audit: dict, cfg: dict) -> list[str]:
 #: the float64 exactness checks of the audit's exact unit: relative errors against dense autograd
 EXACT_CHECKS = ("seco_vs_dense", "strata_plus_remainder_vs_dense", "remainder_vs_dense_minus_sum",
                 "full_strata_sum_vs_dense")
-#: above this relative error a float64 check fails (rounding stays near 1e-14 at these sizes)
-EXACT_TOL = 1e-10
 
 
 def _exactness(ex: dict | None) -> list[str]:
     if not ex:
         return []
-    failed = [k for k in EXACT_CHECKS if not ex[k] <= EXACT_TOL]
+    failed = above_tol(ex, EXACT_CHECKS)  # the float64 rule of every report (:mod:`.exactness`)
     verdict = (f"All four within {EXACT_TOL:g} of dense autograd: exact to float64 rounding.\n" if not failed else
-               f"**Not exact: {', '.join(failed)} above {EXACT_TOL:g}.** The chunked gradients differ from dense "
+               f"{not_exact(failed)} The chunked gradients differ from dense "
                "autograd on this model; the tables below rest on them and are not to be trusted.\n")
     return ["## Exactness (float64)\n",
             f"{ex['tokens']} tokens of `{Path(ex['text']).name}` in {ex['num_chunks']} chunks of "

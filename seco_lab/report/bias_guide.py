@@ -120,12 +120,7 @@ def guidance_section(p: dict) -> list[str]:
           f"{row('best_scale_residual', rel)}. Capping c_q at C < k/t shrinks the hop strata while the direct "
           "term stays, and `released` scales the direct term by k/t but never the hops: both change the relative "
           "weight of the strata, which no scalar can undo.",
-          f"- **When each scheme is unbiased.** `{ff}`: exactly when t ≥ L+1 (largest relative bias there "
-          f"{fmt(unb.get(ff, {}).get('t ≥ L+1'))}; at the paper's t ≥ 8 this needs L ≤ 7 layers, not the paper's "
-          f"32: deeper chains get w(p) = 0 for p ≥ t). `{be}` (Bernoulli inclusion, c = 1/ρ): in every cell "
-          f"(largest {fmt(unb.get(be, {}).get('t ≥ L+1'))}). `{ru}` (public code's --unbiased_estimate) is not: "
-          f"relative bias {row('rel_bias', ru)}, because drawing t *distinct* chunks keeps a p-hop chain with "
-          "probability (t)_{p+1}/(k)_{p+1}, not (t/k)^{p+1}. Every other scheme is biased "
+          "- **When each scheme is unbiased.** " + unbiased_claims(unb, row) + " "
           f"(below {UNBIASED_TOL:g} counts as unbiased).",
           _noise_price_bullet(at, g, ts, t0, row, pa, ff, be, ru),
           _best_rate_bullet(at, ts, row, pa, cap, rel, ff, be),
@@ -136,10 +131,64 @@ def guidance_section(p: dict) -> list[str]:
           f"(`reports/benchmarks.md` measures the stratified relay against the constant one). At k = {k}:\n",
           table(p["relay"]) + "\n",
           f"- **In short.** Need an unbiased gradient: `{ff}` when t ≥ L+1 (at the price above and a stratified "
-          f"relay), else `{be}`. Accept a bias to save variance: `{pa}` uncapped errs "
+          f"relay), else `{be}`" + ("" if not contradicted(unb) else
+                                    " by construction, but the stored cells above break it: rerun the study before "
+                                    "relying on either") + f". Accept a bias to save variance: `{pa}` uncapped errs "
           + ("mostly in scale" if mostly_scale else "in direction too") + f"; the cap (`{cap}`, "
           f"`{PAPER_CHAIN_CAPPED_2.label}`) and `{rel}` trade variance for a direction error.\n"]
     return md
+
+
+def _largest(u: dict) -> float:
+    """The largest relative bias over every cell of one scheme's :func:`unbiased_where` entry."""
+    values = [u.get(key, float("nan")) for key in ("t ≥ L+1", "t < L+1")]
+    values = [v for v in values if v == v]
+    return max(values) if values else float("nan")
+
+
+def contradicted(unb: dict) -> list[str]:
+    """The unbiased-by-construction schemes whose stored cells break that (relative bias not below
+    :data:`UNBIASED_TOL`): `falling-factorial` where t ≥ L+1, `bernoulli` anywhere."""
+    ff, be = unb.get(FALLING_FACTORIAL.label, {}), unb.get(BERNOULLI.label, {})
+    bad, deep = [], ff.get("t ≥ L+1", float("nan"))
+    if deep == deep and not deep < UNBIASED_TOL:  # NaN: no cell with t ≥ L+1, no claim
+        bad.append(FALLING_FACTORIAL.label)
+    if be and not _largest(be) < UNBIASED_TOL:
+        bad.append(BERNOULLI.label)
+    return bad
+
+
+def unbiased_claims(unb: dict, row) -> str:
+    """Which scheme is unbiased where, each claim read from the stored cells with :data:`UNBIASED_TOL` (never
+    "exactly unbiased" over a relative bias above it); ``row(metric, label)``: a metric at every budget."""
+    ff, be, ru = FALLING_FACTORIAL.label, BERNOULLI.label, RELEASED_UNBIASED.label
+    bad = contradicted(unb)
+    deep = unb.get(ff, {}).get("t ≥ L+1")
+    if ff in bad:
+        text = (f"`{ff}`: **not exactly unbiased where t ≥ L+1**, although its weights make it so by construction: "
+                f"largest relative bias there {fmt(deep)}, above {UNBIASED_TOL:g} (the stored cells are wrong or "
+                "damaged; rerun the study).")
+    else:
+        text = (f"`{ff}`: exactly when t ≥ L+1 (largest relative bias there {fmt(deep)}; at the paper's t ≥ 8 this "
+                "needs L ≤ 7 layers, not the paper's 32: deeper chains get w(p) = 0 for p ≥ t).")
+    if be in bad:
+        text += (f" `{be}` (Bernoulli inclusion, c = 1/ρ): **not exactly unbiased in every cell**, although it is by "
+                 f"construction: unbiased in {unb[be]['unbiased']} of {unb[be]['cells']}, largest relative bias "
+                 f"{fmt(_largest(unb[be]))}, above {UNBIASED_TOL:g} (the stored cells are wrong or damaged).")
+    else:
+        text += f" `{be}` (Bernoulli inclusion, c = 1/ρ): in every cell (largest {fmt(_largest(unb.get(be, {})))})."
+    r = unb.get(ru, {})
+    if r.get("unbiased", 0):
+        text += (f" `{ru}` (public code's --unbiased_estimate): relative bias {row('rel_bias', ru)}; below "
+                 f"{UNBIASED_TOL:g} in {r['unbiased']} of its {r['cells']} cells, which its weights do not explain.")
+    else:
+        text += (f" `{ru}` (public code's --unbiased_estimate) is not: relative bias {row('rel_bias', ru)}, because "
+                 "drawing t *distinct* chunks keeps a p-hop chain with probability (t)_{p+1}/(k)_{p+1}, not "
+                 "(t/k)^{p+1}.")
+    others = [s for s, u in unb.items() if s not in (ff, be, ru) and u.get("unbiased", 0)]
+    text += (" Every other scheme is biased" if not others else
+             " The other schemes are biased except in some cells of " + ", ".join(f"`{s}`" for s in others))
+    return text
 
 
 def _noise_price_bullet(at: dict, g: dict, ts, t0, row, pa: str, ff: str, be: str, ru: str) -> str:

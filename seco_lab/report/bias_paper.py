@@ -16,6 +16,7 @@ from ..studies.bias.definition import (
     RELEASED_UNBIASED,
     SCHEMES,
 )
+from .exactness import EXACT_TOL
 from .figures import scheme_order
 
 __all__ = [
@@ -24,7 +25,7 @@ __all__ = [
 ]
 
 PAPER_K = 128  # the paper's chunk count: 16K tokens in chunks of 128
-UNBIASED_TOL = 1e-10  # as in bias_summary: relative bias below this is "exactly unbiased"
+UNBIASED_TOL = EXACT_TOL  # relative bias below this is "exactly unbiased" (the float64 rule of every report)
 # the schemes of the headline table: the paper's formula, what it ran, the public code, and the unbiased ones
 HEADLINE_SCHEMES = (PAPER, PAPER_CAPPED_2, RELEASED, RELEASED_UNBIASED, FALLING_FACTORIAL, BERNOULLI)
 # column -> (stored metric, heading) of the paper-settings tables
@@ -115,13 +116,15 @@ def guidance(mean: pd.DataFrame, n_layers: int, num_chunks: int, budgets) -> dic
 
 
 def unbiased_where(cells: pd.DataFrame) -> dict:
-    """Per scheme: the largest relative bias where t ≥ L+1 and where t < L+1 (over every paper cell)."""
+    """Per scheme: the largest relative bias where t ≥ L+1 and where t < L+1 (over every paper cell), and in how
+    many of its cells (``"unbiased"`` of ``"cells"``) the relative bias is below :data:`UNBIASED_TOL`."""
     out = {}
     for s in scheme_order(cells.scheme):
         d = cells[cells.scheme == s]
         deep = d.t >= d.L + 1
         out[s] = {"t ≥ L+1": float(d[deep].rel_bias.max()) if deep.any() else float("nan"),
-                  "t < L+1": float(d[~deep].rel_bias.max()) if (~deep).any() else float("nan")}
+                  "t < L+1": float(d[~deep].rel_bias.max()) if (~deep).any() else float("nan"),
+                  "unbiased": int((d.rel_bias < UNBIASED_TOL).sum()), "cells": len(d)}
     return out
 
 

@@ -24,12 +24,14 @@ from ..studies.bias.definition import (
 from ..studies.bias.driver import SORT_KEYS  # the columns that identify a row of each table
 from ..studies.registry import STUDIES
 from .bias_paper import PAPER_METRICS, summarize_paper
+from .exactness import EXACT_TOL, above_tol
 from .figures import scheme_order
 from .markdown import MissingResultsError, read_json_table, read_results_csv, require
 
-__all__ = ["BiasStudy", "COVERAGE_BAND", "PRODUCE_BIAS", "UNBIASED_TOL", "headline", "load_bias", "summarize_bias"]
+__all__ = ["BiasStudy", "CHECK_KINDS", "COVERAGE_BAND", "PRODUCE_BIAS", "UNBIASED_TOL", "headline", "load_bias",
+           "summarize_bias"]
 
-UNBIASED_TOL = 1e-10  # relative bias below this is "exactly unbiased" (float64 rounding is ~1e-15)
+UNBIASED_TOL = EXACT_TOL  # relative bias below this is "exactly unbiased" (float64 rounding is ~1e-15)
 PAPER_RATIO = 16  # the paper's chunks-to-budget ratio k/t (k = 128 chunks of 128 tokens, t = 8)
 OTHER_PAPER_RATIOS = (8, 4)  # the paper's other budgets at k = 128: t = 16, 32
 COVERAGE_BAND = 0.99  # a scheme's count of covering intervals is flagged outside this binomial band
@@ -42,6 +44,18 @@ MATCHED_SCALE = ("noise_to_signal", "best_scale_mse")  # added in study format 4
 RESULT_METRICS = ("rel_bias", "rel_var", "rel_mse", "mc_rel_sq_bias", "mc_rel_sq_bias_ci_low", "mc_rel_sq_bias_ci_high",
                   "mc_rel_sq_bias_se", "mc_rel_var", "mc_covered", "mc_cost", "best_scale_residual",
                   "per_tensor_residual", "direction_bias")
+
+#: the exactness checks of checks.csv, by kind (the sampler suffix dropped), as the report's table names them;
+#: each is a float64 relative error or a norm that must vanish, so above EXACT_TOL it fails (:mod:`.exactness`)
+CHECK_KINDS = {
+    "chain_sum_vs_dense": "Σ over chains of the chain basis vs dense gradient (max rel. error)",
+    "strata_beyond_depth": "largest ‖g(p)‖ / ‖g‖ for p > L (bounded-chain claim)",
+    "engine_vs_chain_basis": "chain-basis estimate vs the real sparse engine on drawn sets (max rel. error)",
+    "enumerated_vs_analytic": "enumerated vs analytic squared bias and covariance trace (max, relative to ‖g‖²)",
+    "paper_strata_sum_vs_dense": "paper settings: Σ_{p ≤ L} g(p) of the stratified pass vs dense gradient (max rel. "
+                                 "error)",
+}
+
 
 @dataclass
 class BiasStudy:
@@ -100,6 +114,12 @@ def load_bias(folder: Path) -> BiasStudy:
                      [(L, k, t, seed, s) for L, k, seed in cfg.paper_groups() for t in cfg.paper_budgets
                       for s in labels])
     checks, groups = read("checks.csv", CHECK_COLUMNS), read("groups.csv", GROUP_COLUMNS)
+    if len(negative := checks[checks.value < 0]):  # every check is a relative error or a norm ratio
+        r = negative.iloc[0]
+        raise MissingResultsError(f"{folder}/checks.csv holds {len(negative)} impossible value(s) (e.g. {r.check} = "
+                                  f"{r.value:g} at L={r.L}, k={r.k}, seed={r.seed}, t={r.t}; a relative error or "
+                                  "norm ratio is never below 0): the table was edited or damaged; rerun "
+                                  f"{PRODUCE_BIAS}")
     for name, df in (("checks.csv", checks), ("groups.csv", groups)):
         expect_groups(folder / name, df, cfg.groups() + cfg.paper_groups())
     have = set(zip(*(checks[c].astype(int) for c in ("L", "k", "seed", "t")), checks.check))
@@ -298,7 +318,9 @@ def summarize_bias(study: BiasStudy) -> dict:
         "coverage": coverage_summary(cells, cfg["ci_level"]),
         "covered": (int(covered.sum()), len(covered)),
         "tables": {m: by_budget(main, m) for m in ("rel_bias", "direction_bias", "rel_mse")},
-        "checks": checks.groupby("kind").value.max().to_dict(),
+        "checks": (ck := checks.groupby("kind").value.max().to_dict()),
+        # the checks above the float64 tolerance (a study without paper cells has no paper check: not a failure)
+        "checks_failed": above_tol(ck, CHECK_KINDS, skip_missing=True),
         "mc_vs_exact_var": (float(mc_vs_exact.median()), float(mc_vs_exact.max())),
         "paper": summarize_paper(study.paper, study.groups, cfg["ci_level"]),
     }
