@@ -133,7 +133,7 @@ bench-hf-spans: $(STAMP)
 # against every drawn chunk rebuilt, interleaved in one process (tag keep-side), then the peak memory of each in a
 # fresh process.  About 70 CPU-minutes, single-threaded.
 KEEP8K = $(HF) --layers 30 --lengths 8192 --chunk-sizes 64 128 --methods forward spaco --schemes released-unbiased \
-  --compare keep --keep-graphs 16 --no-lora --warmup 0 --tag keep-side
+  --compare keep --keep-graphs 16 --no-lora --warmup 0 --tag keep-side --timeout 14400
 bench-hf-keep: $(STAMP)
 	$(KEEP8K) --no-memory --rounds 1
 	$(KEEP8K) --no-time

@@ -43,7 +43,7 @@ from seco_lab.report.bench_hf import ENGINE_VARIANTS  # the label suffixes of --
 if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "experiments"
-from .arguments import MAX_SIZE, at_least, check_out_dir
+from .arguments import MAX_SIZE, at_least, check_out_dir, positive_seconds
 from .child import reset_peak_rss, rss_bytes, run_child
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -340,6 +340,9 @@ def main(argv=None):
     ap.add_argument("--keep-graphs", type=at_least(0, MAX_SIZE), default=None,
                     help="SpaCO: pass 1 keeps the graphs of the last N drawn chunks for pass 2 (default 0; "
                          "--compare keep times the same steps with none kept)")
+    ap.add_argument("--timeout", type=positive_seconds, default=3600.0,
+                    help="seconds a measuring process may run before it is stopped and its rows recorded as errors "
+                         "(default 3600; an 8K SpaCO run over 8 draws on a busy machine takes longer)")
     ap.add_argument("--tag", default="after", help="label of this run in the CSV (e.g. before/after a change)")
     ap.add_argument("--out", type=Path, default=Path("reports/bench"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -368,7 +371,7 @@ def main(argv=None):
             "compare": tuple(dict.fromkeys((a.compare or []) + (["pass1"] if a.pass1_compare else []))) or None}
     cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
     t0 = time.perf_counter()
-    run(cfg, a.out, a.tag, memory=not a.no_memory, profile_length=a.profile, timing=not a.no_time,
+    run(cfg, a.out, a.tag, timeout=a.timeout, memory=not a.no_memory, profile_length=a.profile, timing=not a.no_time,
         profile_lora=a.profile_lora)
     print(f"HF benchmark ({a.tag}) written to {a.out / 'hf_results.csv'} in {time.perf_counter() - t0:.0f} s")
 
