@@ -15,6 +15,8 @@ from .markdown import (
     COUNT,
     NON_NEGATIVE,
     POSITIVE,
+    MissingResultsError,
+    check_derived,
     fmt,
     generated_note,
     read_json_table,
@@ -37,6 +39,10 @@ SPACO_OVER_SECO_TIME_MAX = 1 / 2.5  # ... and is >= 2.5x faster than SeCO (SpaCO
 INTEGER_COLUMNS = ("length", "longest length within cap")
 #: the columns of results.csv the report reads (an "error" row has no value)
 RESULTS_COLUMNS = ("length", "label", "metric", "value")
+#: one measurement per (length, method, metric): a repeated one would be averaged into the report
+RESULTS_KEY = ("length", "label", "metric")
+#: one row per process of experiments/bench_strata.py: the report's groups, and the round within them
+STRATA_KEY = ("length", "chunk_size", "max_hops", "tag", "rev", "round")
 
 
 def load_bench(folder: Path) -> tuple[pd.DataFrame, dict]:
@@ -44,8 +50,41 @@ def load_bench(folder: Path) -> tuple[pd.DataFrame, dict]:
     require(folder, BENCH_FILES, PRODUCE_BENCH)
     df = read_results_csv(folder / "results.csv", RESULTS_COLUMNS, PRODUCE_BENCH, text_columns=("label", "metric"),
                           nan_allowed=lambda d: d["metric"].astype(str).eq("error"), more_columns=True,
-                          ranges={"length": COUNT, "value": NON_NEGATIVE})
-    return df, read_json_table(folder / "bench.json", PRODUCE_BENCH)
+                          ranges={"length": COUNT, "value": NON_NEGATIVE}, key=RESULTS_KEY,
+                          keyed=lambda d: ~d["metric"].astype(str).eq("error"))
+    meta = read_json_table(folder / "bench.json", PRODUCE_BENCH)
+    check_spaco_rows(folder, df, meta)
+    return df, meta
+
+
+def check_spaco_rows(folder: Path, df: pd.DataFrame, meta: dict) -> None:
+    """bench.json's chunk size against the SpaCO rows of results.csv: a row of budget t at t/k = 1/ratio ran
+    k = t x ratio chunks, and k = ceil(length / chunk size); its label names its scheme and ratio.  A chunk size
+    that the rows contradict, or a label its columns contradict (edited), is refused, never printed."""
+    cfg = meta.get("config")
+    chunk = cfg.get("chunk_size") if isinstance(cfg, dict) else None
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise MissingResultsError(f"{folder / 'bench.json'} holds no chunk size (config.chunk_size = {chunk!r}, not a "
+                                  f"positive integer): rerun {PRODUCE_BENCH}")
+    if not {"method", "scheme", "budget", "ratio"} <= set(df.columns):
+        return
+    sp = df[df["method"].astype(str).eq("spaco")]
+    budget, ratio = pd.to_numeric(sp["budget"], errors="coerce"), pd.to_numeric(sp["ratio"], errors="coerce")
+    named = "spaco " + sp["scheme"].astype(str) + " t/k=1/" + ratio.map("{:g}".format)
+    if (other := sp.label.ne(named)).any():  # the report pairs SpaCO rows by scheme and ratio, draws them by label
+        row = other.idxmax()
+        raise MissingResultsError(f"{folder / 'results.csv'}: row {int(row) + 2} is labelled {sp.label[row]!r}, but "
+                                  f"its scheme and ratio make it {named[row]!r}: the file was edited or is damaged; "
+                                  f"rerun {PRODUCE_BENCH}")
+    k = -(-sp["length"] // chunk)
+    bad = ~(budget * ratio == k)
+    if bad.any():
+        row = bad.idxmax()
+        raise MissingResultsError(
+            f"{folder / 'results.csv'}: row {int(row) + 2} ({sp.label[row]} at length {int(sp.length[row])}) ran "
+            f"budget x ratio = {budget[row]:g} x {ratio[row]:g} = {budget[row] * ratio[row]:g} chunks, but "
+            f"{folder / 'bench.json'} gives chunk_size {chunk}, i.e. k = ceil({int(sp.length[row])} / {chunk}) = "
+            f"{int(k[row])}: one of them was edited or they come from two runs; rerun {PRODUCE_BENCH}")
 
 
 def kv_cache_mib(cfg: dict, n: int) -> float:
@@ -180,8 +219,10 @@ def strata_cost_section(path: Path) -> list[str]:
                           text_columns=("tag", "rev"), more_columns=True,
                           ranges={"length": COUNT, "chunk_size": COUNT, "max_hops": NON_NEGATIVE,
                                   "seco_cpu_s": NON_NEGATIVE, "strata_cpu_s": NON_NEGATIVE, "ratio": POSITIVE,
-                                  "peak_rss_gib": NON_NEGATIVE, "loadavg_1m": NON_NEGATIVE})
-    keys = ["length", "chunk_size", "max_hops", "tag", "rev"]
+                                  "peak_rss_gib": NON_NEGATIVE, "loadavg_1m": NON_NEGATIVE}, key=STRATA_KEY)
+    check_derived(path, df, "ratio", df.strata_cpu_s / df.seco_cpu_s, "strata_cpu_s / seco_cpu_s",
+                  "`python -m experiments.bench_strata`")
+    keys = list(STRATA_KEY[:-1])
     g = df.groupby(keys, sort=False).agg(rounds=("ratio", "size"), seco_cpu_s=("seco_cpu_s", "median"),
                                          strata_cpu_s=("strata_cpu_s", "median"), ratio=("ratio", "median"),
                                          peak_rss_gib=("peak_rss_gib", "max"),

@@ -23,14 +23,15 @@ INTEGER_COLUMNS = ("rounds", "all-gathers / step", "reduce-scatters / step", "al
 
 
 def read_fsdp_results(path: str | Path) -> pd.DataFrame:
-    """``fsdp_results.csv``, checked: rows, and numbers in the columns the report reads."""
+    """``fsdp_results.csv``, checked: rows, numbers in the columns the report reads, and one row per (round, mode,
+    rank) -- a repeated one would be taken into the round's maximum as if it were another rank."""
     return read_results_csv(path, ("round", "mode", "parameters", "base_mib", "peak_mib", "step_s", "all_gather",
                                    "reduce_scatter", "all_reduce", "seq_len", "chunk_size", "model"), PRODUCE,
                             text_columns=("mode", "model"), more_columns=True,
                             ranges={"round": NON_NEGATIVE, "parameters": COUNT, "base_mib": NON_NEGATIVE,
                                     "peak_mib": NON_NEGATIVE, "step_s": NON_NEGATIVE, "all_gather": NON_NEGATIVE,
                                     "reduce_scatter": NON_NEGATIVE, "all_reduce": NON_NEGATIVE, "seq_len": COUNT,
-                                    "chunk_size": COUNT})
+                                    "chunk_size": COUNT}, key=("round", "mode", "rank"))
 
 
 def summarize(results: pd.DataFrame | str | Path) -> pd.DataFrame:

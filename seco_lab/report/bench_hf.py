@@ -17,7 +17,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .markdown import COUNT, NON_NEGATIVE, read_results_csv, table
+from .markdown import (
+    COUNT,
+    NON_NEGATIVE,
+    MissingResultsError,
+    check_bounds,
+    check_derived,
+    read_results_csv,
+    table,
+)
 
 __all__ = ["KEYS", "NOT_MET_REASONS", "clock", "render", "summarize", "targets"]
 
@@ -401,17 +409,49 @@ def _profile_parts(results_dir: Path) -> list[str]:
 
 
 def read_hf_results(path: str | Path) -> pd.DataFrame:
-    """``hf_results.csv``, checked: rows, and numbers in the columns the report reads (NaN only in an error row's
-    value)."""
+    """``hf_results.csv``, checked: rows, numbers in the columns the report reads (NaN only in an error row's
+    value), and one measurement per (tag, layers, chunk size, length, lora, method, metric) -- a repeated one
+    would be taken into a median as if it were another round."""
     return read_results_csv(path, ("tag", "n_layers", "chunk_size", "length", "lora", "label", "metric", "value"),
                             PRODUCE, text_columns=("tag", "lora", "label", "metric"), more_columns=True,
                             nan_allowed=lambda d: d["metric"].astype(str).eq("error"),
-                            ranges={"n_layers": COUNT, "chunk_size": COUNT, "length": COUNT, "value": NON_NEGATIVE})
+                            ranges={"n_layers": COUNT, "chunk_size": COUNT, "length": COUNT, "value": NON_NEGATIVE},
+                            key=(*KEYS, "label", "metric"), keyed=lambda d: ~d["metric"].astype(str).eq("error"))
+
+
+#: what one profile is of: the report prints each once (its first row), so every row holds the same
+PROFILE_OF = ("tag", "length", "n_layers", "chunk_size", "lora")
+
+
+def read_profile(path: Path) -> pd.DataFrame:
+    """``hf_profile_*.csv`` (one profiled SeCO step), checked: one row per operator and one ``(total)`` row, one
+    step (the same tag, length, layers, chunk size, lora in every row), each share in [0, 1] and equal to its
+    self_cpu_s over the total's, the operators' self time within the total."""
+    path = Path(path)
+    prof = read_results_csv(path, ("op", "self_cpu_s", "share", "calls", "tag", "length", "n_layers"), PRODUCE,
+                            text_columns=("op", "tag"), more_columns=True,
+                            ranges={"self_cpu_s": NON_NEGATIVE, "share": NON_NEGATIVE, "calls": NON_NEGATIVE,
+                                    "length": COUNT, "n_layers": COUNT}, key=("op",))
+    for col in (c for c in PROFILE_OF if c in prof):
+        other = prof[col].astype(str).ne(str(prof[col].iloc[0]))
+        if other.any():
+            row = int(other.idxmax())
+            raise MissingResultsError(f"{path}: row {row + 2} holds {col} = {prof[col][row]}, but row 2 holds "
+                                      f"{prof[col].iloc[0]}: one file is one profiled step (two profiles joined?); "
+                                      f"rerun {PRODUCE} --profile")
+    total = prof.self_cpu_s[prof.op == "(total)"]
+    if len(total) != 1 or not total.iloc[0] > 0:
+        raise MissingResultsError(f"{path} holds no '(total)' row with a positive self_cpu_s: the shares have no "
+                                  f"whole; the file is damaged; rerun {PRODUCE} --profile")
+    check_bounds(path, prof, {"share": (0.0, 1.0)}, PRODUCE)
+    check_derived(path, prof, "share", prof.self_cpu_s / total.iloc[0],
+                  f"self_cpu_s / {total.iloc[0]:g} (the '(total)' row's self_cpu_s)", PRODUCE)
+    ops = float(prof.self_cpu_s[prof.op != "(total)"].sum())
+    if ops > total.iloc[0] * (1 + 1e-9):
+        raise MissingResultsError(f"{path}: its operators' self_cpu_s add up to {ops:g}, more than the '(total)' "
+                                  f"row's {total.iloc[0]:g}: the file was edited or is damaged; rerun {PRODUCE}")
+    return prof
 
 
 def _profiles(results_dir: Path) -> list[pd.DataFrame]:
-    return [read_results_csv(path, ("op", "self_cpu_s", "share", "calls", "tag", "length", "n_layers"), PRODUCE,
-                             text_columns=("op", "tag"), more_columns=True,
-                             ranges={"self_cpu_s": NON_NEGATIVE, "share": NON_NEGATIVE, "calls": NON_NEGATIVE,
-                                     "length": COUNT, "n_layers": COUNT})
-            for path in sorted(Path(results_dir).glob("hf_profile_*.csv"))]
+    return [read_profile(path) for path in sorted(Path(results_dir).glob("hf_profile_*.csv"))]

@@ -22,9 +22,9 @@ from ..store import (
     read_json,
 )
 
-__all__ = ["COUNT", "NON_NEGATIVE", "POSITIVE", "MissingResultsError", "check_bounds", "fmt", "generated_note",
-           "read_json_table", "read_results_csv", "read_stored_csv", "require", "stored_file", "stored_read_errors",
-           "table", "write_markdown"]
+__all__ = ["COUNT", "NON_NEGATIVE", "POSITIVE", "MissingResultsError", "check_bounds", "check_derived", "fmt",
+           "generated_note", "read_json_table", "read_results_csv", "read_stored_csv", "require", "stored_file",
+           "stored_read_errors", "table", "write_markdown"]
 
 
 class MissingResultsError(FileNotFoundError):
@@ -86,14 +86,17 @@ COUNT, NON_NEGATIVE, POSITIVE = (">=", 1), (">=", 0), (">", 0)
 
 def read_results_csv(path: Path, columns: tuple[str, ...], produce: str, text_columns=("scheme", "metric", "check"),
                      nan_allowed=None, key: tuple[str, ...] | None = None, more_columns: bool = False,
-                     inf_allowed=None, ranges: dict[str, tuple[str, float]] | None = None) -> pd.DataFrame:
+                     inf_allowed=None, ranges: dict[str, tuple[str, float]] | None = None,
+                     keyed=None) -> pd.DataFrame:
     """A stored results table, checked before any number of it is reported: it parses, has exactly
     ``columns`` (with ``more_columns``: at least these, the others unchecked), at least one row, numbers in
     every other than ``text_columns``, and no infinity (but where ``inf_allowed(df)`` allows it); NaN only
     where ``nan_allowed(df)`` (a boolean row mask) allows it; no two rows with the same ``key`` columns (a
     repeated or conflicting result); with ``ranges`` (column -> ``(">=", 1)``, ``(">", 0)``, ...: use
     :data:`COUNT`, :data:`NON_NEGATIVE`, :data:`POSITIVE`) every number of the column in its range (a negative
-    layer count or time is damage, not a result).  Each refusal names the file, the column, the row and the fix."""
+    layer count or time is damage, not a result).  ``keyed(df)`` (a boolean row mask) limits the ``key`` check to
+    the rows it selects (e.g. not the error rows, which carry no value); the ``key`` columns must all be there.
+    Each refusal names the file, the column, the row and the fix."""
     path = Path(path)
     stored_file(path, "stored results table", TABLE_MAX_BYTES, produce)  # pandas would block on a FIFO
     try:  # NUL bytes; a compressed table: its decompressed size too (read in bounded blocks, nothing kept)
@@ -141,7 +144,13 @@ def read_results_csv(path: Path, columns: tuple[str, ...], produce: str, text_co
             raise MissingResultsError(f"{path}: column {c!r} holds {values[row]:g} (row {row + 2}), but it must be "
                                       f"{op} {bound:g}: the file is damaged or was edited; rerun {produce}")
     if key is not None:
+        if lacking := [c for c in key if c not in df.columns]:
+            raise MissingResultsError(f"{path} lacks the column(s) {lacking} that tell its rows apart: it was written "
+                                      f"by another version or is damaged; rerun {produce}")
         repeated = df.duplicated(list(key), keep="first")
+        if keyed is not None:
+            rows = np.asarray(keyed(df), dtype=bool)
+            repeated = df[rows].duplicated(list(key), keep="first").reindex(df.index, fill_value=False)
         if repeated.any():
             row = int(repeated.idxmax())
             first = ", ".join(f"{c}={str(df[c].iloc[row])[:60]}" for c in key)
@@ -160,6 +169,40 @@ def check_bounds(path: Path, df: pd.DataFrame, bounds: dict[str, tuple[float, fl
             raise MissingResultsError(f"{path} holds {len(bad)} impossible value(s) of {col} (e.g. "
                                       f"{bad[col].iloc[0]:g} on line {bad.index[0] + 2}; it lies in [{lo:g}, {hi:g}]): "
                                       f"the table was edited or damaged; rerun {produce}")
+
+
+def _half_unit(text) -> float:
+    """Half a unit of the last digit of a number as stored (``"3.09"`` -> 0.005, ``"2.5e-03"`` -> 5e-5): what
+    rounding to the stored digits can account for."""
+    text = str(text).strip().lower()
+    mantissa, _, exponent = text.partition("e")
+    decimals = len(mantissa.partition(".")[2])
+    try:
+        return 0.5 * 10.0 ** (int(exponent or 0) - decimals)
+    except ValueError:
+        return 0.0
+
+
+def check_derived(path: Path, df: pd.DataFrame, column: str, expected: pd.Series, formula: str, produce: str,
+                  rows=None) -> None:
+    """Refuse a stored value that disagrees with what it derives from: ``column`` (as stored, in the rows selected
+    by the boolean mask ``rows``, default all) must equal ``expected`` (computed from the other columns by
+    ``formula``, e.g. ``"strata_cpu_s / seco_cpu_s"``) up to the rounding of its stored digits (half a unit of its
+    last digit) and float noise (1e-9 relative).  A hand-edited or damaged derived value is named (file, row, both
+    values), never printed as a result."""
+    path = Path(path)
+    text = pd.read_csv(path, dtype=str, keep_default_na=False)[column]  # the stored digits (the file is checked)
+    stored = pd.to_numeric(df[column], errors="coerce")
+    expected = pd.Series(expected, index=df.index, dtype=float)
+    tol = text.map(_half_unit).reindex(df.index).fillna(0.0) + 1e-9 * expected.abs()
+    bad = ~((stored - expected).abs() <= tol)
+    if rows is not None:
+        bad &= np.asarray(rows, dtype=bool)
+    if bad.any():
+        row = bad.idxmax()
+        raise MissingResultsError(f"{path}: row {int(row) + 2} holds {column} = {text[row]}, but {formula} = "
+                                  f"{expected[row]:.6g} from its other columns: the file was edited or is damaged; "
+                                  f"rerun {produce}")
 
 
 def fmt(x, digits: int = 3) -> str:

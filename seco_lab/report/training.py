@@ -41,10 +41,11 @@ def load_training(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     throughput = read_results_csv(folder / "throughput.csv", ("mode", "tokens_per_s", "backprop_chunks", "k",
                                                               "steps_timed"), PRODUCE_TRAINING, text_columns=("mode",),
                                   more_columns=True, ranges={"tokens_per_s": POSITIVE, "backprop_chunks": NON_NEGATIVE,
-                                                             "k": COUNT, "steps_timed": COUNT})
+                                                             "k": COUNT, "steps_timed": COUNT}, key=("mode",))
     far = read_results_csv(folder / "far_loss.csv", ("mode", "step", "eval_far_loss", "eval_loss"), PRODUCE_TRAINING,
                            text_columns=("mode",), more_columns=True,
-                           ranges={"step": NON_NEGATIVE, "eval_far_loss": NON_NEGATIVE, "eval_loss": NON_NEGATIVE})
+                           ranges={"step": NON_NEGATIVE, "eval_far_loss": NON_NEGATIVE, "eval_loss": NON_NEGATIVE},
+                           key=("mode", "step"))
     meta = read_json_table(folder / "training.json", PRODUCE_TRAINING)
     wrong = [k for k, kind in TRAINING_RECORD.items() if not isinstance(meta.get(k), kind) or isinstance(
         meta.get(k), bool) and kind is int]
@@ -54,7 +55,32 @@ def load_training(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     if not {"dense", "seco"} <= set(throughput["mode"]):
         raise MissingResultsError(f"{folder / 'throughput.csv'} lacks the dense or the seco row the throughput is "
                                   f"compared with: rerun {PRODUCE_TRAINING}")
+    check_chunks(folder, throughput, meta)
     return throughput, far, meta
+
+
+def check_chunks(folder: Path, throughput: pd.DataFrame, meta: dict) -> None:
+    """throughput.csv's k against the demo configuration it was measured on (training.json): every row ran
+    k = ceil(seq_len / chunk_size) chunks and backpropagated at most k of them; the report prints one k and one
+    count of timed steps, so every row holds the same.  A value the configuration contradicts is refused."""
+    path, record = folder / "throughput.csv", folder / "training.json"
+    demo = meta["demo"]
+    size = {c: demo.get(c) for c in ("seq_len", "chunk_size")}
+    if wrong := [c for c, v in size.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]:
+        raise MissingResultsError(f"{record}: demo.{wrong[0]} = {size[wrong[0]]!r} is not a positive integer: the "
+                                  f"record is damaged; rerun {PRODUCE_TRAINING}")
+    k = -(-size["seq_len"] // size["chunk_size"])
+    for col, ok, says in (("k", throughput.k == k, f"k = ceil(seq_len / chunk_size) = ceil({size['seq_len']} / "
+                                                   f"{size['chunk_size']}) = {k} from {record}'s demo"),
+                          ("backprop_chunks", throughput.backprop_chunks <= k, f"at most k = {k} chunks backpropagate"),
+                          ("steps_timed", throughput.steps_timed == throughput.steps_timed.iloc[0],
+                           f"every mode was timed over the same steps ({int(throughput.steps_timed.iloc[0])}, "
+                           "row 2)")):
+        if not ok.all():
+            row = int((~ok).idxmax())
+            raise MissingResultsError(f"{path}: row {row + 2} ({throughput['mode'][row]}) holds {col} = "
+                                      f"{throughput[col][row]:g}, but {says}: the file was edited or is damaged; "
+                                      f"rerun {PRODUCE_TRAINING}")
 
 
 def summarize_training(throughput: pd.DataFrame, far: pd.DataFrame, meta: dict) -> dict:
