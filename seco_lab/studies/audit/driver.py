@@ -91,15 +91,21 @@ def rewrite_tables(out: str | Path, drop_missing_units: bool = False) -> Path:
         return write_results(out)
 
 
-#: the columns naming the unit a row of a stored table came from
-UNIT_COLUMNS = {"strata.csv": ("sequence",), "bias.csv": ("sequence",), "cost.csv": ("sequence", "method"),
-                "mc.csv": ("sequence", "t", "sampler")}
+#: the columns naming a row of a stored table: the unit it came from (for cost.csv the timed step, one per method,
+#: scheme, budget and draw), or for equal_compute.csv the (t, scheme, B) it compares -- a field edited in a unit can
+#: empty one (a cost row relabelled to another budget left equal_compute.csv without that budget's scheme)
+UNIT_COLUMNS = {"strata.csv": ("sequence",), "bias.csv": ("sequence",),
+                "cost.csv": ("sequence", "method", "scheme", "t", "draw"), "mc.csv": ("sequence", "t", "sampler"),
+                "equal_compute.csv": ("t", "scheme", "B")}
+#: the key columns a stored table may leave blank (cost.csv's forward and SeCO rows have no scheme)
+BLANK_COLUMNS = {"cost.csv": ("scheme",)}
 
 
 def check_no_rows_lost(out: Path) -> None:
     """Rebuild the tables in memory and refuse when a unit whose rows a stored table holds would have none (its
     file gone, or damaged and left out), or ``data.csv`` would count fewer sequences -- whatever ``audit.json`` says
     (it may be missing, damaged or edited) -- so no unit's rows are dropped unasked (``--drop-missing-units`` asks).
+    A row of ``equal_compute.csv`` (t, scheme, B) or ``cost.csv`` (a timed step) that would be gone is refused too.
     Rows a table holds twice, cut or damaged values are not a loss: the table is written again."""
     lost = []
     derived = derive_results(out)
@@ -110,8 +116,11 @@ def check_no_rows_lost(out: Path) -> None:
             continue  # missing or damaged: written again
         if not set(columns) <= set(stored.columns):
             continue
-        keys = {tuple(row) for row in stored[list(columns)].dropna().astype(str).values}
-        kept = {tuple(row) for row in derived[name][list(columns)].astype(str).values}
+        blank = {c: "" for c in BLANK_COLUMNS.get(name, ())}
+        keys = {tuple(row) for row in stored[list(columns)].fillna(blank).dropna().astype(str).values}
+        table = derived[name]
+        kept = ({tuple(row) for row in table[list(columns)].fillna(blank).astype(str).values}
+                if set(columns) <= set(table.columns) else set())  # no rows at all: no columns either
         gone = sorted(keys - kept)
         if gone:
             lost.append(f"{name}: {', '.join('/'.join(k) for k in gone[:3])}{' ...' if len(gone) > 3 else ''}")
@@ -126,9 +135,9 @@ def check_no_rows_lost(out: Path) -> None:
     if lost:
         raise ValueError(f"--tables-only: the units in {out / 'units'} would rebuild the tables without the rows of "
                          f"units they hold ({'; '.join(lost[:4])}): those units' files are gone or damaged (left "
-                         "out); nothing is rewritten.  Restore those unit files, or rerun the audit with its stored "
-                         f"settings and --out {out} to compute them again, or pass --drop-missing-units to rebuild "
-                         "from the units present")
+                         "out, named above), or a unit's fields were edited; nothing is rewritten.  Restore those "
+                         f"unit files, or rerun the audit with its stored settings and --out {out} to compute them "
+                         "again, or pass --drop-missing-units to rebuild from the units present")
 
 
 def check_units_kept(out: Path, drop_missing_units: bool = False) -> None:

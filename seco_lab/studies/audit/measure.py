@@ -27,6 +27,7 @@ from ...estimators.schemes import get_scheme
 from ...estimators.spaco import flatten, hop_strata, spaco_grad, strata_sweep, total_sweep
 from .config import AuditConfig
 from .sources import SequenceSpec, build_model, sequence_specs, sequence_tokens
+from .stored import RECOMPUTE_TOLERANCE  # a recomputed sequence's strata reproduce the stored Gram to it
 
 __all__ = ["exact_unit", "strata_unit", "strata_rows", "restore_strata_vectors", "RECOMPUTE_TOLERANCE", "cost_unit",
            "mc_unit", "data_unit", "gram_of", "SAMPLER_CODES"]
@@ -145,8 +146,6 @@ def strata_unit(cfg: AuditConfig, spec: SequenceSpec, vectors: Path) -> dict:
             "remainder_ratio": float(np.sqrt(max(G[-1, -1], 0.0) / g2)), **clock.record()}
 
 
-#: a recomputed sequence's strata must reproduce the stored Gram matrix to this relative (Frobenius) error
-RECOMPUTE_TOLERANCE = 1e-4
 
 
 def restore_strata_vectors(cfg: AuditConfig, spec: SequenceSpec, vectors: Path, stored: dict) -> float:

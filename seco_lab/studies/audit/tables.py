@@ -32,7 +32,7 @@ from .stats import (
     strata_bias,
     weights_with_remainder,
 )
-from .stored import read_audit_config, read_sequences, read_unit, unit_problem
+from .stored import cost_grid_problem, read_audit_config, read_sequences, read_unit, strata_of, unit_problem
 
 __all__ = ["check_cost_engines", "pass1_of", "cross_gram",
            "check_units", "derive_results", "write_results", "load_units", "unusable_units", "scheme_cost",
@@ -56,7 +56,8 @@ def unusable_units(out: Path) -> dict[str, str]:
             try:
                 store.checked_file(p, "audit unit", store.RECORD_MAX_BYTES)
                 try:
-                    why = unit_problem(store.read_json(p, "audit unit"), p.stem)
+                    raw = store.read_json(p, "audit unit")
+                    why = unit_problem(raw, p.stem, strata_of(p, raw))
                 except (OSError, ValueError):
                     why = "not a readable JSON object"
                 bad[p.stem] = f"damaged ({why})"
@@ -79,7 +80,8 @@ def stale_reason(unit: dict) -> str | None:
 
 def check_units(cfg: AuditConfig, units: dict[str, dict], out: Path) -> None:
     """Refuse a unit another audit wrote (copied into this folder): its recorded digest, or for a unit stored
-    before units carried one, its chunk count or P, differs from this audit's."""
+    before units carried one, its chunk count or P, differs from this audit's; and a cost unit whose SpaCO rows are
+    not this audit's budgets x schemes x draws (:func:`~seco_lab.studies.audit.stored.cost_grid_problem`)."""
     k = {"exact": -(-cfg.exact_length // cfg.exact_chunk_size), "strata": -(-cfg.length // cfg.chunk_size)}
     for stem, unit in units.items():
         stage = unit.get("stage")
@@ -93,6 +95,9 @@ def check_units(cfg: AuditConfig, units: dict[str, dict], out: Path) -> None:
                 raise ValueError(f"{out}/units/{stem}.json is not a unit of this audit ({key} {have!r}, this audit's "
                                  f"{want!r}): it was copied from another audit's folder; move it away (this audit "
                                  "computes it again), or pass the folder it belongs to")
+        if stage == "cost" and (why := cost_grid_problem(unit, cfg)) is not None:
+            raise ValueError(f"{out}/units/{stem}.json is damaged: {why}; move it away (this audit measures it "
+                             "again), or restore it")
     check_cost_engines(units, out)
 
 
