@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .extensions import extension_plan, folder_configs, tier_folders, write_costs
+from .extensions import extension_plan, folder_configs, second_layers, tier_folders, write_costs
 from .options import add_arguments
 from .study import StudyConfig, collect_partial, quick_config, run_study
 
@@ -37,7 +37,7 @@ def run_from_args(args) -> int:
         _print_meta("main", meta)
     if args.part == "main":
         return 0
-    n_layers = 2 if args.quick else 4
+    n_layers = second_layers(cfg)  # 4; 2 under --quick
     plan = extension_plan(cfg, out, n_layers)
     tiers = [p for p in plan if args.part in ("all", "extensions", p[0])]
     unions = folder_configs(cfg, out, n_layers)

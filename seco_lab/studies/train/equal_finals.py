@@ -7,6 +7,7 @@ are at its tuned rate (lowest mean validation far-token loss among the rates it 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +15,11 @@ import pandas as pd
 
 from seco_lab.stats.equal_compute import chunk_passes
 
-from ...report.markdown import read_json_table, read_stored_csv
+from ...report.markdown import MissingResultsError, read_json_table, read_stored_csv
 from .summary import select_lr
 
-__all__ = ["EXTENSION_FOLDERS", "arm_fields", "extension_finals", "load_folder", "run_finals", "run_finals_from_main",
-           "tuned"]
+__all__ = ["EXTENSION_FOLDERS", "arm_fields", "check_tiers", "extension_finals", "load_folder", "run_finals",
+           "run_finals_from_main", "tuned"]
 
 EXTENSION_FOLDERS = {"equal_compute": "equal_compute", "second": "second_L4"}
 #: the command that writes the extension folders (named when a stored file of one is refused)
@@ -32,6 +33,55 @@ def load_folder(folder: Path):
     return (read_stored_csv(folder / "results.csv.gz", PRODUCE_EXTENSIONS),
             read_stored_csv(folder / "runs.csv", PRODUCE_EXTENSIONS),
             read_json_table(folder / "study.json", PRODUCE_EXTENSIONS))
+
+
+def _first_difference(got: dict, want: dict, prefix: str = "") -> tuple[str, object, object]:
+    """The first (dotted key, got, wanted) where two recorded designs differ (None for a missing key)."""
+    for key in sorted(set(got) | set(want), key=lambda k: (k not in ("settings", "model", "task"), k)):
+        g, w = got.get(key), want.get(key)
+        if isinstance(g, dict) and isinstance(w, dict):
+            found = _first_difference(g, w, f"{prefix}{key}.")
+            if found:
+                return found
+        elif json.dumps(g, sort_keys=True) != json.dumps(w, sort_keys=True):
+            return f"{prefix}{key}", g, w
+    return None
+
+
+def check_tiers(folder: Path, study: dict) -> None:
+    """Each extension folder under ``folder`` (the main study, whose record is ``study``) is that tier of this
+    study, and its runs are what their ids say; else refused, naming the folder and the difference:
+
+    * its ``study.json`` records the tier's settings (:func:`~.extensions.folder_settings`: ``equal_compute`` the
+      main study's task and model with the noise probes, ``second_L4`` the main study's with 4 layers) and the main
+      study's budgets, learning-rate grid and seeds; a folder swapped with the other tier's, or copied from another
+      study, is "from another tier or study";
+    * ``runs.csv`` has the runs ``study.json`` counts, and every row of it and of ``results.csv.gz`` agrees with
+      its ``run_id`` (:func:`.stored.check_runs`)."""
+    from .extensions import _cells_config, folder_settings
+    from .stored import PRODUCE_TRAIN, check_runs, recorded_design
+
+    folder = Path(folder)
+    main = recorded_design(folder, study, PRODUCE_TRAIN)
+    for sub in EXTENSION_FOLDERS.values():
+        loaded = load_folder(folder / sub)
+        if loaded is None:
+            continue
+        results, runs, tier_study = loaded
+        path = folder / sub
+        tier = recorded_design(path, tier_study, PRODUCE_EXTENSIONS)
+        want = _cells_config(main, folder_settings(main, sub), tier.cells or ())
+        diff = _first_difference(tier.to_dict(), want.to_dict())
+        if diff:
+            key, got, wanted = diff
+            raise MissingResultsError(f"{path}/study.json records {key} = {json.dumps(got)}, but the {sub} tier of "
+                                      f"the study in {folder} has {json.dumps(wanted)}: the folder is from another "
+                                      f"tier or study; rerun {PRODUCE_EXTENSIONS} for the study in {folder}")
+        done = tier_study.get("runs_done")
+        if isinstance(done, int) and len(runs) != done:
+            raise MissingResultsError(f"{path}/runs.csv has {len(runs)} runs, but {path}/study.json records {done}: "
+                                      f"the table is incomplete or mixed; rerun {PRODUCE_EXTENSIONS}")
+        check_runs(path, runs, results, tier_study, PRODUCE_EXTENSIONS)
 
 
 def arm_fields(name: str) -> dict:

@@ -42,13 +42,30 @@ from seco_lab.stats.equal_compute import chunk_passes, equal_batches
 
 from ...report.markdown import read_json_table, read_stored_csv
 from .runner import Arm, gradient
-from .study import StudyConfig, atomic_write_csv
+from .study import StudyConfig, atomic_write_csv, quick_config
 from .summary import summarize
 
-__all__ = ["best_and_worst", "equal_compute_config", "extension_plan", "folder_configs", "measure_costs",
-           "near_rates", "second_config", "tier_folders", "tuned_rates"]
+__all__ = ["best_and_worst", "equal_compute_config", "extension_plan", "folder_configs", "folder_settings",
+           "measure_costs", "near_rates", "second_config", "second_layers", "tier_folders", "tuned_rates"]
 
 NOISE_PROBE = {"variance_groups": 4, "variance_draws": 4}
+SECOND_LAYERS = 4  # the second configuration's model depth (its folder: second_L4)
+
+
+def second_layers(main: StudyConfig) -> int:
+    """The second configuration's layers: 4, or 2 for ``--quick``'s one-layer main study (fast)."""
+    return 2 if main.fingerprint() == quick_config().fingerprint() else SECOND_LAYERS
+
+
+def folder_settings(main: StudyConfig, folder: str, n_layers: int | None = None):
+    """The settings of an extension folder's runs: the main study's with the noise probes (``equal_compute``),
+    or with ``n_layers`` layers (``second_L4``; default :func:`second_layers`)."""
+    s = main.settings
+    if folder == "equal_compute":
+        return replace(s, **NOISE_PROBE)
+    if folder == "second_L4":
+        return replace(s, model={**s.model, "n_layers": second_layers(main) if n_layers is None else n_layers})
+    raise ValueError(f"no extension folder {folder!r}; use equal_compute or second_L4")
 
 
 def near_rates(grid, rate: float, batch_ratio: float) -> tuple[float, ...]:
@@ -141,10 +158,10 @@ def equal_compute_config(main: StudyConfig, main_folder: Path, tiers=None) -> St
     """The equal-compute folder's cells (every tier, or the named ones), with the noise probes."""
     all_tiers = _tiers(main, main_folder)
     cells = [c for name, cs in all_tiers.items() if tiers is None or name in tiers for c in cs]
-    return _cells_config(main, replace(main.settings, **NOISE_PROBE), cells)
+    return _cells_config(main, folder_settings(main, "equal_compute"), cells)
 
 
-def second_config(main: StudyConfig, main_folder: Path, n_layers: int = 4, tiers=None) -> StudyConfig:
+def second_config(main: StudyConfig, main_folder: Path, n_layers: int = SECOND_LAYERS, tiers=None) -> StudyConfig:
     """The second configuration: ``n_layers`` layers, t = k/2 (module docstring).  Tier 'second': SeCO, the best
     scheme at equal steps, SeCO at its compute and it at SeCO's; tier 'second-more': truncated, the worst scheme."""
     tabs = _main_tables(main_folder)
@@ -164,7 +181,7 @@ def second_config(main: StudyConfig, main_folder: Path, n_layers: int = 4, tiers
         if worst != best:
             named["second-more"] += [(Arm("spaco", worst, t), opt, (rates[(Arm("spaco", worst, t).name, opt)],), None)]
     cells = [c for name, cs in named.items() if tiers is None or name in tiers for c in cs]
-    return _cells_config(main, replace(s, model={**s.model, "n_layers": n_layers}), cells)
+    return _cells_config(main, folder_settings(main, "second_L4", n_layers), cells)
 
 
 def tier_folders(main: StudyConfig) -> list[tuple[str, str]]:
@@ -176,7 +193,8 @@ def tier_folders(main: StudyConfig) -> list[tuple[str, str]]:
             ("second-more", "second_L4"), ("fewer-steps", "equal_compute"), ("lr-neighbours", "equal_compute")]
 
 
-def extension_plan(main: StudyConfig, main_folder: Path, n_layers: int = 4) -> list[tuple[str, str, StudyConfig]]:
+def extension_plan(main: StudyConfig, main_folder: Path,
+                   n_layers: int = SECOND_LAYERS) -> list[tuple[str, str, StudyConfig]]:
     """(tier, folder name, config) in the order the driver runs them (priority: the equal-compute verdict at
     the larger budget, its replays, the second configuration, then the rest)."""
     plan = []
@@ -187,7 +205,7 @@ def extension_plan(main: StudyConfig, main_folder: Path, n_layers: int = 4) -> l
     return plan
 
 
-def folder_configs(main: StudyConfig, main_folder: Path, n_layers: int = 4) -> dict[str, StudyConfig]:
+def folder_configs(main: StudyConfig, main_folder: Path, n_layers: int = SECOND_LAYERS) -> dict[str, StudyConfig]:
     """Folder name -> the union of its tiers (what the report reads)."""
     return {"equal_compute": equal_compute_config(main, main_folder),
             "second_L4": second_config(main, main_folder, n_layers)}

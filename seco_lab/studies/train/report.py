@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ...report.markdown import write_markdown
 from . import figures
+from .equal_finals import check_tiers
 from .equal_report import equal_compute_sections
 from .report_format import ci, fmt, md_table  # noqa: F401 (re-export)
 from .sections import compute_section, results_section, settings_section, task_line  # noqa: F401 (re-export)
@@ -31,6 +32,8 @@ def render(tabs: dict, study: dict, out_md: Path, fig_dir: Path, source: str = "
     """Write the Markdown report and its figures (paths in the Markdown are relative to ``out_md``);
     ``extensions``: the study folder whose equal-compute / second-configuration subfolders to report (issue 22)."""
     out_md, fig_dir = Path(out_md), Path(fig_dir)
+    if extensions is not None:  # before any figure is written
+        check_tiers(extensions, study)
     task = study["design"]["settings"]["task"]
     k, budgets = task["num_chunks"], study["design"]["budgets"]
     chance = math.log((task["vocab_size"] - 1) // 4)

@@ -4,6 +4,7 @@ the study's shared :class:`TrainSettings` (task, model, schedule, held-out sets,
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 
 from seco_lab import get_scheme
@@ -62,6 +63,24 @@ class Arm:
         """Cost model: chunk passes per sequence (seco_lab.stats.equal_compute.chunk_passes)."""
         return chunk_passes(self.mode, num_chunks, self.budget)
 
+    def backprop_chunks(self, num_chunks: int) -> tuple[float, float]:
+        """(least, most) chunks a step backpropagates per sequence, on average over its micro-batches: all k for
+        dense, SeCO and truncated; t for a SpaCO scheme whose sampler draws t chunks; 0 to k for a Bernoulli draw."""
+        if self.mode != "spaco":
+            return float(num_chunks), float(num_chunks)
+        if get_scheme(self.scheme).sampler.kind == "uniform":
+            return float(self.budget), float(self.budget)
+        return 0.0, float(num_chunks)
+
+    @classmethod
+    def from_record(cls, record: dict) -> Arm:
+        """The arm a ``study.json`` design lists (``{"name", **definition()}``); its name must be the arm's."""
+        fields = {k: record.get(k) for k in ("mode", "scheme", "budget", "batch_size", "steps")}
+        arm = cls(**fields)
+        if record.get("name") != arm.name or {"name", *arm.definition()} != set(record):
+            raise ValueError(f"the arm {record.get('name')!r} is recorded as {fields}, which is the arm {arm.name!r}")
+        return arm
+
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -73,6 +92,17 @@ class RunSpec:
     @property
     def run_id(self) -> str:
         return f"{self.arm.name.replace(' ', '_').replace('=', '')}__{self.optimizer}__lr{self.lr:g}__s{self.seed}"
+
+    def record(self, settings: TrainSettings) -> dict:
+        """What the run's row of ``runs.csv`` holds that the run's identity fixes (``train_run``'s summary and
+        ``collect``'s columns): arm, optimizer, lr, seed, mode, scheme ('' for none), budget (0 for none), steps,
+        sequences per step and chunk passes per step (the cost model)."""
+        k = settings.task.num_chunks
+        batch = self.arm.batch_size or settings.batch_size
+        return {"arm": self.arm.name, "optimizer": self.optimizer, "lr": self.lr, "seed": self.seed,
+                "mode": self.arm.mode, "scheme": self.arm.scheme or "", "budget": self.arm.budget or 0,
+                "steps": self.arm.steps or settings.steps, "batch_size": batch,
+                "passes_per_step": batch * self.arm.passes(k)}
 
 
 @dataclass
@@ -109,6 +139,15 @@ class TrainSettings:
                 raise ValueError(f"variance_groups={g} must be >= 2 and divide probe_sequences={self.probe_sequences}")
             if self.variance_draws < 2:
                 raise ValueError(f"variance_draws must be >= 2 with variance_groups, got {self.variance_draws}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainSettings:
+        """The settings ``to_dict`` recorded (in ``study.json``); a record that does not round-trip is refused."""
+        task = dict(d["task"])
+        settings = cls(**{**d, "task": RecallTask(**{**task, "distances": tuple(task["distances"])})})
+        if json.dumps(settings.to_dict(), sort_keys=True) != json.dumps(d, sort_keys=True):
+            raise ValueError("the settings do not read back as recorded (a field of the wrong type)")
+        return settings
 
     def to_dict(self) -> dict:
         d = {**asdict(self), "task": self.task.to_dict()}

@@ -253,8 +253,8 @@ def train_run(spec: RunSpec, settings: TrainSettings, data_seed: int = 1234) -> 
     """Train one run; returns (tidy rows, summary).  Held-out sets do not depend on the run's seed."""
     torch.manual_seed(spec.seed)
     task, c = settings.task, settings.task.chunk_size
-    steps = spec.arm.steps or settings.steps
-    batch_size = spec.arm.batch_size or settings.batch_size
+    record = spec.record(settings)  # what the run's id fixes (the report checks runs.csv against it)
+    steps, batch_size = record["steps"], record["batch_size"]
     micro = min(settings.micro_batch, batch_size)
     noise_rng = np.random.default_rng([spec.seed, 11])
     cfg = TinyConfig(vocab_size=task.vocab_size, **settings.model)
@@ -291,8 +291,8 @@ def train_run(spec: RunSpec, settings: TrainSettings, data_seed: int = 1234) -> 
     if not diverged:
         log.held_out(steps, "test", test)
     moved = float(sum((p.detach() - q).norm() ** 2 for p, q in zip(model.parameters(), init)) ** 0.5)
-    summary = {"run_id": spec.run_id, "arm": spec.arm.name, "optimizer": spec.optimizer, "lr": spec.lr,
-               "seed": spec.seed, "diverged": diverged, "steps_done": done, "param_distance": moved,
-               "backprop_chunks_per_step": chunks / done, "wall_s": wall, "cpu_s": cpu, "steps": steps,
-               "batch_size": batch_size, "passes_per_step": batch_size * spec.arm.passes(task.num_chunks)}
+    summary = {"run_id": spec.run_id, **{k: record[k] for k in ("arm", "optimizer", "lr", "seed")},
+               "diverged": diverged, "steps_done": done, "param_distance": moved,
+               "backprop_chunks_per_step": chunks / done, "wall_s": wall, "cpu_s": cpu,
+               **{k: record[k] for k in ("steps", "batch_size", "passes_per_step")}}
     return log.rows, summary

@@ -9,6 +9,7 @@ unchanged (its fingerprint is checked against ``OUT/study.json``).  ``collect`` 
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,23 @@ class StudyConfig:
                     if seeds is None or seed in seeds for lr in lrs]
         return [RunSpec(arm, opt, float(lr), seed) for seed in self.seeds for opt, grid in self.lrs.items()
                 for lr in grid for arm in self.arms]
+
+    @classmethod
+    def from_dict(cls, design: dict) -> StudyConfig:
+        """The study a ``study.json`` design records (the inverse of :meth:`to_dict`); ValueError, KeyError or
+        TypeError when it does not read back as recorded."""
+        arms = tuple(Arm.from_record(a) for a in design["arms"])
+        by_name = {a.name: a for a in arms}
+        cells = design.get("cells")
+        if cells is not None:
+            cells = tuple((by_name[c["arm"]], c["optimizer"], tuple(c["lrs"]),
+                           None if c["seeds"] is None else tuple(c["seeds"])) for c in cells)
+        cfg = cls(settings=TrainSettings.from_dict(design["settings"]), budgets=tuple(design["budgets"]),
+                  lrs={o: tuple(v) for o, v in design["lrs"].items()}, seeds=tuple(design["seeds"]),
+                  arms=arms if cells is None else None, cells=cells)
+        if json.dumps(cfg.to_dict(), sort_keys=True) != json.dumps(design, sort_keys=True):
+            raise ValueError("the design does not read back as recorded")
+        return cfg
 
     def to_dict(self) -> dict:
         d = {"settings": self.settings.to_dict(), "budgets": list(self.budgets),
