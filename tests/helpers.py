@@ -63,3 +63,37 @@ def copy_run(src, dest):
 
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".lock"))
     return dest
+
+
+def edit_json(path, change):
+    """Apply ``change`` to the JSON value stored at ``path`` (in place) and write it back."""
+    import json
+
+    d = json.loads(path.read_text())
+    change(d)
+    path.write_text(json.dumps(d))
+
+
+def csv_tables(folder):
+    """{name: bytes} of the CSV tables directly in ``folder``: to show a refused rebuild left them as they were."""
+    return {p.name: p.read_bytes() for p in folder.glob("*.csv")}
+
+
+def cut_train_study(src, out, runs: int = 12, tiers: bool = False):
+    """The training study at ``src`` with its main part cut to its first ``runs`` runs (fast to load; still
+    complete), written to ``out``; with ``tiers`` its two tier folders are copied as they are.  Returns ``out``."""
+    import json
+    import shutil
+
+    import pandas as pd
+
+    table = pd.read_csv(src / "runs.csv").head(runs)
+    results = pd.read_csv(src / "results.csv.gz")
+    table.to_csv(out / "runs.csv", index=False)
+    results[results.run_id.isin(table.run_id)].to_csv(out / "results.csv.gz", index=False)
+    study = json.loads((src / "study.json").read_text())
+    study["runs_done"] = len(table)
+    (out / "study.json").write_text(json.dumps(study))
+    for sub in ("equal_compute", "second_L4") if tiers else ():
+        shutil.copytree(src / sub, out / sub)
+    return out

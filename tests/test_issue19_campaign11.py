@@ -1,25 +1,15 @@
 """Campaign 11 (docs/hostile_campaign_11.md): F1-F8.  Each test fails on 33ee24b, the commit the campaign probed."""
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
-from helpers import FAST
+from helpers import FAST, csv_tables, edit_json
 
 from seco_lab.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def _edit(path, change):
-    d = json.loads(path.read_text())
-    change(d)
-    path.write_text(json.dumps(d))
-
-
-def _tables(out):
-    return {p.name: p.read_bytes() for p in out.glob("*.csv")}
 
 
 @pytest.mark.parametrize("name, update, words", [
@@ -30,13 +20,13 @@ def _tables(out):
 def test_f1_a_unit_whose_name_is_not_its_sequences_is_damaged(name, update, words, audit_copy, capsys):
     """F1: a unit's `sequence` was never compared with its name: data-s02 holding s05 counted s05 twice (exit 0,
     tr_sigma_data changed); two strata units with their sequences swapped put s02's profile under s01's name."""
-    _edit(audit_copy / "units" / name, lambda u: u.update(update))
-    before = _tables(audit_copy)
+    edit_json(audit_copy / "units" / name, lambda u: u.update(update))
+    before = csv_tables(audit_copy)
     capsys.readouterr()
     assert main(["audit", "--tables-only", "--out", str(audit_copy), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert words in err and "--drop-missing-units" in err
-    assert _tables(audit_copy) == before
+    assert csv_tables(audit_copy) == before
 
 
 @pytest.mark.parametrize("gram_file, where", [("data_gram.json", (0, 1)), ("cross_gram.json", (0, 1))])
@@ -45,7 +35,7 @@ def test_f2_a_stored_gram_no_vectors_have_is_refused(gram_file, where, audit_cop
     def change(d):
         i, j = where
         d["gram"][i][j] = d["gram"][j][i] = 1e6
-    _edit(audit_copy / gram_file, change)
+    edit_json(audit_copy / gram_file, change)
     capsys.readouterr()
     assert main(["audit", "--tables-only", "--out", str(audit_copy), "--no-progress"]) == 2
     assert f"{gram_file} is damaged: it is no Gram matrix" in capsys.readouterr().err
@@ -54,7 +44,7 @@ def test_f2_a_stored_gram_no_vectors_have_is_refused(gram_file, where, audit_cop
 def test_f2_a_units_gram_matrix_is_checked_too(audit_copy, capsys):
     def change(u):
         u["per_tensor_gram"][0][0][1] *= 1e6
-    _edit(audit_copy / "units/strata-s00.json", change)
+    edit_json(audit_copy / "units/strata-s00.json", change)
     capsys.readouterr()
     assert main(["audit", "--tables-only", "--out", str(audit_copy), "--no-progress"]) == 2
     assert "per_tensor_gram[0] is not a Gram matrix" in capsys.readouterr().err
@@ -63,18 +53,18 @@ def test_f2_a_units_gram_matrix_is_checked_too(audit_copy, capsys):
 def test_f3_the_kind_column_is_never_written_blank(audit_copy, capsys):
     """F3: without sequences.json every row's kind (prose, code) became blank, exit 0."""
     (audit_copy / "sequences.json").unlink()
-    before = _tables(audit_copy)
+    before = csv_tables(audit_copy)
     capsys.readouterr()
     assert main(["audit", "--tables-only", "--out", str(audit_copy), "--no-progress"]) == 2
     assert "sequences.json is missing or holds no record of s00" in capsys.readouterr().err
-    assert _tables(audit_copy) == before
+    assert csv_tables(audit_copy) == before
 
 
 def test_f4_a_failed_exactness_check_is_said_and_losses_are_checked(audit_copy, tmp_path, capsys):
     """F4: seco_vs_dense 0.5 in the exact unit was printed as a result; a loss of -3 in far_loss.csv was reported."""
     from seco_lab.report.audit import write_report
 
-    _edit(audit_copy / "units/exact.json", lambda u: u.update(seco_vs_dense=0.5))
+    edit_json(audit_copy / "units/exact.json", lambda u: u.update(seco_vs_dense=0.5))
     assert main(["audit", "--tables-only", "--out", str(audit_copy), "--no-progress"]) == 0
     md = Path(write_report(audit_copy, tmp_path / "r.md")).read_text()
     assert "**Not exact: seco_vs_dense above 1e-10.**" in md

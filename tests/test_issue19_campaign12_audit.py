@@ -7,26 +7,17 @@ that budget's scheme, exit 0 and no message."""
 import json
 
 import pytest
+from helpers import csv_tables, edit_json
 
 from seco_lab.cli import main
 from seco_lab.studies.audit.stored import unit_problem
 
 
-def _edit(path, change):
-    d = json.loads(path.read_text())
-    change(d)
-    path.write_text(json.dumps(d))
-
-
-def _tables(out):
-    return {p.name: p.read_bytes() for p in out.glob("*.csv")}
-
-
 def _refused(out, capsys) -> str:
-    before = _tables(out)
+    before = csv_tables(out)
     capsys.readouterr()
     assert main(["audit", "--tables-only", "--out", str(out), "--no-progress"]) == 2
-    assert _tables(out) == before
+    assert csv_tables(out) == before
     return capsys.readouterr().err
 
 
@@ -39,7 +30,7 @@ def _refused(out, capsys) -> str:
 def test_g4_strata_values_are_checked_against_the_units_gram(change, words, audit_copy, capsys):
     """G4 (U01, U02): norm_ratio[1] x 3 rewrote strata.csv (0.5397 -> 1.6191), remainder_ratio 0.3 rewrote bias.csv's
     bounds, exit 0; both are sqrt(diag of the summed per_tensor_gram) / g_norm, to the last bit."""
-    _edit(audit_copy / "units/strata-s00.json", change)
+    edit_json(audit_copy / "units/strata-s00.json", change)
     err = _refused(audit_copy, capsys)
     assert "strata-s00.json is damaged (a strata unit whose" in err and words in err
     assert "strata.csv: s00" in err
@@ -53,7 +44,7 @@ def test_g4_mc_exact_gram_is_checked_against_the_strata_unit(i, j, by, audit_cop
         u["exact_gram"][i][j] *= by
         if i != j:
             u["exact_gram"][j][i] *= by
-    _edit(audit_copy / "units/mc-s00-t8-uniform.json", change)
+    edit_json(audit_copy / "units/mc-s00-t8-uniform.json", change)
     err = _refused(audit_copy, capsys)
     assert "mc-s00-t8-uniform.json is damaged (a mc unit whose exact_gram differs from the Gram of the same strata " \
            "in strata-s00.json" in err
@@ -61,20 +52,20 @@ def test_g4_mc_exact_gram_is_checked_against_the_strata_unit(i, j, by, audit_cop
 
 
 def test_g4_mc_units_matrices_must_have_the_draws_shapes(audit_copy, capsys):
-    _edit(audit_copy / "units/mc-s00-t16-bernoulli.json", lambda u: u["draw_exact"].pop())
+    edit_json(audit_copy / "units/mc-s00-t16-bernoulli.json", lambda u: u["draw_exact"].pop())
     err = _refused(audit_copy, capsys)
     assert "mc-s00-t16-bernoulli.json is damaged" in err and "are not the matrices of" in err
 
 
 def test_g4_a_uniform_mc_draw_of_the_wrong_size_is_damaged(audit_copy, capsys):
-    _edit(audit_copy / "units/mc-s00-t8-uniform.json", lambda u: u["subsets"][0].pop())
+    edit_json(audit_copy / "units/mc-s00-t8-uniform.json", lambda u: u["subsets"][0].pop())
     assert "not 8 distinct chunks" in _refused(audit_copy, capsys)
 
 
 def test_g5_a_cost_row_relabelled_to_another_budget_is_damaged(audit_copy, capsys):
     """G5 (U08): rows[2] (spaco paper, t 8, 8 chunks) relabelled t 16: cost.csv held two paper/16/0 rows, and
     equal_compute.csv lost every paper t = 8 row, exit 0 and no message."""
-    _edit(audit_copy / "units/cost-s00.json", lambda u: u["rows"][2].update(t=16))
+    edit_json(audit_copy / "units/cost-s00.json", lambda u: u["rows"][2].update(t=16))
     err = _refused(audit_copy, capsys)
     assert "cost-s00.json is damaged (a cost unit whose rows[2] (spaco paper, t 16, draw 0) backpropagated 8 " \
            "chunks, not its t = 16" in err
@@ -88,7 +79,7 @@ def test_g5_a_cost_row_relabelled_to_another_budget_is_damaged(audit_copy, capsy
     (lambda u: u["rows"][2].update(method="dense"), "rows[2] is not a timed step of one of forward, seco, spaco"),
 ])
 def test_g5_cost_rows_are_one_step_each(change, words, audit_copy, capsys):
-    _edit(audit_copy / "units/cost-s00.json", change)
+    edit_json(audit_copy / "units/cost-s00.json", change)
     err = _refused(audit_copy, capsys)
     assert "cost-s00.json is damaged (a cost unit whose " in err and words in err
 
@@ -100,7 +91,7 @@ def test_g5_cost_rows_are_one_step_each(change, words, audit_copy, capsys):
     (lambda u: u["rows"].pop(3), "lacking paper-capped/8/0"),
 ])
 def test_g5_cost_rows_are_this_audits_draws(change, words, audit_copy, capsys):
-    _edit(audit_copy / "units/cost-s00.json", change)
+    edit_json(audit_copy / "units/cost-s00.json", change)
     err = _refused(audit_copy, capsys)
     assert "cost-s00.json is damaged: its" in err and words in err
 

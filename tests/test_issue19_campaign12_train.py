@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import cut_train_study
 
 from seco_lab.report.markdown import MissingResultsError
 
@@ -26,17 +27,7 @@ TRAIN_STUDY = Path(__file__).resolve().parents[1] / "reports" / "training_study"
 def small_study(tmp_path_factory):
     """The committed training study with its main part cut to its first 12 runs (fast to load; still complete)
     and its two tier folders as committed."""
-    out = tmp_path_factory.mktemp("train_small_c12")
-    runs = pd.read_csv(TRAIN_STUDY / "runs.csv").head(12)
-    results = pd.read_csv(TRAIN_STUDY / "results.csv.gz")
-    runs.to_csv(out / "runs.csv", index=False)
-    results[results.run_id.isin(runs.run_id)].to_csv(out / "results.csv.gz", index=False)
-    study = json.loads((TRAIN_STUDY / "study.json").read_text())
-    study["runs_done"] = len(runs)
-    (out / "study.json").write_text(json.dumps(study))
-    for sub in ("equal_compute", "second_L4"):
-        shutil.copytree(TRAIN_STUDY / sub, out / sub)
-    return out
+    return cut_train_study(TRAIN_STUDY, tmp_path_factory.mktemp("train_small_c12"), tiers=True)
 
 
 @pytest.fixture

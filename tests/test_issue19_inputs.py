@@ -2,6 +2,7 @@
 traceback now give the right answer or a one-line error that names the problem."""
 
 import pytest
+from helpers import cut_train_study
 from test_cli import run_cli  # the command line in-process: exit status, stdout, stderr
 
 FAST = ["--seq-len", "64", "--chunk-size", "32", "--steps", "2", "--warmup", "1", "--batch-size", "2",
@@ -709,19 +710,7 @@ REAL_STUDY = STUDY.parent / "real_study" / "k16x16"
 @pytest.fixture(scope="module")
 def small_train_study(tmp_path_factory):
     """The committed training study cut to its first 12 runs (fast to load; still complete)."""
-    import json
-
-    import pandas as pd
-
-    out = tmp_path_factory.mktemp("train_small")
-    runs = pd.read_csv(TRAIN_STUDY / "runs.csv").head(12)
-    results = pd.read_csv(TRAIN_STUDY / "results.csv.gz")
-    runs.to_csv(out / "runs.csv", index=False)
-    results[results.run_id.isin(runs.run_id)].to_csv(out / "results.csv.gz", index=False)
-    study = json.loads((TRAIN_STUDY / "study.json").read_text())
-    study["runs_done"] = len(runs)
-    (out / "study.json").write_text(json.dumps(study))
-    return out
+    return cut_train_study(TRAIN_STUDY, tmp_path_factory.mktemp("train_small"))
 
 
 @pytest.fixture
