@@ -45,7 +45,7 @@ from .config import (
 )
 from .field_types import unwrap_optional
 from .models.tiny_config import TinyConfig
-from .store import check_image_target
+from .store import DuplicateKeyError, check_image_target, loads_json
 from .studies.registry import STUDIES, check_run_dirs, path_arg, report_main, study_main
 from .training.memory_estimate import check_fits_in_memory
 from .training.run_checks import check_usable
@@ -74,7 +74,9 @@ def _kv(text: str) -> tuple[str, object]:
         raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {text!r}")
     key, value = text.split("=", 1)
     try:
-        return key, json.loads(value)
+        return key, loads_json(value)
+    except DuplicateKeyError as e:
+        raise argparse.ArgumentTypeError(f"{key}: {e}") from None
     except json.JSONDecodeError:
         return key, value
 

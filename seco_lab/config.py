@@ -21,7 +21,7 @@ from .core.checks import check_key_value_task
 from .estimators.schemes import SCHEME_NAMES, get_scheme
 from .field_types import check_fields
 from .models.tiny_config import TinyConfig
-from .store import CONFIG_MAX_BYTES, checked_file, too_deep
+from .store import CONFIG_MAX_BYTES, DuplicateKeyError, checked_file, loads_json, too_deep
 
 __all__ = ["ATTENTION", "DATA", "DTYPE_NAMES", "GATHER_POLICIES", "HF_ARCHITECTURE_DEFAULTS", "HF_ARCHITECTURES",
            "MODES", "SHARD_MODES", "TEXT_VOCAB", "RunControl", "TrainConfig", "check_fields", "flag_of",
@@ -317,11 +317,11 @@ class RunControl:
         check_device_name(self.device)
         if self.device not in ("auto", "cpu") and has_gpu_driver():  # else answered without torch
             parse_device(self.device)
-        if self.tensorboard:
-            try:
-                import torch.utils.tensorboard  # noqa: F401
-            except ImportError:
-                raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+        if self.tensorboard:  # torch.utils.tensorboard imports it: asked of the package alone, no torch needed
+            import importlib.util
+
+            if importlib.util.find_spec("tensorboard") is None:
+                raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard")
         return self
 
 
@@ -391,8 +391,9 @@ def load_config_file(path: Path) -> dict:
     checked_file(path, "config file", CONFIG_MAX_BYTES, "name a JSON or TOML file, e.g. --config configs/demo.toml")
     try:
         text = path.read_text()
-        data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)  # c.TOML is TOML too
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, json.JSONDecodeError, RecursionError) as e:
+        data = tomllib.loads(text) if path.suffix.lower() == ".toml" else loads_json(text)  # c.TOML is TOML too
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, json.JSONDecodeError, DuplicateKeyError,
+            RecursionError) as e:
         raise ValueError(f"config file {path}: cannot parse ({too_deep(e)})") from None
     if not isinstance(data, dict):
         raise ValueError(f"config file {path}: expected a table of settings, got {type(data).__name__}")

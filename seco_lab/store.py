@@ -45,7 +45,8 @@ __all__ = ["COMPRESSED", "CONFIG_MAX_BYTES", "RECORD_MAX_BYTES", "TABLE_MAX_BYTE
            "check_table_content", "checked_file", "clear_stale", "holds_nul", "open_decompressed", "quoted_names",
            "FIGURE_MARK_KEY", "FIGURE_MARK_VALUE", "PNG_SIGNATURE", "check_image_target", "check_parent_folder",
            "is_generated_png", "extra_fields", "file_sha256", "fingerprint", "lacking_files", "protected_paths",
-           "read_csv", "read_json", "read_checked_bytes", "software_versions", "study_owner", "too_deep", "TEMP_TAG"]
+           "read_csv", "read_json", "read_checked_bytes", "software_versions", "study_owner", "too_deep", "TEMP_TAG",
+           "DuplicateKeyError", "loads_json"]
 
 #: the tag of atomic_write's temporary files, ``NAME.seco-tmp<pid>``
 TEMP_TAG = "seco-tmp"
@@ -62,6 +63,26 @@ _NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO, a named pip
                                                             "writer, maybe forever"),
                 (stat.S_ISCHR, "a character device: reading it may never end"), (stat.S_ISBLK, "a block device"),
                 (stat.S_ISSOCK, "a socket"))
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object that names one key twice: json keeps the last silently, so which value a reader gets depends
+    on the order of an edit; no file seco-lab writes has one."""
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(f"the key {key!r} appears twice in one object")
+        out[key] = value
+    return out
+
+
+def loads_json(text: str | bytes):
+    """``json.loads`` that refuses an object naming a key twice (:class:`DuplicateKeyError`) instead of keeping the
+    last value: every JSON file or line this tool reads (settings, records, metrics, markers) goes through it."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
 
 
 def too_deep(e: BaseException) -> BaseException | str:
@@ -133,8 +154,8 @@ def read_json(path: str | Path, what: str, max_bytes: int | None = RECORD_MAX_BY
     path = Path(path)
     data = read_checked_bytes(path, what, max_bytes, fix)
     try:
-        value = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        value = loads_json(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, DuplicateKeyError, RecursionError) as e:
         why = too_deep(e) if isinstance(e, RecursionError) else f"{type(e).__name__}: {str(e)[:80]}"
         raise ValueError(f"{what} {path} cannot be read as JSON ({why}): it is damaged or not a file seco-lab "
                          f"wrote{_fix(fix)}") from None

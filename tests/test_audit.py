@@ -240,6 +240,9 @@ def test_a_resumed_audit_without_its_vectors_recomputes_and_checks_them(audit, t
     unit.write_text(json.dumps(stored))
     mc = sorted(p for p in (tampered / "units").glob("mc-s00-*.json"))[0]
     mc.unlink()
+    with pytest.raises(ValueError, match="disagrees with its unit units/strata-s00.json"):  # the stored Gram's rows
+        run_audit(cfg, tampered, progress=False)
+    (tampered / "cross_gram.json").unlink()  # no Gram left to check the unit against: the recomputation is checked
     with pytest.raises(ValueError, match="differ from the stored unit strata-s00.json"):
         run_audit(cfg, tampered, progress=False)
 

@@ -42,7 +42,7 @@ class SeCOArguments:
         check_chunk_size(self.chunk_size)
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        get_scheme(self.scheme)  # unknown names fail here, with the list of known ones
+        scheme = get_scheme(self.scheme)  # unknown names fail here, with the list of known ones
         as_int(self.budget, "budget", 1)
         as_int(self.seed, "seed", 0)
         spaco_only = [f.name for f in fields(self) if f.name in ("scheme", "budget", "seed")
@@ -57,6 +57,12 @@ class SeCOArguments:
             if isinstance(self.subset, (str, bytes)) or not hasattr(self.subset, "__iter__"):
                 raise TypeError(f"subset must be a sequence of chunk indices, e.g. (0, 2), got {self.subset!r}")
             object.__setattr__(self, "subset", tuple(as_int(j, "a subset's chunk index", 0) for j in self.subset))
+            if len(set(self.subset)) != len(self.subset):
+                raise ValueError(f"subset {self.subset} repeats a chunk: a chunk set names each chunk once")
+            if scheme.sampler.kind == "uniform" and len(self.subset) != self.budget:
+                raise ValueError(f"subset {self.subset} holds {len(self.subset)} chunk(s) but budget = {self.budget}: "
+                                 f"scheme {scheme.name!r} draws exactly t = budget chunks, and its weights depend on "
+                                 f"t; pass budget={len(self.subset)}")
 
     def to_dict(self) -> dict:
         out = asdict(self)

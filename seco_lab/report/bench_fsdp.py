@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .markdown import COUNT, NON_NEGATIVE, MissingResultsError, read_results_csv, table
+from .markdown import COUNT, NON_NEGATIVE, MissingResultsError, check_one_setting, read_results_csv, table
 
 __all__ = ["INTEGER_COLUMNS", "render", "summarize"]
 
@@ -24,14 +24,28 @@ INTEGER_COLUMNS = ("rounds", "all-gathers / step", "reduce-scatters / step", "al
 
 def read_fsdp_results(path: str | Path) -> pd.DataFrame:
     """``fsdp_results.csv``, checked: rows, numbers in the columns the report reads, and one row per (round, mode,
-    rank) -- a repeated one would be taken into the round's maximum as if it were another rank."""
-    return read_results_csv(path, ("round", "mode", "parameters", "base_mib", "peak_mib", "step_s", "all_gather",
+    rank) -- a repeated one would be taken into the round's maximum as if it were another rank; one model, size,
+    length and chunk size in every row (the report states them once); every (round, mode) measured on the same
+    ranks, and every round with its replicated baseline (the ratios are taken within a round)."""
+    path = Path(path)
+    df = read_results_csv(path, ("round", "mode", "parameters", "base_mib", "peak_mib", "step_s", "all_gather",
                                    "reduce_scatter", "all_reduce", "seq_len", "chunk_size", "model"), PRODUCE,
                             text_columns=("mode", "model"), more_columns=True,
                             ranges={"round": NON_NEGATIVE, "parameters": COUNT, "base_mib": NON_NEGATIVE,
                                     "peak_mib": NON_NEGATIVE, "step_s": NON_NEGATIVE, "all_gather": NON_NEGATIVE,
                                     "reduce_scatter": NON_NEGATIVE, "all_reduce": NON_NEGATIVE, "seq_len": COUNT,
                                     "chunk_size": COUNT}, key=("round", "mode", "rank"))
+    check_one_setting(path, df, ("model", "parameters", "seq_len", "chunk_size"), PRODUCE)
+    ranks = df.groupby(["round", "mode"])["rank"].apply(lambda r: tuple(sorted(r)))
+    if ranks.nunique() != 1:
+        (rnd, mode), got = next((i, v) for i, v in ranks.items() if v != ranks.iloc[0])
+        raise MissingResultsError(f"{path}: round {rnd} of {mode} holds ranks {list(got)}, round "
+                                  f"{ranks.index[0][0]} of {ranks.index[0][1]} {list(ranks.iloc[0])}: a rank's "
+                                  f"row is missing or extra; rerun {PRODUCE}")
+    if lacking := sorted(set(df["round"]) - set(df.loc[df["mode"] == BASELINE, "round"])):
+        raise MissingResultsError(f"{path}: round {lacking[0]:g} has no {BASELINE!r} rows, which its ratios are "
+                                  f"taken against; rerun {PRODUCE}")
+    return df
 
 
 def summarize(results: pd.DataFrame | str | Path) -> pd.DataFrame:

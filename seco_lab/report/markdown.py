@@ -171,6 +171,20 @@ def check_bounds(path: Path, df: pd.DataFrame, bounds: dict[str, tuple[float, fl
                                       f"the table was edited or damaged; rerun {produce}")
 
 
+def check_one_setting(path: Path, df: pd.DataFrame, columns: tuple[str, ...], produce: str) -> None:
+    """Refuse a table whose rows disagree on a setting the report prints once (a model, a length, a chunk size):
+    each of ``columns`` must hold one value in every row; rows of another configuration joined in would
+    otherwise be reported under the first row's setting."""
+    for col in columns:
+        values = df[col].astype(str)
+        other = values.ne(values.iloc[0])
+        if other.any():
+            row = int(other.idxmax())
+            raise MissingResultsError(f"{path}: row {row + 2} holds {col} = {values[row][:60]}, row 2 "
+                                      f"{values.iloc[0][:60]}: the report states one {col} for every row (results "
+                                      f"of two configurations joined?); rerun {produce}")
+
+
 def _half_unit(text) -> float:
     """Half a unit of the last digit of a number as stored (``"3.09"`` -> 0.005, ``"2.5e-03"`` -> 5e-5): what
     rounding to the stored digits can account for."""

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from ..folder_lock import LOCK_NAME, FolderBusy, hold_lock, release_lock
-from ..store import atomic_write, atomic_write_json, checked_file
+from ..store import atomic_write, atomic_write_json, checked_file, loads_json
 from .run_checks import (  # noqa: F401 (re-export: defined here before)
     CHECKPOINTS_TREE,
     DCP_TREE,
@@ -252,7 +252,7 @@ class RunDir:
         except (OSError, ValueError) as e:  # a FIFO, a device, a folder, too large, not UTF-8
             return None, str(e)
         try:
-            record = json.loads(text)
+            record = loads_json(text)
         except (ValueError, RecursionError):
             return None, "not JSON"
         if not isinstance(record, dict) or record.get("tool") != "seco-lab":

@@ -3,7 +3,6 @@ torn last line dropped) and the steps with a checkpoint."""
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
 import warnings
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..store import CONFIG_MAX_BYTES, TABLE_MAX_BYTES, checked_file, read_json
+from ..store import CONFIG_MAX_BYTES, TABLE_MAX_BYTES, DuplicateKeyError, checked_file, loads_json, read_json
 from .run_checks import RUN_RECORD_KEYS, RunDirError, checkpoint_steps
 
 __all__ = ["CHECKPOINT_FILE", "CHECKPOINT_KEYS", "UnsafeCheckpoint", "checkpoint_files", "checkpoint_run_ids",
@@ -122,8 +121,11 @@ def read_metrics(run_dir) -> list[dict]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
-        except (json.JSONDecodeError, RecursionError):
+            rows.append(loads_json(line))
+        except DuplicateKeyError as e:
+            raise RunDirError(f"{path}: line {i + 1} is not a record this tool writes ({e}); the metrics file is "
+                              "damaged") from None
+        except (ValueError, RecursionError):
             if i == len(lines) - 1 or all(not ln.strip() for ln in lines[i + 1 :]):
                 warnings.warn(f"{path}: dropping a torn last line ({line[:40]!r}...)", stacklevel=2)
                 break

@@ -117,8 +117,11 @@ def check_args(ns: argparse.Namespace) -> None:
     check_report_of(ns, out)
     if ns.tables_only:
         check_tables_only(ns)
-        if not Path(out).exists():  # the driver says the same of a folder without config.json, after torch
+        if not Path(out).exists():  # the driver says the same again, under the folder's lock
             raise ValueError(f"{out} holds no audit (no such folder): --tables-only rewrites the tables of an audit "
+                             "folder; run the audit first")
+        if Path(out).is_dir() and not (Path(out) / "config.json").is_file():
+            raise ValueError(f"{out} holds no audit (no config.json): --tables-only rewrites the tables of an audit "
                              "folder; run the audit first")
     else:
         check_drop_missing_units(ns)

@@ -34,7 +34,7 @@ from .stats import (
 )
 from .stored import cost_grid_problem, read_audit_config, read_sequences, read_unit, strata_of, unit_problem
 
-__all__ = ["check_cost_engines", "pass1_of", "cross_gram",
+__all__ = ["check_cost_engines", "check_gram_against_units", "pass1_of", "cross_gram",
            "check_units", "derive_results", "write_results", "load_units", "unusable_units", "scheme_cost",
            "strata_tables", "mc_table", "cost_table", "equal_compute_table", "recommend", "summary"]
 
@@ -172,6 +172,36 @@ def stored_gram(stored: Path, names: list[str]) -> tuple[list[str], np.ndarray]:
     return list(names), g if r > 1 else g.reshape(len(names), len(names))
 
 
+#: how far a sequence's block of a cross-sequence Gram (from its float32 flat vector) may lie from the one its unit
+#: stores (float64 sums of the same vectors, per tensor), relative to the unit's squared norm: the committed audit's
+#: largest is 8e-7
+GRAM_UNIT_RTOL = 1e-5
+
+
+def check_gram_against_units(out: Path, prefix: str, gram: tuple[list[str], np.ndarray] | None,
+                             own: dict[str, np.ndarray | float]) -> None:
+    """Each sequence's own block of a cross-sequence Gram (``prefix`` data: ||g||^2, a unit's ``g_norm``
+    squared; strata: the R x R Gram of its strata, its unit's ``per_tensor_gram`` summed over tensors) must be the
+    one its unit stores, to :data:`GRAM_UNIT_RTOL` of its squared norm.  A flat vector (``vectors/PREFIX-NAME.pt``)
+    or a Gram file that was edited, scaled or swapped with another sequence's would otherwise enter the
+    data-noise and equal-compute tables unnoticed."""
+    if gram is None:
+        return
+    names, g = gram
+    for i, name in enumerate(names):
+        block = np.asarray(g[i, :, i, :] if g.ndim == 4 else g[i, i], dtype=float)
+        want = np.asarray(own[name], dtype=float)
+        scale = float(np.trace(want)) if want.ndim == 2 else float(want)
+        if block.shape != want.shape or not np.all(np.abs(block - want) <= GRAM_UNIT_RTOL * abs(scale) + 1e-300):
+            gap = float(np.max(np.abs(block - want))) if block.shape == want.shape else float("nan")
+            raise ValueError(
+                f"{out}: sequence {name}'s {prefix} vector (vectors/{prefix}-{name}.pt, or its rows of "
+                f"{prefix if prefix == 'data' else 'cross'}_gram.json) disagrees with its unit "
+                f"units/{prefix}-{name}.json (Gram {block.shape} vs {want.shape}, largest gap {gap:.3g} against "
+                f"a squared norm of {scale:.6g}): one of them was edited or comes from another sequence or audit; "
+                "move both away and rerun the audit (it measures them again)")
+
+
 def scheme_cost(cost_rows: pd.DataFrame) -> dict[tuple[int, str], float]:
     """Mean CPU seconds per (t, scheme) over the timed draws and sequences."""
     sp = cost_rows[cost_rows.method == "spaco"]
@@ -208,9 +238,13 @@ def _derive_results(out: Path, write_grams: bool) -> dict[str, pd.DataFrame | di
     cost = cost_table(cfg, units, strata_units)
     dnames = sorted(u["sequence"] for u in units.values() if u["stage"] == "data")
     data = cross_gram(out, "data", dnames, out / "data_gram.json", write_grams) if len(dnames) >= 2 else None
+    data_units = {u["sequence"]: u for u in units.values() if u["stage"] == "data"}
+    check_gram_against_units(out, "data", data, {n: float(u["g_norm"]) ** 2 for n, u in data_units.items()})
     noise = data_noise(data[1]) if data else {}
     snames = sorted(strata_units)
     cross = cross_gram(out, "strata", snames, out / "cross_gram.json", write_grams) if len(snames) >= 2 else None
+    check_gram_against_units(out, "strata", cross, {n: np.array(u["per_tensor_gram"], dtype=float).sum(0)
+                                                    for n, u in strata_units.items()})
     eq = equal_compute_table(cfg, schemes, samp_var, cost, cross, data)
     rec = {str(t): recommend(eq[eq.t == t], cfg.batch_sizes) for t in (sorted(set(eq.t)) if len(eq) else [])}
     data_table = pd.DataFrame([{"metric": a, "value": b} for a, b in noise.items()], columns=["metric", "value"])

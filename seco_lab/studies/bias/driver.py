@@ -165,9 +165,10 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, fresh: bool = False, p
     todo = [(kind, g) for kind, g in groups if not folder.done(group_name(*g, kind))]
     print(f"bias study -> {out}: {len(groups)} groups ({len(cfg.paper_groups())} at the paper's settings), "
           f"{len(groups) - len(todo)} already done, {len(todo)} to compute with {worker_count(jobs, len(todo))} "
-          f"worker(s); {cfg.draws} Monte Carlo draws per chain-basis cell and sampler, {cfg.paper_draws} per "
-          f"paper-settings cell and sampler (the whole study: roughly {_duration(estimated_worker_seconds(cfg))} "
-          "of worker time)", flush=True)
+          f"worker(s); {cfg.draws} Monte Carlo draws per chain-basis cell and sampler, "
+          + (f"{cfg.paper_draws} per paper-settings cell and sampler" if cfg.paper_groups() else
+             "no paper-settings cells")
+          + f" (the whole study: roughly {_duration(estimated_worker_seconds(cfg))} of worker time)", flush=True)
     t0 = time.perf_counter()
     done_now = run_cells(_work, [(cfg, out, kind, g) for kind, g in todo], jobs=jobs, progress=progress,
                          desc="groups", done=len(groups) - len(todo))
