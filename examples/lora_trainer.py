@@ -119,9 +119,10 @@ def compare_memory(args: argparse.Namespace, argv: list[str]) -> None:
         print("\n".join(lines[:-1]), flush=True)  # the child's Trainer logs
         results.append(json.loads(lines[-1]))
     payload = {"command": " ".join(["python", "examples/lora_trainer.py", *argv]), "runs": results}
-    tmp = out_dir / "memory.json.tmp"
-    tmp.write_text(json.dumps(payload, indent=1))
-    os.replace(tmp, out_dir / "memory.json")
+    from seco_lab.store import atomic_write_json, start_checksums
+
+    start_checksums(out_dir)  # --report verifies memory.json against what was written
+    atomic_write_json(out_dir / "memory.json", payload, indent=1)
     print(memory_table(payload))
 
 
@@ -142,11 +143,12 @@ class MemoryRecordError(ValueError):
 def read_memory(output_dir: str | Path) -> dict:
     """``output_dir/memory.json`` read by the project's stored-record reader and checked (:func:`check_memory`);
     any failure is one :class:`MemoryRecordError` naming the file."""
-    from seco_lab.store import RECORD_MAX_BYTES, read_json
+    from seco_lab.store import RECORD_MAX_BYTES, read_json, verify_checksums
 
     path = Path(output_dir) / "memory.json"
     try:  # a FIFO, folder or huge file, not UTF-8, not JSON, not an object: a ValueError naming the file
         payload = read_json(path, "memory record", RECORD_MAX_BYTES, f"rerun {REPORT_PRODUCE}")
+        verify_checksums(path.parent, REPORT_PRODUCE, only=("memory.json",))  # as written, not edited
     except FileNotFoundError:
         raise MemoryRecordError(f"{path} is missing: run {REPORT_PRODUCE} first, or pass the folder that holds it "
                                 "with --output-dir") from None

@@ -224,7 +224,8 @@ def run(cfg: BenchConfig, out: Path, device: str, timeout: float = 900.0) -> pd.
                     rows.append({"length": n, "label": r["label"], "metric": metric, "value": r[metric], "note": "",
                                  **{k: m.get(k) for k in ("method", "scheme", "budget", "ratio")}})
     df = pd.DataFrame(rows)
-    from seco_lab.store import atomic_write_csv, atomic_write_json, software_versions
+    from seco_lab.store import atomic_write_csv, atomic_write_json, software_versions, start_checksums
+    start_checksums(out)  # the report verifies what it reads against what was written
 
     atomic_write_csv(out / "results.csv", df)
     import torch

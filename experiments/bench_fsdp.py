@@ -104,9 +104,10 @@ def launch(spec: dict, timeout: float) -> list[dict]:
 def run(out: Path, rounds: int, steps: int, quick: bool = False, timeout: float = 1800.0) -> Path:
     import pandas as pd
 
-    from seco_lab.store import atomic_write_csv
+    from seco_lab.store import atomic_write_csv, start_checksums
 
     out.mkdir(parents=True, exist_ok=True)
+    start_checksums(out)  # the report verifies what it reads against what was written
     rows = []
     modes = list(MODES)
     for r in range(rounds):

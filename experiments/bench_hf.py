@@ -250,7 +250,7 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
     that does not chunk is measured once per length and stored under every chunk size of the run."""
     from tqdm.auto import tqdm
 
-    from seco_lab.store import atomic_write_csv
+    from seco_lab.store import atomic_write_csv, start_checksums
 
     rows = []
     grid = [(n, lora) for n in cfg.lengths for lora in cfg.lora]
@@ -259,6 +259,7 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
                   kv_bytes_per_token=2 * cfg.n_layers * SMOLLM2_135M["num_key_value_heads"] * head_dim * 4)
     path = out / "hf_results.csv"
     out.mkdir(parents=True, exist_ok=True)
+    start_checksums(out)  # the report verifies what it reads against what was written
     old = pd.read_csv(path) if path.exists() else None
 
     # what this run measures replaces the same rows of an earlier run, nothing else (a memory-only or

@@ -122,7 +122,8 @@ def main(argv=None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / "strata_cost.csv"
     old = pd.read_csv(path) if path.exists() else pd.DataFrame()
-    from seco_lab.store import atomic_write_csv
+    from seco_lab.store import atomic_write_csv, start_checksums
+    start_checksums(a.out)  # the report verifies what it reads against what was written
 
     atomic_write_csv(path, pd.concat([old, pd.DataFrame(rows)], ignore_index=True))
     print(pd.DataFrame(rows).groupby("tag")[["seco_cpu_s", "strata_cpu_s", "ratio"]].median().to_string())

@@ -21,7 +21,7 @@ import pandas as pd
 
 from seco_lab.data.sources import KeyValueTask
 from seco_lab.estimators.schemes import SCHEME_NAMES
-from seco_lab.store import atomic_write_csv, atomic_write_json, software_versions
+from seco_lab.store import atomic_write_csv, atomic_write_json, software_versions, start_checksums
 from seco_lab.training.trainer import RunControl, TrainConfig, Trainer, read_metrics
 
 if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
@@ -49,6 +49,7 @@ def modes(base: TrainConfig, budget: int, schemes) -> list[tuple[str, TrainConfi
 
 def run(out: Path, quick: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    start_checksums(out)  # the report verifies what it reads against what was written
     runs = ROOT / "runs" / "compare"  # run directories (checkpoints) stay out of reports/
     # 1. throughput, one optimizer step timed at a time, on the demo configuration (t/k = 1/4)
     demo = replace(DEMO, steps=4 if quick else 12, eval_every=1000, ckpt_every=1000)

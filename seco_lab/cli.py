@@ -381,6 +381,27 @@ def main(argv=None) -> int:
         return 2
 
 
+def seal_main(argv: list[str]) -> int:
+    """``seco-lab seal FOLDER...``: record the SHA-256 of every results file of each folder (and its subfolders) in
+    ``checksums.sha256``, so that the reports read them: for results edited on purpose, or written by a seco-lab
+    before checksums.  Every study and benchmark keeps the file up to date itself; a report refuses a results file
+    that does not match it."""
+    from .store import seal
+
+    ap = argparse.ArgumentParser(prog="seco-lab seal", description=seal_main.__doc__.split("``: ")[1].replace(
+        "``", "").replace("\n    ", " "))
+    ap.add_argument("folders", nargs="+", metavar="FOLDER", help="a results folder (e.g. reports/bias_study)")
+    a = ap.parse_args(argv)
+    for folder in a.folders:
+        if not Path(folder).is_dir() or Path(folder).is_symlink():
+            ap.error(f"{folder} is not a folder: name the results folder a report reads (its --results)")
+    for folder in a.folders:
+        written = seal(folder)
+        print(f"sealed {folder}: {len(written)} checksum file(s) ({', '.join(str(p) for p in written[:3])}"
+              f"{' ...' if len(written) > 3 else ''})")
+    return 0
+
+
 def _raised_by_a_parser(e: RecursionError) -> bool:
     """Whether ``e`` was raised inside a JSON or TOML parser (a file nested past the recursion limit)."""
     frames = traceback.extract_tb(e.__traceback__)[-8:]
@@ -400,6 +421,8 @@ def _dispatch(argv: list[str]) -> int:
     sub.add_parser("bias-study", help="the same as `study bias`", add_help=False)
     sub.add_parser("report", help="generate a report from stored results", add_help=False)
     sub.add_parser("audit", help="audit a gradient estimator on a model and text (bias, noise, equal compute)",
+                   add_help=False)
+    sub.add_parser("seal", help="vouch for a results folder's files as they are (record their checksums)",
                    add_help=False)
     if argv and argv[0] == "study":
         return study_main(argv[1:])
@@ -424,7 +447,9 @@ def _dispatch(argv: list[str]) -> int:
         return run_args(ns)
     if argv and argv[0] == "train":
         return train_main(train, argv[1:])
-    commands = ("train", "plot", "study", "bias-study", "report", "audit")
+    if argv and argv[0] == "seal":
+        return seal_main(argv[1:])
+    commands = ("train", "plot", "study", "bias-study", "report", "audit", "seal")
     close = difflib.get_close_matches(argv[0], commands, n=1) if argv and not argv[0].startswith("-") else []
     if close:
         ap.error(f"unknown command {argv[0]!r}; did you mean {close[0]}?")

@@ -33,6 +33,7 @@ import re
 import stat
 import sys
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -46,7 +47,8 @@ __all__ = ["COMPRESSED", "CONFIG_MAX_BYTES", "RECORD_MAX_BYTES", "TABLE_MAX_BYTE
            "FIGURE_MARK_KEY", "FIGURE_MARK_VALUE", "PNG_SIGNATURE", "check_image_target", "check_parent_folder",
            "is_generated_png", "extra_fields", "file_sha256", "fingerprint", "lacking_files", "protected_paths",
            "read_csv", "read_json", "read_checked_bytes", "software_versions", "study_owner", "too_deep", "TEMP_TAG",
-           "DuplicateKeyError", "loads_json"]
+           "DuplicateKeyError", "loads_json", "CHECKSUMS", "ChecksumError", "start_checksums", "record_checksum",
+           "verify_checksums", "seal", "as_written", "forget_checksums"]
 
 #: the tag of atomic_write's temporary files, ``NAME.seco-tmp<pid>``
 TEMP_TAG = "seco-tmp"
@@ -301,7 +303,163 @@ def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[bytes]], 
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if path.name != CHECKSUMS and (path.parent / CHECKSUMS).is_file():
+        record_checksum(path)
     return path
+
+
+# -- checksums: what a study wrote, so that a report reads nothing else ---------------------------------------------
+#
+# A results folder holds ``checksums.sha256`` (sha256sum's format: ``HEX  NAME`` per line, ``sha256sum -c`` checks
+# it) once a writer started it (:func:`start_checksums`); from then on every :func:`atomic_write` into the folder
+# records the file's SHA-256 there.  A report verifies every results file it could read against it
+# (:func:`verify_checksums`): a value edited by hand, a file damaged, or copied in from another study is refused
+# before anything is computed from it -- whatever the per-file consistency checks would or would not notice.
+
+#: the checksum file of a results folder
+CHECKSUMS = "checksums.sha256"
+#: the files a report may read, which must be recorded: tables, records, tensors (a user's notes are not)
+RESULT_FILE = r"[^/]+\.(csv|csv\.gz|json|pt)"
+#: set to 1 to read results without their checksums (the test suite's tests of the per-file checks, which edit
+#: stored files on purpose); never needed otherwise: ``seco-lab seal FOLDER`` vouches for edited files instead
+NO_CHECKSUMS_ENV = "SECO_LAB_NO_CHECKSUMS"
+
+
+class ChecksumError(ValueError):
+    """A results file that is not what the tool wrote (or a results folder without its checksums)."""
+
+
+def _read_checksums(folder: Path) -> dict[str, str]:
+    path = folder / CHECKSUMS
+    text = read_checked_bytes(path, "checksum file", RECORD_MAX_BYTES).decode("utf-8", errors="replace")
+    out: dict[str, str] = {}
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        m = re.fullmatch(r"([0-9a-f]{64}) [ *](\S.*)", line)
+        if not m or "/" in m.group(2) or m.group(2) in out:
+            raise ChecksumError(f"{path}: line {i} is not `SHA256  NAME` for a new file of this folder: the checksum "
+                                "file is damaged; rerun what wrote the folder, or `seco-lab seal "
+                                f"{folder}` to vouch for its files as they are")
+        out[m.group(2)] = m.group(1)
+    return out
+
+
+def _write_checksums(folder: Path, sums: dict[str, str]) -> None:
+    text = "".join(f"{h}  {n}\n" for n, h in sorted(sums.items()))
+    path = folder / CHECKSUMS
+    if path.is_file() and path.read_text(errors="replace") == text:
+        return  # unchanged: a rerun that rewrites the same files leaves a committed folder as it was
+    tmp = folder / f"{CHECKSUMS}.{TEMP_TAG}{os.getpid()}"
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@contextmanager
+def _folder_flock(folder: Path):
+    """Exclusive flock on the folder itself (not its ``.lock``, which a study holds all along): the workers of one
+    study record their files one at a time."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def record_checksum(path: str | Path) -> None:
+    """Record ``path``'s SHA-256 in its folder's checksum file (which must exist; :func:`atomic_write` calls this
+    for every file it writes into such a folder)."""
+    path = Path(path)
+    with _folder_flock(path.parent):
+        sums = _read_checksums(path.parent)
+        sums[path.name] = file_sha256(path)
+        _write_checksums(path.parent, sums)
+
+
+def forget_checksums(folder: str | Path, names) -> None:
+    """Drop ``names`` (files the tool removed) from ``folder``'s checksum file, where there is one."""
+    folder = Path(folder)
+    if not (folder / CHECKSUMS).is_file():
+        return
+    with _folder_flock(folder):
+        sums = _read_checksums(folder)
+        _write_checksums(folder, {n: h for n, h in sums.items() if n not in set(names)})
+
+
+def start_checksums(folder: str | Path) -> None:
+    """Make ``folder`` record the checksum of every file written into it from now on; results files already there
+    (written by a version before checksums) are recorded as they are.  Nothing changes where it is started."""
+    folder = Path(folder)
+    if (folder / CHECKSUMS).is_file():
+        return
+    seal(folder, recurse=False)
+
+
+def as_written(path: str | Path) -> bool:
+    """Whether ``path`` is as the tool wrote it, by its folder's checksum file (True where the folder has none: it
+    was written before checksums, and is judged by its content alone)."""
+    path = Path(path)
+    if not (path.parent / CHECKSUMS).is_file():
+        return True
+    try:
+        return _read_checksums(path.parent).get(path.name) == file_sha256(path)
+    except (OSError, ValueError):
+        return False
+
+
+def seal(folder: str | Path, recurse: bool = True) -> list[Path]:
+    """Record the results files of ``folder`` (and, with ``recurse``, of its subfolders) as they are now: the
+    user vouches for them (``seco-lab seal``).  Returns the checksum files written."""
+    folder = Path(folder)
+    written = []
+    with _folder_flock(folder):
+        old = _read_checksums(folder) if (folder / CHECKSUMS).is_file() else {}
+        sums = {p.name: file_sha256(p) for p in sorted(folder.iterdir())
+                if re.fullmatch(RESULT_FILE, p.name) and p.is_file() and not p.is_symlink()}
+        if sums != old or not (folder / CHECKSUMS).is_file():
+            _write_checksums(folder, sums)
+        written.append(folder / CHECKSUMS)
+    if recurse:
+        for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()):
+            if any(re.fullmatch(RESULT_FILE, p.name) for p in sub.rglob("*")):
+                written += seal(sub)
+    return written
+
+
+def verify_checksums(folder: str | Path, produce: str, skip: tuple[str, ...] = (),
+                     only: tuple[str, ...] | None = None) -> None:
+    """Every results file (``*.csv``, ``*.csv.gz``, ``*.json``, ``*.pt``) of ``folder`` and its subfolders must be
+    recorded in its folder's checksum file with the SHA-256 it has now; a folder with results files but no checksum
+    file is refused too.  Each refusal (:class:`ChecksumError`) names the file and says ``produce`` (what writes
+    it) or ``seco-lab seal`` (to vouch for a file edited on purpose).  ``skip``: names of files of ``folder`` itself
+    not verified (tables the caller writes again from the others); ``only``: just these files of ``folder`` (no
+    subfolder), e.g. a record beside files another library wrote.  Skipped where :data:`NO_CHECKSUMS_ENV` is 1."""
+    if os.environ.get(NO_CHECKSUMS_ENV) == "1":
+        return
+    folder = Path(folder)
+    vouch = f"`seco-lab seal {folder}` vouches for the files as they are"
+    subs = [] if only is not None else sorted(p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink())
+    for sub in [folder, *subs]:
+        results = sorted(p for p in sub.iterdir() if re.fullmatch(RESULT_FILE, p.name) and not p.is_dir()
+                         and not (sub == folder and p.name in skip) and (only is None or p.name in only))
+        if not results:
+            continue
+        if not (sub / CHECKSUMS).is_file():
+            raise ChecksumError(f"{sub} holds results ({results[0].name}, ...) but no {CHECKSUMS}: they were "
+                                "written by a seco-lab before checksums, or the file was removed, so nothing tells "
+                                f"whether they are what was computed; rerun {produce}, or {vouch}")
+        sums = _read_checksums(sub)
+        for p in results:
+            if p.name not in sums:
+                raise ChecksumError(f"{p} is not recorded in {sub / CHECKSUMS}: seco-lab did not write it there "
+                                    f"(copied in, or renamed?); remove it, rerun {produce}, or {vouch}")
+            if p.is_symlink() or not p.is_file() or file_sha256(p) != sums[p.name]:
+                raise ChecksumError(f"{p} is not the file seco-lab wrote (its SHA-256 differs from the one in "
+                                    f"{sub / CHECKSUMS}): it was edited, damaged or replaced after it was written; "
+                                    f"rerun {produce}; if you changed it on purpose, {vouch}")
 
 
 def atomic_write_csv(path: str | Path, df) -> Path:
@@ -475,7 +633,7 @@ class StudyFolder:
 
         foreign = [p for p in sorted(self.root.iterdir())
                    if not (p.name == LOCK_NAME and is_own_lock(p) or re.fullmatch(TEMP_FILE, p.name)
-                           or p.name in self.keeps
+                           or p.name in self.keeps or p.name == CHECKSUMS and p.is_file() and not p.is_symlink()
                            or p == self.cells and p.is_dir() and not p.is_symlink() and not any(p.iterdir()))]
         if foreign:
             names = ", ".join(p.name for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
@@ -502,14 +660,18 @@ class StudyFolder:
             _HELD_LOCKS[key] = hold_lock(self.root, "study run", "wait for it to finish, or pass another --out")
         clear_stale(self.cells)
         clear_stale(self.root)
+        start_checksums(self.root)  # every file the study writes from now on is recorded (a report verifies them)
+        start_checksums(self.cells)
         old = {} if fresh else stored
         if old and self._stored(old) != digest:
             raise DefinitionMismatch(
                 f"{self.root} holds results of a different study definition (fingerprint {self._stored(old)} != "
                 f"{digest}); pass --fresh to discard them or --out to write elsewhere")
         if fresh:  # only the cells' own files (and their temporaries): anything else in the folder stays
-            for f in self._cell_files()[0]:
+            discarded = self._cell_files()[0]
+            for f in discarded:
                 f.unlink()
+            forget_checksums(self.cells, [f.name for f in discarded])
         return old
 
     def _check_owner(self, manifest: dict) -> None:
@@ -531,7 +693,7 @@ class StudyFolder:
         """(the files of the cells folder this study wrote, the names of any others -- a user's, which --fresh
         keeps).  Ours: temporaries, each cell's record ``NAME.json`` (a JSON object) and the files ``NAME.*``
         beside it; a file that merely has a cell's extension (a user's ``notes.json``) is not."""
-        files = [f for f in self.cells.iterdir()]
+        files = [f for f in self.cells.iterdir() if f.name != CHECKSUMS]  # kept: it records what is rewritten
         stems = set()
         for f in files:
             if f.suffix == ".json" and f.is_file() and not f.is_symlink():
@@ -567,6 +729,8 @@ class StudyFolder:
         try:  # a damaged record (a FIFO, a device, too large, not JSON) marks the cell not done: it is computed again
             record = read_json(self.marker(name), "cell record", expect=None)
         except (OSError, ValueError):
+            return False
+        if not as_written(self.marker(name)):  # edited, or copied in from another cell or study
             return False
         files = record.get("files") if isinstance(record, dict) else None
         if files is None:

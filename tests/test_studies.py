@@ -89,7 +89,8 @@ def test_study_folder_refuses_another_definition_and_fresh_discards_cells(tmp_pa
     with pytest.raises(DefinitionMismatch, match="different study definition"):
         folder.open("bbbb")
     folder.open("bbbb", fresh=True)
-    assert not folder.done("one") and not list(folder.cells.iterdir())
+    assert not folder.done("one") and [p.name for p in folder.cells.iterdir()] == ["checksums.sha256"]
+    assert "one" not in (folder.cells / "checksums.sha256").read_text()  # the discarded cell's entry with it
 
 
 # --------------------------------------------------------------------------- runner

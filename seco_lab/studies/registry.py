@@ -280,15 +280,22 @@ def report_main(argv=None) -> int:
         check_report_target(out, results, study.report_file.name, "--out")
     except ValueError as e:
         ap.error(str(e))
+    produce = (f"`make {study.name}-study-quick` (`seco-lab study {study.name} --quick`)"
+               if a.quick and not a.results else study.produce)
     if not Path(results).is_dir():  # said before pandas and matplotlib are imported
-        print(f"{ap.prog}: error: {results} lacks the stored results (no such folder): run {study.produce} first, "
+        print(f"{ap.prog}: error: {results} lacks the stored results (no such folder): run {produce} first, "
               "or pass the folder that holds them with --results", file=sys.stderr)
         return 2
-    from ..store import lacking_files
+    from ..store import lacking_files, verify_checksums
 
     lacking = lacking_files(results, study.stored_files, study.produce)
     if lacking:
         print(f"{ap.prog}: error: {lacking}", file=sys.stderr)
+        return 2
+    try:  # every results file as the study wrote it (its checksum file): an edited value is never reported
+        verify_checksums(results, study.produce)
+    except (OSError, ValueError) as e:
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
         return 2
     from ..report.figures import FigureTargetError, staged_figures  # matplotlib: after the argument checks
     from ..report.markdown import MissingResultsError  # pandas

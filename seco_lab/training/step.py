@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..core.checks import ceil_div
 from ..core.engine import dense_grad, forward_loss, seco_grad, truncated_grad
 from ..data.sources import Batch
 from ..estimators.spaco import spaco_grad
@@ -84,7 +85,7 @@ def mode_grads(model, tokens, targets, mode: str, chunk_size: int, scheme=None, 
     (SeCO without the relay: the within-chunk gradient) or 'spaco' (``scheme`` at ``budget``, the subset
     drawn by ``generator``; an empty Bernoulli draw gives the forward loss and a zero gradient).  The
     trainer and the training study share it."""
-    k = tokens.shape[1] // chunk_size
+    k = ceil_div(tokens.shape[1], chunk_size)  # the last chunk may be shorter: it is a chunk (drawn like the others)
     if mode == "dense":
         loss, grads = dense_grad(model, tokens, targets)
         return loss, grads, k

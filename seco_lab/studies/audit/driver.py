@@ -68,11 +68,14 @@ def run_audit(cfg: AuditConfig, out: str | Path = DEFAULT_OUT, progress: bool = 
         return _run_units(cfg, out, progress)
 
 
+#: the tables --tables-only computes from the units (and writes again)
+DERIVED_TABLES = ("strata.csv", "bias.csv", "mc.csv", "cost.csv", "data.csv", "equal_compute.csv",
+                  "recommendation.json", "audit.json")
 # what an audit writes into its folder: a folder holding anything else is a user's, and is refused
 AUDIT_FILES = frozenset({"config.json", "sequences.json", "audit.json", "recommendation.json", "strata.csv",
                          "bias.csv", "mc.csv", "cost.csv", "data.csv", "equal_compute.csv", "report.md",
                          "cross_gram.json", "data_gram.json",
-                         ".gitignore", "units", "vectors", LOCK_NAME})
+                         ".gitignore", "units", "vectors", LOCK_NAME, store.CHECKSUMS})
 
 
 def rewrite_tables(out: str | Path, drop_missing_units: bool = False) -> Path:
@@ -85,6 +88,10 @@ def rewrite_tables(out: str | Path, drop_missing_units: bool = False) -> Path:
         raise ValueError(f"{out} holds no audit (no config.json): --tables-only rewrites the tables of an audit "
                          "folder; run the audit first")
     with locked(out, "seco-lab audit", "wait for it to finish, or pass another --out"):
+        # the units, settings and Grams the tables come from must be as the audit wrote them (the tables not:
+        # they are what this writes again)
+        store.verify_checksums(out, "the audit (`seco-lab audit` with its settings and this --out)",
+                               skip=DERIVED_TABLES)
         check_units_kept(out, drop_missing_units)
         if not drop_missing_units:
             check_no_rows_lost(out)
@@ -199,6 +206,10 @@ def unit_done(path: Path) -> bool:
     if isinstance(unit, dict) and (why := stale_reason(unit)) is not None:
         tqdm.write(f"audit: {path} is stale -- {why}: the unit is computed again")
         return False
+    if not store.as_written(path):
+        tqdm.write(f"audit: {path} is not the unit this audit wrote (its SHA-256 differs from units/"
+                   f"{store.CHECKSUMS}): the unit is computed again")
+        return False
     return isinstance(unit, dict)
 
 
@@ -207,6 +218,8 @@ def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
     if not (out / ".gitignore").exists():  # the flat gradients are large and recomputable: never committed
         store.atomic_write(out / ".gitignore", "vectors/\n")
     _check_folder(cfg, out)
+    for folder in (out, out / "units", out / "vectors"):  # every file written from now on is recorded
+        store.start_checksums(folder)
     torch.set_num_threads(cfg.threads)
     strata, data = sequence_sets(cfg)
     names = {s.name: s for s in strata}

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ... import store
 from ...core.checks import guard_memory
 from ...core.engine import cache_leaves, dense_grad, forward_loss, prepare, seco_grad, trainable
 from ...estimators.schemes import get_scheme
@@ -132,12 +133,17 @@ def strata_rows(cfg: AuditConfig, spec: SequenceSpec, clock: Clock | None = None
     return [*strata, rest], info
 
 
+def _save_vectors(value: torch.Tensor, path: Path) -> None:
+    """The flat vectors of a unit, written atomically (and recorded in the folder's checksum file)."""
+    store.atomic_write(path, lambda f: torch.save(value, f))
+
+
 def strata_unit(cfg: AuditConfig, spec: SequenceSpec, vectors: Path) -> dict:
     """g(0..P) and g(>P) of one sequence; the flat rows are saved to ``vectors`` (float32) for cross-sequence Grams."""
     clock = Clock()
     rows, info = strata_rows(cfg, spec, clock)
     gram = per_tensor_gram(rows)
-    torch.save(flat_rows(rows), vectors)
+    _save_vectors(flat_rows(rows), vectors)
     G = gram.sum(0)
     g2 = float(G.sum())
     return {"sequence": spec.name, **info, "max_hops": cfg.max_hops,
@@ -161,7 +167,7 @@ def restore_strata_vectors(cfg: AuditConfig, spec: SequenceSpec, vectors: Path, 
                          f"strata-{spec.name}.json by {diff:.2e} (relative, Gram matrix; tolerance "
                          f"{RECOMPUTE_TOLERANCE:g}): the code or the model changed since it was stored; rerun the "
                          "audit into a new --out")
-    torch.save(flat_rows(rows), vectors)
+    _save_vectors(flat_rows(rows), vectors)
     return diff
 
 
@@ -254,6 +260,6 @@ def data_unit(cfg: AuditConfig, spec: SequenceSpec, vectors: Path, strata_vector
             loss, grads = seco_grad(model, tok, tgt, cfg.chunk_size)
         g = torch.cat([v.reshape(-1) for v in grads.values()])
         loss, source = float(loss), "seco"
-    torch.save(g, vectors)
+    _save_vectors(g, vectors)
     return {"sequence": spec.name, "length": spec.length, "loss": loss, "source": source,
             "g_norm": float(g.double().norm()), **clock.record()}

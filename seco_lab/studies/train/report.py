@@ -88,9 +88,26 @@ def render(tabs: dict, study: dict, out_md: Path, fig_dir: Path, source: str = "
     return write_markdown(lines, out_md)
 
 
+#: the folders inside a training study that hold its tiers (seco_lab.studies.train.extensions.folder_settings)
+TIER_FOLDERS = ("equal_compute", "second_L4")
+
+
+def check_not_a_tier(folder: Path) -> None:
+    """Refuse a tier folder of a training study given as the study: its runs are another design's (the report
+    reads them from the main study's folder, beside its own)."""
+    parent = folder.resolve().parent
+    if folder.resolve().name in TIER_FOLDERS and (parent / "study.json").is_file():
+        from ...report.markdown import MissingResultsError
+
+        raise MissingResultsError(f"{folder} is the {folder.resolve().name} tier of the training study in {parent}, "
+                                  f"not a study of its own: pass the study's folder, --results {parent} (its report "
+                                  "reads the tiers beside the main runs)")
+
+
 def training_study_report(folder: Path, out_md: Path) -> Path:
     """``seco-lab report train``: the report and its figures (in figures/<stem>/ beside it)."""
     folder, out_md = Path(folder), Path(out_md)
+    check_not_a_tier(folder)
     results, runs, study = load(folder)
     return render(summarize(results, runs, study), study, out_md, out_md.parent / "figures" / out_md.stem,
                   os.path.relpath(folder.resolve(), Path.cwd()), extensions=folder)

@@ -47,6 +47,7 @@ from seco_lab import (
     get_scheme,
     hop_strata,
 )
+from seco_lab.core.checks import ceil_div
 from seco_lab.stats.equal_compute import best_scale_mse, step_variance
 from seco_lab.stats.strata import StrataGram, bias_metrics
 from seco_lab.training.step import mode_grads
@@ -121,7 +122,7 @@ def probe(model, arm: Arm, batch: RecallBatch, chunk_size: int) -> dict[str, flo
     out = {"grad_norm": g_norm, "hop_share": float(np.sqrt(max(gram.total[1:, 1:].sum(), 0.0))) / g_norm,
            "stratum1_norm": float(norms[1]) if len(norms) > 1 else 0.0}
     if arm.mode == "spaco":
-        k = batch.tokens.shape[1] // chunk_size
+        k = ceil_div(batch.tokens.shape[1], chunk_size)
         w = get_scheme(arm.scheme).expected_weights(k, arm.budget, gram.max_hops)
         m = bias_metrics(gram, w)
         out.update(cos=1.0 - m["direction_bias"], rel_bias=m["rel_bias"],
@@ -159,7 +160,7 @@ def noise_probe(model, arm: Arm, batch: RecallBatch, chunk_size: int, groups: in
     L = len(model.blocks)
     B = batch.tokens.shape[0]
     n = B // groups
-    k = batch.tokens.shape[1] // chunk_size
+    k = ceil_div(batch.tokens.shape[1], chunk_size)
     parts = [batch.rows(slice(h * n, (h + 1) * n)) for h in range(groups)]
     exact = [hop_strata(model, p.tokens, p.targets, chunk_size, max_hops=L) for p in parts]
     P = exact[0].max_hops

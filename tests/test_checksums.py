@@ -1,0 +1,182 @@
+"""Issue 19, the class behind campaigns 11-13's silent-wrong results: a report read whatever a stored file held, so
+a value edited by hand (or a file damaged, or copied in from another study) was reported whenever no per-file
+consistency check happened to cover it.  Every writer now records the SHA-256 of what it writes in its folder's
+``checksums.sha256`` (sha256sum's format) and every report verifies the files it could read first
+(seco_lab.store.verify_checksums); ``seco-lab seal`` vouches for files edited on purpose.  These tests turn the
+verification on (tests/conftest.py turns it off for the tests of the per-file checks)."""
+
+import csv
+import json
+import multiprocessing
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from seco_lab import store
+from seco_lab.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+#: every committed results folder and the report that reads it
+COMMITTED = {"bias": "bias_study", "train": "training_study", "real": "real_study/k16x16", "audit": "audit/k128",
+             "bench": "bench", "train-compare": "training"}
+
+
+@pytest.fixture(autouse=True)
+def verified(monkeypatch):
+    monkeypatch.delenv(store.NO_CHECKSUMS_ENV, raising=False)
+
+
+def _report(kind, folder, out, capsys):
+    capsys.readouterr()
+    rc = main(["report", kind, "--results", str(folder), "--out", str(out)])
+    return rc, capsys.readouterr().err
+
+
+def _edit_cell(path, row, column, value):
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    rows[row][rows[0].index(column)] = value
+    with open(path, "w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows(rows)
+
+
+def test_every_committed_results_folder_is_recorded_and_verifies():
+    """Each committed folder's checksum files cover every results file it holds, as committed (a study rerun that
+    changed a file without its checksum, or a hand edit, fails here)."""
+    for folder in COMMITTED.values():
+        store.verify_checksums(ROOT / "reports" / folder, "the study")
+    store.verify_checksums(ROOT / "reports" / "trainer_memory", "lora_trainer", only=("memory.json",))
+    listed = (ROOT / "reports/bias_study" / store.CHECKSUMS).read_text().splitlines()
+    assert any(line.endswith("  results.csv") for line in listed)
+    assert all(len(line.split("  ")[0]) == 64 for line in listed)  # `sha256sum -c checksums.sha256` reads it
+
+
+@pytest.mark.parametrize("kind", ["bench", "train-compare", "real"])
+def test_a_plausible_edit_is_refused_before_anything_is_written(kind, tmp_path, capsys):
+    """One number changed to another plausible one (campaign 13: a cpu_s, a backprop count, a norm ratio): the
+    report refuses it, names the file, and writes nothing."""
+    folder = tmp_path / "r"
+    shutil.copytree(ROOT / "reports" / COMMITTED[kind], folder)
+    table = {"bench": "hf_results.csv", "train-compare": "throughput.csv", "real": "strata.csv"}[kind]
+    column = {"bench": "value", "train-compare": "tokens_per_s", "real": "norm_ratio"}[kind]
+    with open(folder / table, newline="") as f:
+        first = next(r for r in csv.DictReader(f) if r[column] not in ("", "nan"))
+    _edit_cell(folder / table, 1 + 0, column, str(float(first[column]) * 1.01))
+    rc, err = _report(kind, folder, tmp_path / "r.md", capsys)
+    assert rc == 2 and f"{folder / table} is not the file seco-lab wrote" in err and "seco-lab seal" in err
+    assert not (tmp_path / "r.md").exists()
+
+
+def test_a_copied_in_file_and_a_missing_checksum_file_are_refused_and_seal_vouches(tmp_path, capsys):
+    folder = tmp_path / "bench"
+    shutil.copytree(ROOT / "reports" / "bench", folder)
+    shutil.copy(folder / "results.csv", folder / "results_old.csv")
+    rc, err = _report("bench", folder, tmp_path / "b.md", capsys)
+    assert rc == 2 and "results_old.csv is not recorded in" in err
+    (folder / "results_old.csv").unlink()
+    (folder / store.CHECKSUMS).unlink()
+    rc, err = _report("bench", folder, tmp_path / "b.md", capsys)
+    assert rc == 2 and "but no checksums.sha256" in err
+    assert main(["seal", str(folder)]) == 0  # the user vouches for the files as they are
+    rc, err = _report("bench", folder, tmp_path / "b.md", capsys)
+    assert rc == 0, err
+    (folder / store.CHECKSUMS).write_text("not a checksum line\n")
+    rc, err = _report("bench", folder, tmp_path / "b.md", capsys)
+    assert rc == 2 and "the checksum file is damaged" in err
+
+
+def test_atomic_write_records_only_where_checksums_were_started(tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    store.atomic_write_json(plain / "a.json", {"x": 1})
+    assert not (plain / store.CHECKSUMS).exists()  # a run folder, a user's folder: nothing added
+    tracked = tmp_path / "tracked"
+    tracked.mkdir()
+    (tracked / "old.csv").write_text("a\n1\n")  # written before checksums: taken as it is
+    store.start_checksums(tracked)
+    store.atomic_write_json(tracked / "a.json", {"x": 1})
+    store.atomic_write_json(tracked / "a.json", {"x": 2})  # rewritten: the new content is recorded
+    store.verify_checksums(tracked, "the test")
+    (tracked / "a.json").write_text('{"x": 3}\n')
+    with pytest.raises(store.ChecksumError, match="a.json is not the file seco-lab wrote"):
+        store.verify_checksums(tracked, "the test")
+    before = (tracked / store.CHECKSUMS).stat().st_mtime_ns
+    store.atomic_write_json(tracked / "a.json", {"x": 2})
+    store.atomic_write_json(tracked / "a.json", {"x": 2})
+    assert (tracked / store.CHECKSUMS).read_text().count("a.json") == 1
+    assert (tracked / store.CHECKSUMS).stat().st_mtime_ns >= before
+
+
+def _write_many(folder, worker):
+    for i in range(15):
+        store.atomic_write_json(Path(folder) / f"w{worker}-{i}.json", {"i": i})
+
+
+def test_concurrent_writers_of_one_folder_lose_no_checksum(tmp_path):
+    """A study's workers write their cells into one folder at once: each record is read, updated and replaced under
+    the folder's flock, so none is lost (without the lock, interleaved updates drop entries)."""
+    store.start_checksums(tmp_path)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_write_many, args=(str(tmp_path), w)) for w in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    store.verify_checksums(tmp_path, "the test")
+    assert len((tmp_path / store.CHECKSUMS).read_text().splitlines()) == 45
+
+
+def test_study_cell_edited_after_it_was_written_is_not_done(tmp_path):
+    """Campaign 13 Y03: a cell record replaced by {} was counted done (and then a KeyError).  A cell whose record is
+    not what the study wrote is computed again."""
+    sf = store.StudyFolder(tmp_path / "s", study=None)
+    sf.open("d1")
+    sf.write_cell("c1", {"value": 1.0})
+    assert sf.done("c1")
+    sf.marker("c1").write_text("{}\n")
+    assert not sf.done("c1")
+    sf.write_cell("c1", {"value": 1.0})
+    assert sf.done("c1")
+    sf.close()
+
+
+def test_audit_tables_only_verifies_the_units_but_rewrites_an_edited_table(tmp_path, capsys):
+    folder = tmp_path / "k128"
+    shutil.copytree(ROOT / "reports" / "audit" / "k128", folder, ignore=shutil.ignore_patterns("vectors"))
+    _edit_cell(folder / "strata.csv", 1, "norm_ratio", "0.31")
+    capsys.readouterr()
+    assert main(["audit", "--tables-only", "--out", str(folder), "--no-progress"]) == 0, capsys.readouterr().err
+    assert (folder / "strata.csv").read_bytes() == (ROOT / "reports/audit/k128/strata.csv").read_bytes()
+    store.verify_checksums(folder, "the audit")  # the rewritten tables are recorded again
+    unit = folder / "units" / "data-s01.json"
+    record = json.loads(unit.read_text())
+    record["loss"] = record["loss"] * 1.01
+    unit.write_text(json.dumps(record, indent=2) + "\n")
+    assert main(["audit", "--tables-only", "--out", str(folder), "--no-progress"]) == 2
+    assert "data-s01.json is not the file seco-lab wrote" in capsys.readouterr().err
+
+
+def test_lora_trainer_report_refuses_an_edited_memory_record(tmp_path):
+    folder = tmp_path / "mem"
+    shutil.copytree(ROOT / "reports" / "trainer_memory", folder)
+    run = [sys.executable, str(ROOT / "examples" / "lora_trainer.py"), "--report", "--output-dir", str(folder)]
+    env = {k: v for k, v in __import__("os").environ.items() if k != store.NO_CHECKSUMS_ENV}
+    ok = subprocess.run(run, capture_output=True, text=True, timeout=120, env=env)
+    assert ok.returncode == 0, ok.stderr
+    record = json.loads((folder / "memory.json").read_text())
+    record["runs"][1]["peak_rss_mib"] *= 0.9
+    (folder / "memory.json").write_text(json.dumps(record, indent=1))
+    bad = subprocess.run(run, capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and "memory.json is not the file seco-lab wrote" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_seal_refuses_what_is_not_a_folder(tmp_path, capsys):
+    (tmp_path / "f.csv").write_text("a\n")
+    with pytest.raises(SystemExit):
+        main(["seal", str(tmp_path / "f.csv")])
+    assert "is not a folder" in capsys.readouterr().err
