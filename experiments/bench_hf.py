@@ -250,7 +250,7 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
     that does not chunk is measured once per length and stored under every chunk size of the run."""
     from tqdm.auto import tqdm
 
-    from seco_lab.store import atomic_write_csv, start_checksums
+    from seco_lab.store import atomic_write_csv, start_checksums, verify_checksums
 
     rows = []
     grid = [(n, lora) for n in cfg.lengths for lora in cfg.lora]
@@ -260,6 +260,8 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
     path = out / "hf_results.csv"
     out.mkdir(parents=True, exist_ok=True)
     start_checksums(out)  # the report verifies what it reads against what was written
+    if path.exists():  # the rows kept are re-recorded with the new ones: they must be as written, not edited
+        verify_checksums(out, "`make bench-hf` into a new --out", only=(path.name,))
     old = pd.read_csv(path) if path.exists() else None
 
     # what this run measures replaces the same rows of an earlier run, nothing else (a memory-only or

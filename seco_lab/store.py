@@ -390,17 +390,25 @@ def forget_checksums(folder: str | Path, names) -> None:
 
 
 def start_checksums(folder: str | Path) -> None:
-    """Make ``folder`` record the checksum of every file written into it from now on; results files already there
-    (written by a version before checksums) are recorded as they are.  Nothing changes where it is started."""
+    """Make ``folder`` record the checksum of every file written into it from now on (nothing changes where it is
+    started).  Results files already there without a checksum file (written by a seco-lab before checksums, or
+    the file was removed) are recorded as nothing: what nobody vouches for is not taken as written -- a study
+    computes such cells again, a report refuses such tables -- unless ``seco-lab seal`` vouches for them first."""
     folder = Path(folder)
-    if (folder / CHECKSUMS).is_file():
+    if (folder / CHECKSUMS).is_file() or (folder / CHECKSUMS).is_symlink():
         return
-    seal(folder, recurse=False)
+    unrecorded = [p.name for p in sorted(folder.iterdir()) if re.fullmatch(RESULT_FILE, p.name)]
+    if unrecorded:
+        print(f"seco-lab: {folder} holds results ({', '.join(unrecorded[:3])}{', ...' if len(unrecorded) > 3 else ''})"
+              f" but no {CHECKSUMS}: they are not taken as written (a study computes them again, a report refuses "
+              f"them); to keep them, stop and run `seco-lab seal {folder}` first", file=sys.stderr)
+    with _folder_flock(folder):
+        _write_checksums(folder, {})
 
 
 def as_written(path: str | Path) -> bool:
-    """Whether ``path`` is as the tool wrote it, by its folder's checksum file (True where the folder has none: it
-    was written before checksums, and is judged by its content alone)."""
+    """Whether ``path`` is as the tool wrote it, by its folder's checksum file (True where the folder has none:
+    :func:`start_checksums` was never called on it, and the caller judges it by its content alone)."""
     path = Path(path)
     if not (path.parent / CHECKSUMS).is_file():
         return True
@@ -429,6 +437,21 @@ def seal(folder: str | Path, recurse: bool = True) -> list[Path]:
     return written
 
 
+def _folders_within(folder: Path) -> list[Path]:
+    """``folder`` and every folder below it, symlinked ones followed (a report reads through them), each real folder
+    once (a link loop ends there)."""
+    out, seen = [], set()
+    for root, dirs, _ in os.walk(folder, followlinks=True):
+        dirs.sort()
+        real = os.path.realpath(root)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        out.append(Path(root))
+    return out
+
+
 def verify_checksums(folder: str | Path, produce: str, skip: tuple[str, ...] = (),
                      only: tuple[str, ...] | None = None) -> None:
     """Every results file (``*.csv``, ``*.csv.gz``, ``*.json``, ``*.pt``) of ``folder`` and its subfolders must be
@@ -441,8 +464,7 @@ def verify_checksums(folder: str | Path, produce: str, skip: tuple[str, ...] = (
         return
     folder = Path(folder)
     vouch = f"`seco-lab seal {folder}` vouches for the files as they are"
-    subs = [] if only is not None else sorted(p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink())
-    for sub in [folder, *subs]:
+    for sub in [folder] if only is not None else _folders_within(folder):
         results = sorted(p for p in sub.iterdir() if re.fullmatch(RESULT_FILE, p.name) and not p.is_dir()
                          and not (sub == folder and p.name in skip) and (only is None or p.name in only))
         if not results:
@@ -479,6 +501,8 @@ def atomic_write_json(path: str | Path, obj, indent: int = 2) -> Path:
 #: study writes there (``*.json``, ``*.csv``, ``*.csv.gz``, ``*.md``, ``.gitignore``); a user's ``draft.tmp2`` or
 #: ``results.json.tmp2`` is not one, and is neither counted as the study's nor removed
 TEMP_FILE = r"[^/]*\.(json|csv|csv\.gz|md|gitignore)\." + TEMP_TAG + r"\d+"
+#: what a cell record says of itself (:meth:`StudyFolder.write_cell`): its name and its study's definition digest
+CELL_KEY, DEFINITION_KEY = "cell_name", "study_definition"
 #: the files a study writes for a cell: ``NAME.json`` and its tables ``NAME.TABLE.csv[.gz]`` / ``NAME.csv``
 CELL_FILE = r"[^/]+\.(json|csv|csv\.gz)"
 
@@ -605,6 +629,7 @@ class StudyFolder:
         if not str(os.fspath(root)).strip():
             raise StudyFolderError("--out is empty; name a folder for the study's results, e.g. --out results/study")
         self.root, self.key, self.keeps, self.study = Path(root), key, tuple(keeps), study
+        self.definition: str | None = None  # the digest open() was given: each cell written records it
         self.cells = self.root / cells
         self.manifest_path = self.root / "study.json"
         self._stored = stored_fingerprint or (lambda m: m.get(key))
@@ -652,6 +677,7 @@ class StudyFolder:
         temporary files, refuse a folder of another definition (unless ``fresh``: then its cells are
         discarded); return the stored manifest ({} if none)."""
         self.check_usable()
+        self.definition = str(digest)
         stored = self.read_manifest()  # a damaged record is refused before anything is written
         self._check_owner(stored)  # as is a record this study did not write
         self.cells.mkdir(parents=True, exist_ok=True)
@@ -732,6 +758,8 @@ class StudyFolder:
             return False
         if not as_written(self.marker(name)):  # edited, or copied in from another cell or study
             return False
+        if isinstance(record, dict) and not self._own_cell(name, record):
+            return False
         files = record.get("files") if isinstance(record, dict) else None
         if files is None:
             return isinstance(record, dict)
@@ -739,6 +767,17 @@ class StudyFolder:
             return all(file_sha256(self.cells / table_file) == entry["sha256"] for table_file, entry in files.items())
         except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a table missing, not a file, too large
             return False
+
+    def _own_cell(self, name: str, record: dict) -> bool:
+        """A record names the cell and the study definition it was computed for (records written before carry
+        neither and are judged by their tables): one copied from another cell, or from a study of another
+        definition (another --draws, ...) with its checksum file, is not this cell's."""
+        cell, definition = record.get(CELL_KEY, name), record.get(DEFINITION_KEY, self.definition)
+        if cell == name and (self.definition is None or definition == self.definition):
+            return True
+        print(f"{self.marker(name)} holds cell {cell!r} of study definition {definition!r}, not cell {name!r} of "
+              f"{self.definition!r}: it was copied in from elsewhere; the cell is computed again", file=sys.stderr)
+        return False
 
     def write_cell(self, name: str, record: dict, tables: dict | None = None,
                    table_suffix: str = ".{table}.csv") -> None:
@@ -749,13 +788,15 @@ class StudyFolder:
             path = self.cells / (name + table_suffix.format(table=table))
             atomic_write_csv(path, df)
             files[path.name] = {"rows": len(df), "sha256": file_sha256(path)}
-        atomic_write_json(self.marker(name), {**record, "files": files} if files else record)
+        own = {CELL_KEY: name, **({DEFINITION_KEY: self.definition} if self.definition is not None else {})}
+        atomic_write_json(self.marker(name), {**record, **own, "files": files} if files else {**record, **own})
 
     def read_cell(self, name: str) -> dict:
         """The cell's record as written (without the table checksums :meth:`write_cell` adds)."""
         record = read_json(self.marker(name), "cell record", fix="remove it and rerun the study (the cell is "
                            "computed again)")
-        record.pop("files", None)
+        for key in ("files", CELL_KEY, DEFINITION_KEY):
+            record.pop(key, None)
         return record
 
     def write_manifest(self, manifest: dict) -> None:

@@ -95,10 +95,14 @@ def test_atomic_write_records_only_where_checksums_were_started(tmp_path):
     assert not (plain / store.CHECKSUMS).exists()  # a run folder, a user's folder: nothing added
     tracked = tmp_path / "tracked"
     tracked.mkdir()
-    (tracked / "old.csv").write_text("a\n1\n")  # written before checksums: taken as it is
+    (tracked / "old.csv").write_text("a\n1\n")  # no checksum file vouches for it (campaign 14 RS02, AQ01)
     store.start_checksums(tracked)
     store.atomic_write_json(tracked / "a.json", {"x": 1})
     store.atomic_write_json(tracked / "a.json", {"x": 2})  # rewritten: the new content is recorded
+    with pytest.raises(store.ChecksumError, match="old.csv is not recorded"):
+        store.verify_checksums(tracked, "the test")
+    assert not store.as_written(tracked / "old.csv")
+    store.seal(tracked)  # the user vouches for it
     store.verify_checksums(tracked, "the test")
     (tracked / "a.json").write_text('{"x": 3}\n')
     with pytest.raises(store.ChecksumError, match="a.json is not the file seco-lab wrote"):
@@ -180,3 +184,63 @@ def test_seal_refuses_what_is_not_a_folder(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["seal", str(tmp_path / "f.csv")])
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_a_symlinked_subfolder_is_verified_through_the_link(tmp_path, capsys):
+    """Campaign 14 T03/T04/A02: a tier folder (or the audit's units) replaced by a symlink to an edited copy was read
+    through the link but not verified (subfolders behind links were skipped)."""
+    study = tmp_path / "ts"
+    shutil.copytree(ROOT / "reports" / "training_study", study)
+    edited = tmp_path / "elsewhere"
+    shutil.move(study / "second_L4", edited)
+    (study / "second_L4").symlink_to(edited, target_is_directory=True)
+    rc, err = _report("train", study, tmp_path / "t.md", capsys)
+    assert rc == 0, err  # a link to the files as written is fine
+    _edit_cell(edited / "runs.csv", 1, "cpu_s", "30.0")
+    rc, err = _report("train", study, tmp_path / "t.md", capsys)
+    assert rc == 2 and "runs.csv is not the file seco-lab wrote" in err
+    (edited / "loop").symlink_to(study, target_is_directory=True)  # a link loop ends where it started
+    store.seal(edited)
+    store.verify_checksums(study, "the study")
+
+
+def test_removing_a_checksum_file_does_not_let_a_resumed_study_keep_edited_cells(tmp_path, capsys):
+    """Campaign 14 RS02 / AQ01: with cells/checksums.sha256 removed, a resumed study sealed the cells as they were
+    (edited ones included) and rebuilt its tables from them.  Now such cells are not taken as written: computed
+    again (and said so)."""
+    sf = store.StudyFolder(tmp_path / "s", study=None)
+    sf.open("d1")
+    sf.write_manifest({"fingerprint": "d1"})
+    sf.write_cell("c1", {"value": 1.0})
+    sf.close()
+    record = json.loads(sf.marker("c1").read_text())
+    record["value"] = 2.0
+    sf.marker("c1").write_text(json.dumps(record))
+    (sf.cells / store.CHECKSUMS).unlink()
+    again = store.StudyFolder(tmp_path / "s", study=None)
+    capsys.readouterr()
+    again.open("d1")
+    assert "but no checksums.sha256: they are not taken as written" in capsys.readouterr().err
+    assert not again.done("c1")
+    again.close()
+
+
+def test_a_cell_copied_from_a_study_of_another_definition_with_its_checksums_is_not_done(tmp_path, capsys):
+    """Campaign 13 Y12: a cell from a --draws 100 study in a --draws 200 study.  Copying the whole cells folder,
+    checksum file and all, keeps every file 'as written' -- but each record names its study's definition."""
+    other = store.StudyFolder(tmp_path / "other", study=None)
+    other.open("draws100")
+    other.write_cell("c1", {"value": 1.0})
+    other.close()
+    mine = store.StudyFolder(tmp_path / "mine", study=None)
+    mine.open("draws200")
+    mine.close()
+    shutil.rmtree(mine.cells)
+    shutil.copytree(other.cells, mine.cells)
+    capsys.readouterr()
+    assert not mine.done("c1")
+    assert "of study definition 'draws100', not cell 'c1' of 'draws200'" in capsys.readouterr().err
+    assert other.done("c1") and other.read_cell("c1") == {"value": 1.0}
+    shutil.copy(other.marker("c1"), other.marker("c2"))  # a cell record under another cell's name
+    store.seal(other.cells)
+    assert not other.done("c2")
