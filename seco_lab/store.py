@@ -395,8 +395,13 @@ def start_checksums(folder: str | Path) -> None:
     the file was removed) are recorded as nothing: what nobody vouches for is not taken as written -- a study
     computes such cells again, a report refuses such tables -- unless ``seco-lab seal`` vouches for them first."""
     folder = Path(folder)
-    if (folder / CHECKSUMS).is_file() or (folder / CHECKSUMS).is_symlink():
+    path = folder / CHECKSUMS
+    if path.is_file():
         return
+    if path.exists() or path.is_symlink():
+        what = "a folder" if path.is_dir() else "a dangling link" if not path.exists() else "not a regular file"
+        raise ChecksumError(f"{path} is {what}: that name is the folder's checksum file, which records what is "
+                            "written here; move it away (nothing was written)")
     unrecorded = [p.name for p in sorted(folder.iterdir()) if re.fullmatch(RESULT_FILE, p.name)]
     if unrecorded:
         print(f"seco-lab: {folder} holds results ({', '.join(unrecorded[:3])}{', ...' if len(unrecorded) > 3 else ''})"

@@ -244,3 +244,11 @@ def test_a_cell_copied_from_a_study_of_another_definition_with_its_checksums_is_
     shutil.copy(other.marker("c1"), other.marker("c2"))  # a cell record under another cell's name
     store.seal(other.cells)
     assert not other.done("c2")
+
+
+def test_a_checksum_file_that_is_a_folder_is_named_as_such(tmp_path):
+    """Campaign 14 AQ03: the error named the temporary file ('Is a directory')."""
+    (tmp_path / store.CHECKSUMS).mkdir()
+    with pytest.raises(store.ChecksumError, match=r"checksums.sha256 is a folder: that name is the folder's checksum"):
+        store.start_checksums(tmp_path)
+    assert not list(tmp_path.glob("*seco-tmp*"))
