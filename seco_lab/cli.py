@@ -396,7 +396,12 @@ def seal_main(argv: list[str]) -> int:
         if not Path(folder).is_dir() or Path(folder).is_symlink():
             ap.error(f"{folder} is not a folder: name the results folder a report reads (its --results)")
     for folder in a.folders:
-        written = seal(folder)
+        try:
+            written = seal(folder)
+        except (OSError, ValueError) as e:  # no permission, a full disk, a damaged file in the way
+            print(f"seco-lab seal: error: {folder}: {e.strerror if isinstance(e, OSError) and e.strerror else e}"
+                  f"{f' ({e.filename})' if isinstance(e, OSError) and e.filename else ''}", file=sys.stderr)
+            return 2
         print(f"sealed {folder}: {len(written)} checksum file(s) ({', '.join(str(p) for p in written[:3])}"
               f"{' ...' if len(written) > 3 else ''})")
     return 0

@@ -348,11 +348,19 @@ def _read_checksums(folder: Path) -> dict[str, str]:
 def _write_checksums(folder: Path, sums: dict[str, str]) -> None:
     text = "".join(f"{h}  {n}\n" for n, h in sorted(sums.items()))
     path = folder / CHECKSUMS
+    if (path.exists() or path.is_symlink()) and not path.is_file():
+        what = "a folder" if path.is_dir() else "a dangling link" if not path.exists() else "not a regular file"
+        raise ChecksumError(f"{path} is {what}: that name is the folder's checksum file, which records what is "
+                            "written here; move it away")
     if path.is_file() and path.read_text(errors="replace") == text:
         return  # unchanged: a rerun that rewrites the same files leaves a committed folder as it was
     tmp = folder / f"{CHECKSUMS}.{TEMP_TAG}{os.getpid()}"
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @contextmanager

@@ -252,3 +252,10 @@ def test_a_checksum_file_that_is_a_folder_is_named_as_such(tmp_path):
     with pytest.raises(store.ChecksumError, match=r"checksums.sha256 is a folder: that name is the folder's checksum"):
         store.start_checksums(tmp_path)
     assert not list(tmp_path.glob("*seco-tmp*"))
+    sub = tmp_path / "sub"  # K47: `seco-lab seal` with a subfolder's checksum file a folder was a traceback
+    sub.mkdir()
+    (sub / "a.csv").write_text("a\n1\n")
+    (sub / store.CHECKSUMS).mkdir()
+    with pytest.raises(store.ChecksumError, match=r"sub/checksums.sha256 is a folder"):
+        store.seal(sub)
+    assert not list(sub.glob("*seco-tmp*"))
