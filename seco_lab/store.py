@@ -466,35 +466,48 @@ def _folders_within(folder: Path) -> list[Path]:
 
 
 def verify_checksums(folder: str | Path, produce: str, skip: tuple[str, ...] = (),
-                     only: tuple[str, ...] | None = None) -> None:
+                     only: tuple[str, ...] | None = None) -> dict[Path, str]:
     """Every results file (``*.csv``, ``*.csv.gz``, ``*.json``, ``*.pt``) of ``folder`` and its subfolders must be
     recorded in its folder's checksum file with the SHA-256 it has now; a folder with results files but no checksum
     file is refused too.  Each refusal (:class:`ChecksumError`) names the file and says ``produce`` (what writes
-    it) or ``seco-lab seal`` (to vouch for a file edited on purpose).  ``skip``: names of files of ``folder`` itself
-    not verified (tables the caller writes again from the others); ``only``: just these files of ``folder`` (no
-    subfolder), e.g. a record beside files another library wrote.  Skipped where :data:`NO_CHECKSUMS_ENV` is 1."""
+    it) or ``seco-lab seal`` (to vouch for a file edited on purpose); so is a recorded file that is missing.
+    Returns each verified file's SHA-256 (a caller compares them after reading: a file replaced meanwhile is caught
+    too).  ``skip``: names of files of ``folder`` itself not verified (tables the caller writes again from the
+    others); ``only``: just these files of ``folder`` (no subfolder), e.g. a record beside files another library
+    wrote.  Skipped (an empty dict) where :data:`NO_CHECKSUMS_ENV` is 1."""
     if os.environ.get(NO_CHECKSUMS_ENV) == "1":
-        return
+        return {}
     folder = Path(folder)
+    verified: dict[Path, str] = {}
     vouch = f"`seco-lab seal {folder}` vouches for the files as they are"
     for sub in [folder] if only is not None else _folders_within(folder):
         results = sorted(p for p in sub.iterdir() if re.fullmatch(RESULT_FILE, p.name) and not p.is_dir()
                          and not (sub == folder and p.name in skip) and (only is None or p.name in only))
-        if not results:
+        if not results and not (sub / CHECKSUMS).is_file():
             continue
         if not (sub / CHECKSUMS).is_file():
             raise ChecksumError(f"{sub} holds results ({results[0].name}, ...) but no {CHECKSUMS}: they were "
                                 "written by a seco-lab before checksums, or the file was removed, so nothing tells "
                                 f"whether they are what was computed; rerun {produce}, or {vouch}")
         sums = _read_checksums(sub)
+        gone = sorted(n for n in sums if (only is None or n in only) and not (sub == folder and n in skip)
+                      and not (sub / n).exists() and not (sub / n).is_symlink())
+        if gone:
+            raise ChecksumError(f"{sub / gone[0]} is recorded in {sub / CHECKSUMS} but missing"
+                                f"{f' (and {len(gone) - 1} more)' if len(gone) > 1 else ''}: it was deleted or moved "
+                                f"after it was written, and a report without it would leave out what it held; restore "
+                                f"it, rerun {produce}; if you removed it on purpose, {vouch}")
         for p in results:
             if p.name not in sums:
                 raise ChecksumError(f"{p} is not recorded in {sub / CHECKSUMS}: seco-lab did not write it there "
                                     f"(copied in, or renamed?); remove it, rerun {produce}, or {vouch}")
-            if p.is_symlink() or not p.is_file() or file_sha256(p) != sums[p.name]:
+            if not p.is_symlink() and p.is_file():
+                verified[p] = file_sha256(p)
+            if p.is_symlink() or not p.is_file() or verified[p] != sums[p.name]:
                 raise ChecksumError(f"{p} is not the file seco-lab wrote (its SHA-256 differs from the one in "
                                     f"{sub / CHECKSUMS}): it was edited, damaged or replaced after it was written; "
                                     f"rerun {produce}; if you changed it on purpose, {vouch}")
+    return verified
 
 
 def atomic_write_csv(path: str | Path, df) -> Path:

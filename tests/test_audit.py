@@ -444,3 +444,13 @@ def test_population_terms_reduce_exactly_for_unbiased_and_rescaled_schemes():
     assert scaled["X"] == pytest.approx(c * base["G"], rel=1e-12)
     assert scaled["M"] == pytest.approx(c * c * base["G"], rel=1e-12)
     assert scaled["C"] == pytest.approx(c * c * base["a"], rel=1e-12)
+
+
+def test_a_fresh_audit_records_every_file_it_wrote(audit, monkeypatch):
+    """Campaign 15 A01/A16: config.json was written before the folder's checksums were started, so a fresh audit
+    warned about its own file and `report audit` refused it as 'not recorded'."""
+    from seco_lab import store
+
+    monkeypatch.delenv(store.NO_CHECKSUMS_ENV, raising=False)
+    store.verify_checksums(audit, "the audit")
+    assert "config.json" in (audit / store.CHECKSUMS).read_text()

@@ -432,3 +432,12 @@ def test_rounding_floors_absorb_another_cpus_kernels_and_nothing_more():
     assert table_difference(checks, moved(checks, 0, 5.2e-15)) > 1
     assert table_difference(checks, moved(checks, 0, 5.2e-15), cfloor) <= 1
     assert table_difference(checks, moved(checks, 0, 1e-10), cfloor) > 1
+
+
+def test_a_fresh_study_records_every_file_it_wrote(quick_study, monkeypatch):
+    """The report verifies each stored file against the checksums the study recorded: a study that wrote a file
+    outside them would have its own report refuse it (campaign 15 found that for the audit's config.json)."""
+    from seco_lab import store
+
+    monkeypatch.delenv(store.NO_CHECKSUMS_ENV, raising=False)
+    store.verify_checksums(quick_study, "the study")

@@ -259,3 +259,50 @@ def test_a_checksum_file_that_is_a_folder_is_named_as_such(tmp_path):
     with pytest.raises(store.ChecksumError, match=r"sub/checksums.sha256 is a folder"):
         store.seal(sub)
     assert not list(sub.glob("*seco-tmp*"))
+
+
+def test_a_recorded_file_that_is_missing_is_refused(tmp_path, capsys):
+    """Campaign 15 B01/B02/B05: a recorded hf_results.csv, profile or strata_cost.csv deleted left its whole section
+    out of `report bench`, exit 0."""
+    folder = tmp_path / "bench"
+    shutil.copytree(ROOT / "reports" / "bench", folder)
+    (folder / "strata_cost.csv").unlink()
+    rc, err = _report("bench", folder, tmp_path / "b.md", capsys)
+    assert rc == 2 and "strata_cost.csv is recorded in" in err and "but missing" in err
+
+
+def test_tables_a_rerun_reproduces_are_recorded_as_written(tmp_path):
+    """Campaign 15 BQ12: with the root checksum file removed, a rerun that kept the reproduced tables byte for byte
+    recorded nothing, so the report refused them ever after ('rerun' never healed it)."""
+    import pandas as pd
+
+    from seco_lab.studies.rerun_tables import write_tables
+
+    df = pd.DataFrame({"a": [1.0, 2.0]})
+    store.start_checksums(tmp_path)
+    (tmp_path / "t.csv").write_text(df.to_csv(index=False))  # not recorded: written by someone else
+    with pytest.raises(store.ChecksumError, match="t.csv is not recorded"):
+        store.verify_checksums(tmp_path, "the test")
+    assert write_tables(tmp_path, {"t": df}).kept  # the rerun computes the same table: kept, and recorded
+    store.verify_checksums(tmp_path, "the test")
+
+
+def test_a_file_replaced_while_the_report_reads_it_is_caught(tmp_path, capsys, monkeypatch):
+    """Campaign 15 K32: results.csv atomically replaced by an edited copy after the checksums were verified was
+    reported (verified before, read after).  The report compares the files again once written."""
+    import seco_lab.report.bench as bench
+
+    folder = tmp_path / "bench"
+    shutil.copytree(ROOT / "reports" / "bench", folder)
+    real = bench.bench_report
+
+    def racing(results, out):
+        path = real(results, out)
+        text = (folder / "results.csv").read_text()
+        (folder / "results.csv").write_text(text.replace(",", ", ", 1))  # a writer replaces it meanwhile
+        return path
+
+    monkeypatch.setattr(bench, "bench_report", racing)
+    rc, err = _report("bench", folder, tmp_path / "b.md", capsys)
+    assert rc == 2 and "results.csv changed while the report read it" in err
+    assert not (tmp_path / "b.md").exists()

@@ -293,7 +293,7 @@ def report_main(argv=None) -> int:
         print(f"{ap.prog}: error: {lacking}", file=sys.stderr)
         return 2
     try:  # every results file as the study wrote it (its checksum file): an edited value is never reported
-        verify_checksums(results, study.produce)
+        verified = verify_checksums(results, study.produce)
     except (OSError, ValueError) as e:
         print(f"{ap.prog}: error: {e}", file=sys.stderr)
         return 2
@@ -314,6 +314,15 @@ def report_main(argv=None) -> int:
         else:
             print(f"{ap.prog}: error: cannot write {out}: {e.strerror or e} (pass a writable path with --out)",
                   file=sys.stderr)
+        return 2
+    from ..store import file_sha256
+
+    changed = [p for p, h in verified.items() if not p.is_file() or file_sha256(p) != h]
+    if changed:  # replaced while the report read it (a writer at work): what was read is not what was verified
+        Path(path).unlink(missing_ok=True)
+        print(f"{ap.prog}: error: {changed[0]} changed while the report read it (something writes into {results}); "
+              f"the report it gave may mix two versions and was removed: rerun the report once the writer is done",
+              file=sys.stderr)
         return 2
     print(f"wrote {path}")
     return 0

@@ -217,9 +217,9 @@ def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
     (out / "vectors").mkdir(exist_ok=True)
     if not (out / ".gitignore").exists():  # the flat gradients are large and recomputable: never committed
         store.atomic_write(out / ".gitignore", "vectors/\n")
+    for folder in (out, out / "units", out / "vectors"):  # every file written from now on is recorded (config.json
+        store.start_checksums(folder)                     # too: _check_folder writes it)
     _check_folder(cfg, out)
-    for folder in (out, out / "units", out / "vectors"):  # every file written from now on is recorded
-        store.start_checksums(folder)
     torch.set_num_threads(cfg.threads)
     strata, data = sequence_sets(cfg)
     names = {s.name: s for s in strata}
@@ -296,6 +296,7 @@ def _restore_vectors(cfg: AuditConfig, out: Path, stage: str, specs: dict[str, S
         diff = abs(res["g_norm"] - stored["g_norm"]) / max(stored["g_norm"], 1e-300)
         if not diff <= measure.RECOMPUTE_TOLERANCE:
             (out / "vectors" / f"{path.stem}.pt").unlink()
+            store.forget_checksums(out / "vectors", [f"{path.stem}.pt"])
             raise ValueError(f"the gradient of {path.stem} recomputed here differs from the stored unit by {diff:.2e} "
                              f"(relative norm; tolerance {measure.RECOMPUTE_TOLERANCE:g}): the code or the model "
                              "changed since it was stored; rerun the audit into a new --out")
