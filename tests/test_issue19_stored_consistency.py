@@ -111,20 +111,27 @@ def test_committed_fsdp_results_still_report(tmp_path, capsys):
 # -- the audit's cross-sequence Grams against their units ------------------------------------------------------------
 
 def test_audit_tables_refuse_a_scaled_data_vector(tmp_path, capsys):
-    """vectors/data-s01.pt times 2 changed the data-noise and equal-compute tables without a word (its unit's
-    g_norm still said the old norm)."""
-    import torch
+    """A data sequence's flat vector times 2 changed the data-noise and equal-compute tables without a word (its
+    unit's g_norm still said the old norm).  The vectors are not committed: on a fresh clone the tables read the
+    stored data_gram.json, scaled here as the vector's Gram would be (row and column of s01 times 2)."""
+    import json
+
+    import numpy as np
 
     folder = tmp_path / "k128"
-    shutil.copytree(ROOT / "reports" / "audit" / "k128", folder)
-    vec = folder / "vectors" / "data-s01.pt"
-    torch.save(torch.load(vec) * 2, vec)
+    shutil.copytree(ROOT / "reports" / "audit" / "k128", folder, ignore=shutil.ignore_patterns("vectors"))
+    stored = json.loads((folder / "data_gram.json").read_text())
+    g = np.array(stored["gram"])
+    i = stored["names"].index("s01")
+    scale = np.ones(len(g))
+    scale[i] = 2.0
+    stored["gram"] = (g * np.outer(scale, scale)).tolist()
+    (folder / "data_gram.json").write_text(json.dumps(stored))
     capsys.readouterr()
     rc = main(["audit", "--tables-only", "--out", str(folder), "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and "sequence s01's data vector" in err and "disagrees with its unit" in err
     assert (folder / "data.csv").read_bytes() == (ROOT / "reports" / "audit" / "k128" / "data.csv").read_bytes()
-
 
 def test_gram_blocks_are_checked_against_the_units():
     import numpy as np
