@@ -9,7 +9,9 @@
   step (:func:`past_schedule`: a copy of the run extended otherwise, an edited ``steps``);
   :func:`load_newest_checkpoint` -- the checkpoint a resumed run continues from (sharded or ``.pt``), checked;
   :func:`check_nothing_to_resume` -- refuses a resume with no checkpoint of a run that logged steps;
-  :func:`check_metrics_history` -- refuses a ``metrics.jsonl`` whose steps repeat or go backwards.
+  :func:`check_metrics_history` -- refuses a ``metrics.jsonl`` whose steps repeat or go backwards;
+  :func:`check_history` -- refuses one whose records up to the checkpoint's step are not the ones the run
+  logged (:func:`history_digests`: each record's digest, which every checkpoint carries).
 * :func:`read_experiment` -- the record a resume continues: ``config.json``, or, when it was deleted, the
   experiment the newest intact checkpoint records (:func:`recover_record`; ``config.json`` is then rewritten).
 * :func:`continued_cycles` -- the schedule cycles a resumed (extended, perhaps re-warmed) run keeps.
@@ -35,7 +37,8 @@ from .run_dir import RunDir, RunDirError, read_config, read_metrics, safe_load
 from .run_files import UnsafeCheckpoint, checkpoint_files, checkpoint_steps
 
 __all__ = ["LATER_FIELDS", "RECORD_KEYS", "SCHEDULE_FIELDS", "check_complete_record", "check_corpus",
-           "check_metrics_history", "corpus_digest", "check_step_record", "step_record",
+           "check_metrics_history", "check_history", "corpus_digest", "history_digests", "record_digest",
+           "check_step_record", "step_record",
            "metrics_gap", "past_schedule", "schedule_cycles",
            "warn_metrics_gap", "check_checkpoint", "check_nothing_to_resume",
            "config_differences", "continued_cycles", "experiment_fingerprint", "experiment_from_record",
@@ -328,6 +331,51 @@ def _same_value(a, b) -> bool:
     if _is_number(a) and _is_number(b) and math.isnan(a) and math.isnan(b):
         return True
     return a == b
+
+
+def record_digest(record: dict) -> int:
+    """The first 8 bytes of SHA-256 over a metrics record as ``metrics.jsonl`` stores it (``json.dumps``; a
+    float keeps its exact value), as a signed 64-bit integer (a checkpoint holds them in a tensor)."""
+    return int.from_bytes(hashlib.sha256(json.dumps(record).encode()).digest()[:8], "big", signed=True)
+
+
+def history_digests(records, last_step: int) -> list[tuple[int, int]]:
+    """``[(step, record_digest)]`` of the records up to ``last_step``: the run's history a checkpoint of that
+    step carries (``state["history"]``, an ``(n, 2)`` int64 tensor), so a resume can tell an edited, added or
+    swapped record from the ones the run logged."""
+    return [(r["step"], record_digest(r)) for r in records
+            if isinstance(r, dict) and isinstance(r.get("step"), int) and r["step"] <= last_step]
+
+
+def check_history(run_dir: RunDir, state: dict) -> None:
+    """Refuse to resume when a record of ``metrics.jsonl`` up to the checkpoint's step is not the one the run
+    logged: edited by hand (a loss changed), added into a gap, or taken from another run.  A record deleted or
+    cut away is a gap (warned about by :func:`warn_metrics_gap`), not refused.  Checkpoints written before they
+    carried the history pass."""
+    theirs = state.get("history")
+    if not isinstance(theirs, torch.Tensor) or theirs.dim() != 2 or theirs.shape[1] != 2:
+        return
+    logged = {int(s): int(d) for s, d in theirs.tolist()}
+    step = state.get("step")
+    ours = history_digests(read_metrics(run_dir.path), step if isinstance(step, int) else -1)
+    edited = [s for s, d in ours if s in logged and logged[s] != d]
+    added = [s for s, _ in ours if s not in logged]
+    if not edited and not added:
+        return
+    what = "; ".join(part for part in (
+        f"the record{'s' if len(edited) > 1 else ''} of step{'s' if len(edited) > 1 else ''} "
+        f"{_steps_text(edited)} differ{'' if len(edited) > 1 else 's'} from the one{'s' if len(edited) > 1 else ''} "
+        "the run logged" if edited else "",
+        f"step{'s' if len(added) > 1 else ''} {_steps_text(added)} {'were' if len(added) > 1 else 'was'} not "
+        "logged by the run" if added else "") if part)
+    raise RunDirError(f"--resume: {run_dir.metrics_path} is not this run's history up to the checkpoint of step "
+                      f"{step}: {what} (the checkpoint carries a digest of every record); the file was edited or "
+                      "mixed with another run's -- restore it, or delete those lines to resume with a gap in the "
+                      "run's metrics")
+
+
+def _steps_text(steps: list[int]) -> str:
+    return ", ".join(map(str, steps[:5])) + (f", ... ({len(steps)} in all)" if len(steps) > 5 else "")
 
 
 def corpus_digest(data) -> str | None:

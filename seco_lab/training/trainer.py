@@ -45,6 +45,7 @@ from ..data.sources import Batch
 from .builders import build_data, build_model, check_gather_policy, load_into  # noqa: F401 (load_into: re-export)
 from .experiment import (
     check_corpus,
+    check_history,
     check_metrics_history,
     check_nothing_to_resume,
     check_step_record,
@@ -54,9 +55,11 @@ from .experiment import (
     experiment_fingerprint,
     experiment_from_record,
     experiment_record,
+    history_digests,
     load_newest_checkpoint,
     numpy_rng_state,
     read_experiment,
+    record_digest,
     set_numpy_rng_state,
     step_record,
     warn_metrics_gap,
@@ -123,6 +126,7 @@ class Trainer:
         self.allreduce_calls = 0  # gradient collectives issued (all-reduces; reduce-scatters under --shard fsdp)
         self.logger: MetricLogger | None = None
         self._step_record: dict | None = None  # what metrics.jsonl records of the last step trained (checkpoints)
+        self._history: list[tuple[int, int]] = []  # (step, digest) of every record logged (checkpoints carry it)
         self._stop_requested = False
         self._stop_signal = signal.SIGINT
 
@@ -215,12 +219,14 @@ class Trainer:
         check_metrics_history(self.run_dir, self.step)
         if state is not None:
             check_step_record(self.run_dir, state)
+            check_history(self.run_dir, state)
         if self.rank == 0:
             if state is not None:  # a deleted marker is written again with the id the checkpoints agree on
                 self.run_dir.restore_marker(state.get("run_id"))
             warn_metrics_gap(self.run_dir, self.step)
             # metrics logged after the checkpoint belong to the part of the run redone now
             self.run_dir.truncate_metrics(self.step if state is not None else -1)
+            self._history = history_digests(read_metrics(self.run_dir.path), self.step)
             if recovered or (saved.steps, saved.lr_cycles) != (self.cfg.steps, self.cfg.lr_cycles):
                 self.run_dir.write_config(experiment_record(self.cfg, self.model))
 
@@ -241,7 +247,8 @@ class Trainer:
     def save_checkpoint(self) -> None:
         extra = {"step": self.step, "scheduler": self.sched.state_dict(), "torch_rng": torch.get_rng_state(),
                  "numpy_rng": numpy_rng_state(), "config": self.cfg.to_dict(), "fingerprint": self.fingerprint,
-                 "run_id": self.run_dir.run_id, "record": self._step_record, "corpus": self._corpus_digest}
+                 "run_id": self.run_dir.run_id, "record": self._step_record, "corpus": self._corpus_digest,
+                 "history": torch.tensor(self._history, dtype=torch.int64).reshape(-1, 2)}
         self.parallel.save_checkpoint(self.run_dir, self.opt, extra)  # sharded: collective, every rank its shards
         if self.rank == 0 and self.run.keep_checkpoints is not None:
             self.run_dir.prune_checkpoints(self.run.keep_checkpoints)
@@ -430,6 +437,7 @@ class Trainer:
     def _log(self, rec: dict) -> None:
         if self.rank == 0:
             self.logger.log(rec)
+            self._history.append((rec["step"], record_digest(rec)))
 
     def _request_stop(self, signum: int) -> None:
         """A SIGINT or SIGTERM arrived: stop after this step (every rank: the step's statistics carry it)."""

@@ -1,0 +1,99 @@
+"""Campaign 15 (docs/hostile_campaign_15.md), L2: ``--resume`` compared only the ``metrics.jsonl`` record of the
+checkpoint's own step with the checkpoint, so an earlier record edited by hand stayed in the run's log and loss
+curve.  Every checkpoint now carries a digest of each record up to its step.  The refusals fail on 17655ed."""
+
+import json
+import math
+
+import pytest
+import torch
+from helpers import FAST, copy_run
+
+from seco_lab.cli import main
+from seco_lab.training.experiment import check_history, history_digests, record_digest
+from seco_lab.training.run_checks import RunDirError
+from seco_lab.training.run_dir import RunDir, read_metrics, safe_load
+
+
+def _records(run):
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _write(run, records):
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in records))
+
+
+def _resume(run, steps, capsys):
+    capsys.readouterr()
+    rc = main(["train", *FAST, "--steps", str(steps), "--run-dir", str(run), "--resume"])
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("step, key, change", [
+    (1, "loss", lambda x: x + 0.25),        # an earlier step's loss edited
+    (1, "grad_norm", lambda x: x * 1.000001),
+    (0, "eval_loss", lambda x: x - 1.0),    # the evaluation before training
+    (1, "tokens_per_s", lambda x: x * 2),   # a value no other check compares
+])
+def test_l2_an_earlier_record_edited_by_hand_is_refused(step, key, change, r2, tmp_path, capsys):
+    run = copy_run(r2, tmp_path / "r")
+    records = _records(run)
+    rec = next(x for x in records if x["step"] == step)
+    rec[key] = change(rec[key])
+    _write(run, records)
+    rc, err = _resume(run, 3, capsys)
+    assert rc == 2
+    assert f"the record of step {step} differs from the one the run logged" in err
+    assert _records(run) == records  # nothing was trained or rewritten
+
+
+def test_l2_a_record_added_into_a_gap_is_refused_and_a_gap_alone_resumes(r2, tmp_path, capsys):
+    run = copy_run(r2, tmp_path / "r")
+    records = _records(run)
+    step1 = next(x for x in records if x["step"] == 1)
+    _write(run, [x for x in records if x["step"] != 1])
+    with pytest.warns(UserWarning, match="no record of step 1"):  # a gap: warned about, resumed
+        rc, _ = _resume(run, 3, capsys)
+    assert rc == 0
+    assert [x["step"] for x in _records(run)] == [0, 2, 3]
+    # the checkpoint of step 3 was written with the gap in its history: a record put back there is not the run's
+    _write(run, sorted([*_records(run), step1], key=lambda x: x["step"]))
+    rc, err = _resume(run, 4, capsys)
+    assert rc == 2 and "step 1 was not logged by the run" in err
+
+
+def test_l2_another_runs_history_is_refused(r2, tmp_path, capsys):
+    """A seed-2 run's metrics copied over this run's, its last record replaced by this run's own (the one
+    record the step-record check compares): the earlier records give it away."""
+    run = copy_run(r2, tmp_path / "r")
+    assert main(["train", *FAST, "--seed", "2", "--run-dir", str(tmp_path / "other")]) == 0
+    mixed = [x for x in _records(tmp_path / "other") if x["step"] < 2] + [x for x in _records(run) if x["step"] == 2]
+    _write(run, mixed)
+    rc, err = _resume(run, 3, capsys)
+    assert rc == 2 and "the records of steps 0, 1 differ" in err
+
+
+def test_l2_each_checkpoint_carries_the_digests_of_the_records_up_to_its_step(r2, tmp_path, capsys):
+    run = copy_run(r2, tmp_path / "r")
+    rc, _ = _resume(run, 4, capsys)
+    assert rc == 0
+    records = read_metrics(run)
+    for step in (1, 2, 3, 4):
+        state = safe_load(run / "checkpoints" / f"step_{step:06d}.pt", map_location="cpu")
+        assert state["history"].dtype == torch.int64
+        assert [tuple(r) for r in state["history"].tolist()] == history_digests(records, step)
+        assert [s for s, _ in history_digests(records, step)] == list(range(step + 1))
+
+
+def test_l2_a_checkpoint_without_a_history_and_a_nan_record_pass(tmp_path):
+    """Checkpoints written before they carried the history are not refused; a diverged step's NaN loss, written
+    as NaN, has the digest it was logged with."""
+    run = RunDir(tmp_path)
+    rec = {"step": 1, "loss": math.nan, "lr": 0.1, "grad_norm": 2.0}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval_loss": 4.0}) + "\n" + json.dumps(rec) + "\n")
+    check_history(run, {"step": 1})
+    check_history(run, {"step": 1, "history": torch.tensor([[0, record_digest({"step": 0, "eval_loss": 4.0})],
+                                                            [1, record_digest(rec)]])})
+    with pytest.raises(RunDirError, match="step 1 differs"):
+        check_history(run, {"step": 1, "history": torch.tensor([[0, record_digest({"step": 0, "eval_loss": 4.0})],
+                                                                [1, record_digest({**rec, "loss": 1.0})]])})
