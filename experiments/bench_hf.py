@@ -32,13 +32,16 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from seco_lab.core.checks import MAX_THREADS
 from seco_lab.estimators.schemes import SCHEME_NAMES
-from seco_lab.report.bench_hf import ENGINE_VARIANTS  # the label suffixes of --compare, as the report reads them
+from seco_lab.report.bench_variants import ENGINE_VARIANTS  # the label suffixes of --compare, as the report reads them
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 if __package__ in (None, ""):  # run as a file (python experiments/X.py): import it as the package it is in
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -248,6 +251,7 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
         profile_length: int | None = None, timing: bool = True, profile_lora: bool = False) -> pd.DataFrame:
     """Measure, append to ``out/hf_results.csv`` (rows of earlier runs with another tag are kept).  A method
     that does not chunk is measured once per length and stored under every chunk size of the run."""
+    import pandas as pd
     from tqdm.auto import tqdm
 
     from seco_lab.store import atomic_write_csv, start_checksums, verify_checksums

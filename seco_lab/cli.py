@@ -292,6 +292,12 @@ def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
     start = (f"resuming {run.run_dir} from step {trainer.step} of {cfg.steps}" if trainer.step > 0 else
              f"{'restarting' if run.resume else 'starting'} {run.run_dir} at step 0 of {cfg.steps}"
              + (" (--resume found no checkpoint)" if run.resume else ""))
+    if trainer.redone_steps:  # logged after the checkpoint (a kill between checkpoints): trained again
+        redone = trainer.redone_steps
+        start += (f" (metrics.jsonl's records of steps {redone[0]}-{redone[-1]}, logged after that checkpoint, are "
+                  "dropped: those steps are trained again)" if len(redone) > 1 else
+                  f" (metrics.jsonl's record of step {redone[0]}, logged after that checkpoint, is dropped: that "
+                  "step is trained again)")
     if lead:
         print(f"seco-lab train: {start}: {info['model']}, {info['parameters']:,} parameters "
               f"({info['trainable']:,} trainable), {info['tokens_per_step']:,} tokens per step, "

@@ -345,13 +345,18 @@ def _read_checksums(folder: Path) -> dict[str, str]:
     return out
 
 
-def _write_checksums(folder: Path, sums: dict[str, str]) -> None:
-    text = "".join(f"{h}  {n}\n" for n, h in sorted(sums.items()))
-    path = folder / CHECKSUMS
+def _check_checksum_name(path: Path, then: str) -> None:
+    """Refuse a checksum file's name taken by something else than a regular file (a folder, a link to nothing)."""
     if (path.exists() or path.is_symlink()) and not path.is_file():
         what = "a folder" if path.is_dir() else "a dangling link" if not path.exists() else "not a regular file"
         raise ChecksumError(f"{path} is {what}: that name is the folder's checksum file, which records what is "
-                            "written here; move it away")
+                            f"written here; move it away{then}")
+
+
+def _write_checksums(folder: Path, sums: dict[str, str]) -> None:
+    text = "".join(f"{h}  {n}\n" for n, h in sorted(sums.items()))
+    path = folder / CHECKSUMS
+    _check_checksum_name(path, "")
     if path.is_file() and path.read_text(errors="replace") == text:
         return  # unchanged: a rerun that rewrites the same files leaves a committed folder as it was
     tmp = folder / f"{CHECKSUMS}.{TEMP_TAG}{os.getpid()}"
@@ -406,10 +411,7 @@ def start_checksums(folder: str | Path) -> None:
     path = folder / CHECKSUMS
     if path.is_file():
         return
-    if path.exists() or path.is_symlink():
-        what = "a folder" if path.is_dir() else "a dangling link" if not path.exists() else "not a regular file"
-        raise ChecksumError(f"{path} is {what}: that name is the folder's checksum file, which records what is "
-                            "written here; move it away (nothing was written)")
+    _check_checksum_name(path, " (nothing was written)")
     unrecorded = [p.name for p in sorted(folder.iterdir()) if re.fullmatch(RESULT_FILE, p.name)]
     if unrecorded:
         print(f"seco-lab: {folder} holds results ({', '.join(unrecorded[:3])}{', ...' if len(unrecorded) > 3 else ''})"

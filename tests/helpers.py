@@ -97,3 +97,16 @@ def cut_train_study(src, out, runs: int = 12, tiers: bool = False):
     for sub in ("equal_compute", "second_L4") if tiers else ():
         shutil.copytree(src / sub, out / sub)
     return out
+
+
+def assert_refused_before_torch(argv, cwd, prelude: str = "") -> None:
+    """``seco-lab ARGV`` run in a fresh interpreter (after ``prelude``) returns 2 with a one-line error, having
+    imported neither torch, pandas nor scipy (so the refusal is instant)."""
+    import subprocess
+    import sys
+
+    code = (f"import sys\n{prelude}\nfrom seco_lab.cli import main\nrc = main(sys.argv[1:])\n"
+            "print('RC', rc, [m for m in ('torch', 'pandas', 'scipy') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120, cwd=cwd)
+    assert "RC 2 []" in out.stdout, out.stdout + out.stderr
+    assert "error:" in out.stderr.strip().splitlines()[-1] and "Traceback" not in out.stderr

@@ -97,3 +97,16 @@ def test_l2_a_checkpoint_without_a_history_and_a_nan_record_pass(tmp_path):
     with pytest.raises(RunDirError, match="step 1 differs"):
         check_history(run, {"step": 1, "history": torch.tensor([[0, record_digest({"step": 0, "eval_loss": 4.0})],
                                                                 [1, record_digest({**rec, "loss": 1.0})]])})
+
+
+def test_records_logged_after_the_checkpoint_are_said_to_be_dropped(r2, tmp_path, capsys):
+    """A kill between checkpoints leaves records past the newest one; the resume trains those steps again and
+    drops their records -- and now says so in its start line."""
+    run = copy_run(r2, tmp_path / "r")
+    (run / "checkpoints" / "step_000002.pt").unlink()
+    (run / "checkpoints" / "latest").write_text("step_000001.pt")
+    capsys.readouterr()
+    assert main(["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "resuming" in out and "record of step 2, logged after that checkpoint, is dropped" in out
+    assert [x["step"] for x in _records(run)] == [0, 1, 2, 3]

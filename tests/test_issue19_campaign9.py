@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from helpers import FAST, copy_run
+from helpers import FAST, assert_refused_before_torch, copy_run
 
 from seco_lab.cli import main
 from seco_lab.training.experiment import check_step_record
@@ -131,16 +131,8 @@ def test_a_nan_step_record_matches_its_own_nan_in_metrics(tmp_path):
 def test_campaign9_slow_refusals_answer_before_torch(argv, tmp_path):
     """Campaign 9 timed these at 1.8-5 s: the run folder, the device, --stop-at and a missing --text were checked
     after torch was imported and the model built."""
-    import subprocess
-    import sys
-
-    code = ("import sys\nimport seco_lab.config\nseco_lab.config.GPU_DRIVER_FILES = ()  # no GPU driver\n"
-            "from seco_lab.cli import main\nrc = main(sys.argv[1:])\n"
-            "print('RC', rc, [m for m in ('torch', 'pandas', 'scipy') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path)
-    assert "RC 2 []" in out.stdout, out.stdout + out.stderr
-    assert "error:" in out.stderr.strip().splitlines()[-1] and "Traceback" not in out.stderr
+    assert_refused_before_torch(argv, tmp_path,
+                                "import seco_lab.config\nseco_lab.config.GPU_DRIVER_FILES = ()  # no GPU driver")
 
 
 def test_j1_without_audit_json_the_tables_never_lose_rows_unasked(tmp_path, capsys):

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import assert_refused_before_torch
 
 from seco_lab.cli import main
 from seco_lab.config import load_config_file
@@ -171,14 +172,5 @@ def test_seco_arguments_refuse_a_subset_the_trainer_would_refuse_at_its_first_st
 def test_refusals_campaign12_timed_slow_answer_before_torch(argv, tmp_path):
     """Campaign 12 timed these at 4.4 s (an existing folder without an audit) and 2.4 s (--tensorboard without the
     tensorboard package, which was asked by importing torch.utils.tensorboard)."""
-    import subprocess
-    import sys
-
-    code = ("import sys\nsys.modules['tensorboard'] = None  # as if it were not installed\n"
-            "from seco_lab.cli import main\nrc = main(sys.argv[1:])\n"
-            "print('RC', rc, [m for m in ('torch', 'pandas', 'scipy') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path)
-    assert "RC 2 []" in out.stdout, out.stdout + out.stderr
-    assert "error:" in out.stderr.strip().splitlines()[-1] and "Traceback" not in out.stderr
+    assert_refused_before_torch(argv, tmp_path, "sys.modules['tensorboard'] = None  # as if it were not installed")
     assert not (tmp_path / "run").exists()

@@ -6,13 +6,32 @@ One module per report -- ``bias`` (the bias study), ``bench`` (time and memory),
 helpers.  Command line: ``seco-lab report NAME`` (the names are those of ``seco_lab.studies.registry``).
 """
 
-from ..studies.registry import build_report_parser as build_parser
-from ..studies.registry import report_main as main
-from .bench import bench_report, summarize_bench
-from .bias import bias_report
-from .bias_summary import BiasStudy, load_bias, summarize_bias
-from .markdown import MissingResultsError
-from .training import summarize_training, training_report
+from .._lazy import lazy_exports
+
+# lazy (PEP 562): a light module of the package (e.g. ``bench_hf``'s labels, read by a benchmark's argument
+# parser) imports without pandas, matplotlib and torch
+__getattr__, __dir__ = lazy_exports(__name__, {
+    ".bench": ["bench_report", "summarize_bench"],
+    ".bias": ["bias_report"],
+    ".bias_summary": ["BiasStudy", "load_bias", "summarize_bias"],
+    ".markdown": ["MissingResultsError"],
+    ".training": ["summarize_training", "training_report"],
+})
+
+
+def build_parser(*args, **kwargs):
+    """The ``seco-lab report`` parser (:func:`seco_lab.studies.registry.build_report_parser`)."""
+    from ..studies.registry import build_report_parser
+
+    return build_report_parser(*args, **kwargs)
+
+
+def main(*args, **kwargs):
+    """``seco-lab report`` (:func:`seco_lab.studies.registry.report_main`)."""
+    from ..studies.registry import report_main
+
+    return report_main(*args, **kwargs)
+
 
 __all__ = ["BiasStudy", "MissingResultsError", "bench_report", "bias_report", "build_parser", "load_bias", "main",
            "summarize_bench", "summarize_bias", "summarize_training", "training_report"]

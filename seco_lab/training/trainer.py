@@ -127,6 +127,7 @@ class Trainer:
         self.logger: MetricLogger | None = None
         self._step_record: dict | None = None  # what metrics.jsonl records of the last step trained (checkpoints)
         self._history: list[tuple[int, int]] = []  # (step, digest) of every record logged (checkpoints carry it)
+        self.redone_steps: list[int] = []  # resumed: the steps logged after the checkpoint, whose records are dropped
         self._stop_requested = False
         self._stop_signal = signal.SIGINT
 
@@ -225,7 +226,9 @@ class Trainer:
                 self.run_dir.restore_marker(state.get("run_id"))
             warn_metrics_gap(self.run_dir, self.step)
             # metrics logged after the checkpoint belong to the part of the run redone now
-            self.run_dir.truncate_metrics(self.step if state is not None else -1)
+            last = self.step if state is not None else -1
+            self.redone_steps = [r["step"] for r in read_metrics(self.run_dir.path) if r["step"] > last]
+            self.run_dir.truncate_metrics(last)
             self._history = history_digests(read_metrics(self.run_dir.path), self.step)
             if recovered or (saved.steps, saved.lr_cycles) != (self.cfg.steps, self.cfg.lr_cycles):
                 self.run_dir.write_config(experiment_record(self.cfg, self.model))
