@@ -147,8 +147,9 @@ def read_memory(output_dir: str | Path) -> dict:
 
     path = Path(output_dir) / "memory.json"
     try:  # a FIFO, folder or huge file, not UTF-8, not JSON, not an object: a ValueError naming the file
+        verified = verify_checksums(path.parent, REPORT_PRODUCE, only=("memory.json",))  # as written, not edited
         payload = read_json(path, "memory record", RECORD_MAX_BYTES, f"rerun {REPORT_PRODUCE}")
-        verify_checksums(path.parent, REPORT_PRODUCE, only=("memory.json",))  # as written, not edited
+        verified.check_unchanged(REPORT_PRODUCE)  # and what was read is what was verified
     except FileNotFoundError:
         raise MemoryRecordError(f"{path} is missing: run {REPORT_PRODUCE} first, or pass the folder that holds it "
                                 "with --output-dir") from None

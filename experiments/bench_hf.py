@@ -264,9 +264,12 @@ def run(cfg: HFBenchConfig, out: Path, tag: str = "after", timeout: float = 3600
     path = out / "hf_results.csv"
     out.mkdir(parents=True, exist_ok=True)
     start_checksums(out)  # the report verifies what it reads against what was written
-    if path.exists():  # the rows kept are re-recorded with the new ones: they must be as written, not edited
-        verify_checksums(out, "`make bench-hf` into a new --out", only=(path.name,))
+    produce = "`make bench-hf` into a new --out"
+    # the rows kept are re-recorded with the new ones: they must be as written, not edited
+    verified = verify_checksums(out, produce, only=(path.name,)) if path.exists() else None
     old = pd.read_csv(path) if path.exists() else None
+    if verified is not None:
+        verified.check_unchanged(produce)
 
     # what this run measures replaces the same rows of an earlier run, nothing else (a memory-only or
     # profile-only run keeps the stored timings of the same lengths)

@@ -123,9 +123,12 @@ def main(argv=None) -> None:
     path = a.out / "strata_cost.csv"
     from seco_lab.store import atomic_write_csv, start_checksums, verify_checksums
     start_checksums(a.out)  # the report verifies what it reads against what was written
-    if path.exists():  # the rows kept are re-recorded with the new ones: they must be as written, not edited
-        verify_checksums(a.out, "the strata-cost benchmark into a new --out", only=(path.name,))
+    produce = "the strata-cost benchmark into a new --out"
+    # the rows kept are re-recorded with the new ones: they must be as written, not edited
+    verified = verify_checksums(a.out, produce, only=(path.name,)) if path.exists() else None
     old = pd.read_csv(path) if path.exists() else pd.DataFrame()
+    if verified is not None:
+        verified.check_unchanged(produce)
 
     atomic_write_csv(path, pd.concat([old, pd.DataFrame(rows)], ignore_index=True))
     print(pd.DataFrame(rows).groupby("tag")[["seco_cpu_s", "strata_cpu_s", "ratio"]].median().to_string())

@@ -47,6 +47,7 @@ __all__ = ["COMPRESSED", "CONFIG_MAX_BYTES", "RECORD_MAX_BYTES", "TABLE_MAX_BYTE
            "FIGURE_MARK_KEY", "FIGURE_MARK_VALUE", "PNG_SIGNATURE", "check_image_target", "check_parent_folder",
            "is_generated_png", "extra_fields", "file_sha256", "fingerprint", "lacking_files", "protected_paths",
            "read_csv", "read_json", "read_checked_bytes", "software_versions", "study_owner", "too_deep", "TEMP_TAG",
+           "VerifiedFiles", "file_identity",
            "DuplicateKeyError", "loads_json", "CHECKSUMS", "ChecksumError", "start_checksums", "record_checksum",
            "verify_checksums", "seal", "as_written", "forget_checksums"]
 
@@ -467,20 +468,60 @@ def _folders_within(folder: Path) -> list[Path]:
     return out
 
 
+def file_identity(path: Path) -> tuple[int, ...] | None:
+    """What tells one state of a file from another without reading it: device, inode, size, modification and
+    status-change times (ns).  Any write, a rename over it, or a swap out and back (``mv``, ``cp``) moves its
+    status-change time on, which no user can set back; None where nothing is there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class VerifiedFiles(dict):
+    """``{path: SHA-256}`` of the files :func:`verify_checksums` verified, with each file's
+    :func:`file_identity` taken before it was hashed.  :meth:`changed` names the files that are not in that
+    state any more: the bytes a reader parsed since may not be the bytes verified, even when the file is back to
+    them (an edited copy swapped in for the read and the original swapped back)."""
+
+    def __init__(self):
+        super().__init__()
+        self.identity: dict[Path, tuple[int, ...] | None] = {}
+
+    def add(self, path: Path) -> str:
+        self.identity[path] = file_identity(path)
+        self[path] = file_sha256(path)
+        return self[path]
+
+    def changed(self) -> list[Path]:
+        return [p for p, h in self.items()
+                if file_identity(p) != self.identity[p] or not p.is_file() or file_sha256(p) != h]
+
+    def check_unchanged(self, produce: str) -> None:
+        """Refuse (:class:`ChecksumError`) when a verified file :meth:`changed` since: what was read after the
+        verification is not known to be what was verified."""
+        changed = self.changed()
+        if changed:
+            raise ChecksumError(f"{changed[0]} changed while it was read (something writes into {changed[0].parent},"
+                                f" or it was swapped out and back): rerun {produce} once the writer is done")
+
+
 def verify_checksums(folder: str | Path, produce: str, skip: tuple[str, ...] = (),
-                     only: tuple[str, ...] | None = None) -> dict[Path, str]:
+                     only: tuple[str, ...] | None = None) -> VerifiedFiles:
     """Every results file (``*.csv``, ``*.csv.gz``, ``*.json``, ``*.pt``) of ``folder`` and its subfolders must be
     recorded in its folder's checksum file with the SHA-256 it has now; a folder with results files but no checksum
     file is refused too.  Each refusal (:class:`ChecksumError`) names the file and says ``produce`` (what writes
     it) or ``seco-lab seal`` (to vouch for a file edited on purpose); so is a recorded file that is missing.
-    Returns each verified file's SHA-256 (a caller compares them after reading: a file replaced meanwhile is caught
-    too).  ``skip``: names of files of ``folder`` itself not verified (tables the caller writes again from the
-    others); ``only``: just these files of ``folder`` (no subfolder), e.g. a record beside files another library
-    wrote.  Skipped (an empty dict) where :data:`NO_CHECKSUMS_ENV` is 1."""
+    Returns each verified file's SHA-256 and state (:class:`VerifiedFiles`: a caller asks it after reading which
+    files changed meanwhile, swapped out and back included).  ``skip``: names of files of ``folder`` itself not
+    verified (tables the caller writes again from the others); ``only``: just these files of ``folder`` (no
+    subfolder), e.g. a record beside files another library wrote.  Skipped (an empty dict) where
+    :data:`NO_CHECKSUMS_ENV` is 1."""
+    verified = VerifiedFiles()
     if os.environ.get(NO_CHECKSUMS_ENV) == "1":
-        return {}
+        return verified
     folder = Path(folder)
-    verified: dict[Path, str] = {}
     vouch = f"`seco-lab seal {folder}` vouches for the files as they are"
     for sub in [folder] if only is not None else _folders_within(folder):
         results = sorted(p for p in sub.iterdir() if re.fullmatch(RESULT_FILE, p.name) and not p.is_dir()
@@ -504,7 +545,7 @@ def verify_checksums(folder: str | Path, produce: str, skip: tuple[str, ...] = (
                 raise ChecksumError(f"{p} is not recorded in {sub / CHECKSUMS}: seco-lab did not write it there "
                                     f"(copied in, or renamed?); remove it, rerun {produce}, or {vouch}")
             if not p.is_symlink() and p.is_file():
-                verified[p] = file_sha256(p)
+                verified.add(p)
             if p.is_symlink() or not p.is_file() or verified[p] != sums[p.name]:
                 raise ChecksumError(f"{p} is not the file seco-lab wrote (its SHA-256 differs from the one in "
                                     f"{sub / CHECKSUMS}): it was edited, damaged or replaced after it was written; "

@@ -306,3 +306,83 @@ def test_a_file_replaced_while_the_report_reads_it_is_caught(tmp_path, capsys, m
     rc, err = _report("bench", folder, tmp_path / "b.md", capsys)
     assert rc == 2 and "results.csv changed while the report read it" in err
     assert not (tmp_path / "b.md").exists()
+
+
+def _swapped_out_and_back(path, edit):
+    """A context in which ``path`` holds ``edit(its text)`` (an edited copy renamed over it), the original renamed
+    back afterwards: the same bytes, inode and modification time as before -- only its status-change time moved."""
+    import contextlib
+    import os
+
+    @contextlib.contextmanager
+    def swap():
+        aside = path.with_name(path.name + ".aside")
+        st = os.stat(path)
+        os.replace(path, aside)
+        path.write_text(edit(aside.read_text()))
+        try:
+            yield
+        finally:
+            os.replace(aside, path)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    return swap()
+
+
+def test_a_file_swapped_out_and_back_while_the_report_reads_it_is_caught(tmp_path, capsys, monkeypatch):
+    """Campaign 16 M1: an edited results.csv renamed in after the verification and the original renamed back before
+    the report's second comparison: the bytes compared were the original's, the bytes reported the edit's."""
+    import seco_lab.report.bench as bench
+
+    folder = tmp_path / "bench"
+    shutil.copytree(ROOT / "reports" / "bench", folder)
+    real = bench.bench_report
+
+    def racing(results, out):
+        with _swapped_out_and_back(folder / "results.csv", lambda text: text.replace(",82.046875,", ",8.046875,", 1)):
+            return real(results, out)
+
+    monkeypatch.setattr(bench, "bench_report", racing)
+    rc, err = _report("bench", folder, tmp_path / "b.md", capsys)
+    assert rc == 2 and "results.csv changed while the report read it" in err
+    assert not (tmp_path / "b.md").exists()
+    store.verify_checksums(folder, "the test")  # the folder itself verifies: only the read was not the verified bytes
+
+
+def test_audit_tables_made_while_a_unit_was_swapped_out_and_back_are_not_recorded(tmp_path, capsys, monkeypatch):
+    """Campaign 16 M1, in ``audit --tables-only``: the tables it writes from a unit swapped out and back are not
+    recorded as the audit's, so no report takes them; the next --tables-only writes them again."""
+    import seco_lab.studies.audit.driver as driver
+
+    folder = tmp_path / "k128"
+    shutil.copytree(ROOT / "reports" / "audit" / "k128", folder, ignore=shutil.ignore_patterns("vectors"))
+    real = driver.write_results
+
+    def racing(out):
+        edit = lambda text: text.replace('"loss": ', '"loss": 1', 1)  # noqa: E731
+        with _swapped_out_and_back(folder / "units" / "data-s01.json", edit):
+            return real(out)
+
+    monkeypatch.setattr(driver, "write_results", racing)
+    capsys.readouterr()
+    assert main(["audit", "--tables-only", "--out", str(folder), "--no-progress"]) == 2
+    assert "data-s01.json changed while the tables were made from it" in capsys.readouterr().err
+    with pytest.raises(store.ChecksumError, match="is not recorded"):
+        store.verify_checksums(folder, "the test")
+    monkeypatch.setattr(driver, "write_results", real)
+    assert main(["audit", "--tables-only", "--out", str(folder), "--no-progress"]) == 0
+    store.verify_checksums(folder, "the test")
+    assert (folder / "data.csv").read_bytes() == (ROOT / "reports/audit/k128/data.csv").read_bytes()
+
+
+def test_verified_files_name_a_file_written_again_with_its_own_bytes(tmp_path):
+    store.start_checksums(tmp_path)
+    store.atomic_write(tmp_path / "a.csv", "x\n1\n")
+    store.atomic_write(tmp_path / "b.csv", "x\n2\n")
+    verified = store.verify_checksums(tmp_path, "the test")
+    assert verified.changed() == []
+    verified.check_unchanged("the test")
+    store.atomic_write(tmp_path / "b.csv", "x\n2\n")  # the same bytes, written again (another file there now)
+    assert verified.changed() == [tmp_path / "b.csv"]
+    with pytest.raises(store.ChecksumError, match="b.csv changed while it was read"):
+        verified.check_unchanged("the test")

@@ -47,7 +47,9 @@ def test_l2_an_earlier_record_edited_by_hand_is_refused(step, key, change, r2, t
     assert _records(run) == records  # nothing was trained or rewritten
 
 
-def test_l2_a_record_added_into_a_gap_is_refused_and_a_gap_alone_resumes(r2, tmp_path, capsys):
+def test_l2_a_gap_resumes_and_a_record_put_back_there_must_be_the_one_logged(r2, tmp_path, capsys):
+    """A record deleted is a warned gap; the resumed run carries the checkpoint's digest of it on, so the genuine
+    record put back later resumes (campaign 16 M2: it was refused as never logged) and a made-up one does not."""
     run = copy_run(r2, tmp_path / "r")
     records = _records(run)
     step1 = next(x for x in records if x["step"] == 1)
@@ -56,10 +58,22 @@ def test_l2_a_record_added_into_a_gap_is_refused_and_a_gap_alone_resumes(r2, tmp
         rc, _ = _resume(run, 3, capsys)
     assert rc == 0
     assert [x["step"] for x in _records(run)] == [0, 2, 3]
-    # the checkpoint of step 3 was written with the gap in its history: a record put back there is not the run's
-    _write(run, sorted([*_records(run), step1], key=lambda x: x["step"]))
+    kept = _records(run)
+    _write(run, sorted([*kept, {**step1, "loss": step1["loss"] + 1}], key=lambda x: x["step"]))
     rc, err = _resume(run, 4, capsys)
-    assert rc == 2 and "step 1 was not logged by the run" in err
+    assert rc == 2 and "the record of step 1 differs from the one the run logged" in err
+    _write(run, sorted([*kept, step1], key=lambda x: x["step"]))  # the run's own record, put back
+    rc, err = _resume(run, 4, capsys)
+    assert rc == 0, err
+    assert [x["step"] for x in _records(run)] == [0, 1, 2, 3, 4]
+
+
+def test_l2_a_record_of_a_step_the_history_lacks_is_refused(tmp_path):
+    run = RunDir(tmp_path)
+    rec = {"step": 1, "loss": 2.0}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval_loss": 4.0}) + "\n" + json.dumps(rec) + "\n")
+    with pytest.raises(RunDirError, match="step 1 was not logged by the run"):
+        check_history(run, {"step": 1, "history": torch.tensor([[0, record_digest({"step": 0, "eval_loss": 4.0})]])})
 
 
 def test_l2_another_runs_history_is_refused(r2, tmp_path, capsys):
@@ -110,3 +124,35 @@ def test_records_logged_after_the_checkpoint_are_said_to_be_dropped(r2, tmp_path
     out = capsys.readouterr().out
     assert "resuming" in out and "record of step 2, logged after that checkpoint, is dropped" in out
     assert [x["step"] for x in _records(run)] == [0, 1, 2, 3]
+
+
+def test_a_deleted_step_0_record_is_a_warned_gap(r2, tmp_path, capsys):
+    """Campaign 16 N1: the evaluation before training (step 0) deleted resumed without the gap warning."""
+    run = copy_run(r2, tmp_path / "r")
+    _write(run, [x for x in _records(run) if x["step"] != 0])
+    with pytest.warns(UserWarning, match="no record of step 0"):
+        rc, _ = _resume(run, 3, capsys)
+    assert rc == 0
+
+
+@pytest.mark.parametrize("late, words", [
+    ({"step": "2"}, "has no integer 'step'"),                 # campaign 16 T1: a TypeError in truncate_metrics
+    ({"loss": 1.0}, "has no integer 'step'"),                 # a KeyError there
+    ([1, 2], "has no integer 'step'"),                        # a TypeError (list indices)
+    ("own-step-1", "has step 1 after step 99"),               # M3: a record of the history moved past the checkpoint
+])
+def test_records_past_the_checkpoint_are_checked_too(late, words, r2, tmp_path, capsys):
+    """The part of metrics.jsonl past the checkpoint (dropped on resume) was not checked: a damaged record there
+    raised a traceback, and a record of the run's history moved there was kept out of order."""
+    run = copy_run(r2, tmp_path / "r")
+    (run / "checkpoints" / "step_000002.pt").unlink()
+    (run / "checkpoints" / "latest").write_text("step_000001.pt")
+    records = _records(run)
+    if late == "own-step-1":
+        late = next(x for x in records if x["step"] == 1)
+        records = [x for x in records if x["step"] != 1]
+    _write(run, [*records, {"step": 99, "loss": 0.5}, late])
+    before = (run / "metrics.jsonl").read_text()
+    rc, err = _resume(run, 3, capsys)
+    assert rc == 2 and words in err and "Traceback" not in err
+    assert (run / "metrics.jsonl").read_text() == before

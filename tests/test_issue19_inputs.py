@@ -1235,7 +1235,7 @@ def test_stop_at_not_past_the_resumed_step_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("damage, message", [
-    ("delete", "metrics.jsonl is missing, so steps 1-4 have no record; resuming from the checkpoint of step 4"),
+    ("delete", "metrics.jsonl is missing, so steps 0-4 have no record; resuming from the checkpoint of step 4"),
     ("cut", "metrics.jsonl has no record of steps 3-4 (cut short or edited); resuming from the checkpoint of step 4"),
 ])
 def test_resuming_over_a_metrics_gap_warns_once(tmp_path, capsys, damage, message):

@@ -315,10 +315,9 @@ def report_main(argv=None) -> int:
             print(f"{ap.prog}: error: cannot write {out}: {e.strerror or e} (pass a writable path with --out)",
                   file=sys.stderr)
         return 2
-    from ..store import file_sha256
-
-    changed = [p for p, h in verified.items() if not p.is_file() or file_sha256(p) != h]
-    if changed:  # replaced while the report read it (a writer at work): what was read is not what was verified
+    changed = verified.changed()
+    if changed:  # replaced while the report read it (a writer at work, or swapped out and back): what was read is
+        # not known to be what was verified
         Path(path).unlink(missing_ok=True)
         print(f"{ap.prog}: error: {changed[0]} changed while the report read it (something writes into {results}); "
               f"the report it gave may mix two versions and was removed: rerun the report once the writer is done",

@@ -37,7 +37,8 @@ from .run_dir import RunDir, RunDirError, read_config, read_metrics, safe_load
 from .run_files import UnsafeCheckpoint, checkpoint_files, checkpoint_steps
 
 __all__ = ["LATER_FIELDS", "RECORD_KEYS", "SCHEDULE_FIELDS", "check_complete_record", "check_corpus",
-           "check_metrics_history", "check_history", "corpus_digest", "history_digests", "record_digest",
+           "carried_history", "check_metrics_history", "check_history", "corpus_digest", "history_digests",
+           "record_digest",
            "check_step_record", "step_record",
            "metrics_gap", "past_schedule", "schedule_cycles",
            "warn_metrics_gap", "check_checkpoint", "check_nothing_to_resume",
@@ -253,9 +254,10 @@ def continued_cycles(saved: TrainConfig, steps: int, step: int, rewarm: bool) ->
 
 
 def metrics_gap(logged_steps, step: int) -> str:
-    """``"steps 3-4, 7"``: the steps in 1..``step`` with no record among ``logged_steps`` ("" when none)."""
+    """``"steps 3-4, 7"``: the steps in 0..``step`` with no record among ``logged_steps`` ("" when none); step 0 is
+    the evaluation every run logs before it trains."""
     logged = set(logged_steps)
-    missing = [s for s in range(1, step + 1) if s not in logged]
+    missing = [s for s in range(step + 1) if s not in logged]
     if not missing:
         return ""
     spans, start = [], missing[0]
@@ -267,18 +269,17 @@ def metrics_gap(logged_steps, step: int) -> str:
 
 
 def check_metrics_history(run_dir: RunDir, step: int) -> None:
-    """Refuse a resume whose ``metrics.jsonl`` is not one run's history up to ``step``: a record without an
-    integer step, or steps that repeat or go backwards (the file edited, or two runs' metrics joined).  Found
-    after training, the run's curve could not be drawn; resumed, the history would stay mixed."""
+    """Refuse a resume whose ``metrics.jsonl`` is not one run's history: a record without an integer step, or
+    steps that repeat or go backwards (the file edited, or two runs' metrics joined) -- past ``step`` too, where
+    the records of the part redone now are dropped by their step.  Found after training, the run's curve could
+    not be drawn; resumed, the history would stay mixed."""
     path, prev = run_dir.metrics_path, None
     for i, r in enumerate(read_metrics(run_dir.path), 1):
         s = r.get("step") if isinstance(r, dict) else None
         if isinstance(s, bool) or not isinstance(s, int):
             raise RunDirError(f"--resume: {path}: record {i} has no integer 'step' ({str(r)[:60]}): the file is "
                               "damaged; restore it, or remove that record")
-        if s > step:
-            break  # the part of the run redone now (dropped on resume)
-        if prev is not None and s <= prev:
+        if prev is not None and s <= prev:  # past the checkpoint too: the part redone now is dropped by step
             raise RunDirError(f"--resume: {path}: record {i} has step {s} after step {prev} (steps repeat or go "
                               "backwards): the file was edited or two runs' metrics were joined; restore it, or "
                               "remove the repeated records")
@@ -347,15 +348,25 @@ def history_digests(records, last_step: int) -> list[tuple[int, int]]:
             if isinstance(r, dict) and isinstance(r.get("step"), int) and r["step"] <= last_step]
 
 
+def carried_history(state: dict | None) -> list[tuple[int, int]] | None:
+    """The history a checkpoint carries (:func:`history_digests`), or None for one written before it carried it.
+    A resumed run continues it -- the records a gap lacks included, so a record deleted and later put back is
+    still the run's own."""
+    theirs = (state or {}).get("history")
+    if not isinstance(theirs, torch.Tensor) or theirs.dim() != 2 or theirs.shape[1] != 2:
+        return None
+    return [(int(s), int(d)) for s, d in theirs.tolist()]
+
+
 def check_history(run_dir: RunDir, state: dict) -> None:
     """Refuse to resume when a record of ``metrics.jsonl`` up to the checkpoint's step is not the one the run
     logged: edited by hand (a loss changed), added into a gap, or taken from another run.  A record deleted or
     cut away is a gap (warned about by :func:`warn_metrics_gap`), not refused.  Checkpoints written before they
     carried the history pass."""
-    theirs = state.get("history")
-    if not isinstance(theirs, torch.Tensor) or theirs.dim() != 2 or theirs.shape[1] != 2:
+    theirs = carried_history(state)
+    if theirs is None:
         return
-    logged = {int(s): int(d) for s, d in theirs.tolist()}
+    logged = dict(theirs)
     step = state.get("step")
     ours = history_digests(read_metrics(run_dir.path), step if isinstance(step, int) else -1)
     edited = [s for s, d in ours if s in logged and logged[s] != d]

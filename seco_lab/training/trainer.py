@@ -44,6 +44,7 @@ from ..core.engine import forward_loss
 from ..data.sources import Batch
 from .builders import build_data, build_model, check_gather_policy, load_into  # noqa: F401 (load_into: re-export)
 from .experiment import (
+    carried_history,
     check_corpus,
     check_history,
     check_metrics_history,
@@ -229,7 +230,9 @@ class Trainer:
             last = self.step if state is not None else -1
             self.redone_steps = [r["step"] for r in read_metrics(self.run_dir.path) if r["step"] > last]
             self.run_dir.truncate_metrics(last)
-            self._history = history_digests(read_metrics(self.run_dir.path), self.step)
+            carried = carried_history(state)  # checked against metrics.jsonl above: its records, gaps included
+            self._history = carried if carried is not None else history_digests(read_metrics(self.run_dir.path),
+                                                                                self.step)
             if recovered or (saved.steps, saved.lr_cycles) != (self.cfg.steps, self.cfg.lr_cycles):
                 self.run_dir.write_config(experiment_record(self.cfg, self.model))
 

@@ -10,6 +10,7 @@ be recomputed without the flat vectors.
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -131,8 +132,9 @@ def cross_gram(out: Path, prefix: str, names: list[str], stored: Path,
         rows = torch.cat([v.reshape(-1, v.shape[-1]) for v in V])
         gram = measure.gram_of(rows)
         r = len(V[0]) if V[0].dim() == 2 else 1
-        if write:
-            store.atomic_write_json(stored, {"names": names, "rows_per_sequence": r, "gram": gram.tolist()})
+        text = json.dumps({"names": names, "rows_per_sequence": r, "gram": gram.tolist()}, indent=2) + "\n"
+        if write and not (stored.is_file() and stored.read_text(errors="replace") == text):
+            store.atomic_write(stored, text)  # only when it differs: a verified Gram is left as it was
         return names, gram.reshape(len(names), r, len(names), r) if r > 1 else gram
     if stored.exists() or stored.is_symlink():
         return stored_gram(stored, names)
