@@ -300,12 +300,15 @@ def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[bytes]], 
                 f.write(content.encode() if isinstance(content, str) else content)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if path.name != CHECKSUMS and (path.parent / CHECKSUMS).is_file():
+            with _folder_flock(path.parent):  # renamed and recorded at once: a verifier never sees one unrecorded
+                os.replace(tmp, path)
+                _record_checksum_locked(path)
+        else:
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    if path.name != CHECKSUMS and (path.parent / CHECKSUMS).is_file():
-        record_checksum(path)
     return path
 
 
@@ -388,9 +391,13 @@ def record_checksum(path: str | Path) -> None:
     for every file it writes into such a folder)."""
     path = Path(path)
     with _folder_flock(path.parent):
-        sums = _read_checksums(path.parent)
-        sums[path.name] = file_sha256(path)
-        _write_checksums(path.parent, sums)
+        _record_checksum_locked(path)
+
+
+def _record_checksum_locked(path: Path) -> None:
+    sums = _read_checksums(path.parent)
+    sums[path.name] = file_sha256(path)
+    _write_checksums(path.parent, sums)
 
 
 def forget_checksums(folder: str | Path, names) -> None:
@@ -867,6 +874,28 @@ class StudyFolder:
         for key in ("files", CELL_KEY, DEFINITION_KEY):
             record.pop(key, None)
         return record
+
+    @contextmanager
+    def gathering_cells(self, written):
+        """Around reading the cells into the study's tables (files ``written`` into the root): every cell file is
+        verified first, as its worker wrote it, and compared again once the tables are written; a cell changed
+        meanwhile -- swapped out and back included -- leaves those tables unrecorded (no report takes them) and
+        raises :class:`StudyFolderError`."""
+        redo = "the study again (a cell that is not as written is computed again)"
+        verified = VerifiedFiles()
+        if self.cells.is_dir():
+            try:
+                with _folder_flock(self.cells):  # a worker's cell is renamed and recorded at once (atomic_write)
+                    verified = verify_checksums(self.cells, redo)
+            except ChecksumError as e:
+                raise StudyFolderError(str(e)) from None
+        yield
+        changed = verified.changed()
+        if changed:
+            forget_checksums(self.root, list(written))
+            raise StudyFolderError(f"{changed[0]} changed while the study's tables were made from it (something "
+                                   f"writes into {self.cells}); those tables are not recorded as the study's, so no "
+                                   f"report takes them: rerun {redo}")
 
     def write_manifest(self, manifest: dict) -> None:
         """Write ``study.json``, stamped with the study's name (:func:`study_owner` reads it back)."""

@@ -386,3 +386,55 @@ def test_verified_files_name_a_file_written_again_with_its_own_bytes(tmp_path):
     assert verified.changed() == [tmp_path / "b.csv"]
     with pytest.raises(store.ChecksumError, match="b.csv changed while it was read"):
         verified.check_unchanged("the test")
+
+
+def test_a_cell_swapped_out_and_back_while_a_study_gathers_leaves_its_tables_unrecorded(tmp_path):
+    """Campaign 16 M1's class in a study: the tables a study makes from its cells are recorded as the study's, so a
+    cell read while an edited copy stood in its place would reach every report.  Gathering compares the cells
+    again once the tables are written."""
+    sf = store.StudyFolder(tmp_path / "s", study=None)
+    sf.open("d1")
+    sf.write_cell("c1", {"value": 1.0})
+    sf.write_cell("c2", {"value": 2.0})
+    with sf.gathering_cells(["table.csv"]):  # nothing changed: the table stays recorded
+        store.atomic_write(sf.root / "table.csv", "value\n3.0\n")
+    store.verify_checksums(sf.root, "the test")
+    with pytest.raises(store.StudyFolderError, match="c2.json changed while the study's tables were made from it"):
+        with sf.gathering_cells(["table.csv"]):
+            with _swapped_out_and_back(sf.marker("c2"), lambda text: text.replace("2.0", "20.0")):
+                value = sum(sf.read_cell(c)["value"] for c in ("c1", "c2"))
+            store.atomic_write(sf.root / "table.csv", f"value\n{value}\n")
+    assert value == 21.0  # what was read was the edit
+    with pytest.raises(store.ChecksumError, match="table.csv is not recorded"):
+        store.verify_checksums(sf.root, "the test")
+    sf.marker("c1").write_text('{"value": 10.0}\n')  # edited before the gathering: refused up front
+    with pytest.raises(store.StudyFolderError, match="c1.json is not the file seco-lab wrote"):
+        with sf.gathering_cells(["table.csv"]):
+            pass
+    sf.close()
+
+
+def test_a_bias_study_whose_group_is_swapped_while_it_gathers_records_no_table(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from seco_lab.studies.bias import QUICK, driver, run_study
+
+    cfg = replace(QUICK, depths=(1,), chunk_counts=(4,), seeds=(0,), draws=100)
+    run_study(cfg, tmp_path, progress=False)
+    store.verify_checksums(tmp_path, "the test")
+    real = driver.gather
+    table = next((tmp_path / "cells").glob("*.results.csv"))
+
+    def racing(cfg, out):
+        lines = table.read_text().splitlines(keepends=True)
+        with _swapped_out_and_back(table, lambda text: "".join([lines[0], *lines[2:]])):  # a row dropped
+            return real(cfg, out)
+
+    monkeypatch.setattr(driver, "gather", racing)
+    with pytest.raises(store.StudyFolderError, match="changed while the study's tables were made from it"):
+        run_study(cfg, tmp_path, progress=False)
+    with pytest.raises(store.ChecksumError, match="is not recorded"):
+        store.verify_checksums(tmp_path, "the test")
+    monkeypatch.setattr(driver, "gather", real)
+    run_study(cfg, tmp_path, progress=False)  # the rerun writes the tables again, recorded
+    store.verify_checksums(tmp_path, "the test")

@@ -367,7 +367,7 @@ def test_a_users_own_lock_file_is_never_truncated(tmp_path, capsys):
     user.mkdir()
     (user / ".lock").write_text("my notes\n")
     assert main(["train", *FAST, "--run-dir", str(user)]) == 2
-    assert "exists and is not empty" in capsys.readouterr().err
+    assert "exists, is not empty and is not a seco-lab run" in capsys.readouterr().err
     assert (user / ".lock").read_text() == "my notes\n" and not is_own_lock(user / ".lock")
     with pytest.raises(SystemExit) as e:
         main(["study", "bias", "--quick", "--out", str(user), "--no-progress"])

@@ -113,8 +113,8 @@ def test_open_refuses_a_file_and_an_occupied_directory_without_creating_anything
     occupied = tmp_path / "occ"
     occupied.mkdir()
     (occupied / "keep.txt").write_text("mine")
-    with pytest.raises(RunDirError, match="pass --overwrite"):
-        RunDir(occupied).open(resume=False, overwrite=False)
+    with pytest.raises(RunDirError, match="is not a seco-lab run .* choose another --run-dir"):  # campaign 16 N3:
+        RunDir(occupied).open(resume=False, overwrite=False)  # not "pass --overwrite", which refuses it too
     assert [p.name for p in occupied.iterdir()] == ["keep.txt"]
     with pytest.raises(RunDirError, match="holds no run"):
         RunDir(tmp_path / "none").open(resume=True, overwrite=False)

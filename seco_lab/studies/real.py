@@ -285,14 +285,15 @@ def write_results(cfg, out_dir: str | Path) -> Path:
     from ..models.pretrained import file_digest, gguf_path
 
     out_dir = Path(out_dir)
-    cells = load_cells(out_dir)
-    strata, rows = [], []
-    for params, gram in grams(cells).items():
-        norms = np.sqrt(np.diag(gram) / gram.sum())
-        strata += [{"params": params, "p": p, "norm_ratio": float(r)} for p, r in enumerate(norms)]
-        rows += scheme_rows(params, gram, cfg.num_chunks, cfg.budget_fractions)
-    atomic_write_csv(out_dir / "strata.csv", pd.DataFrame(strata))
-    atomic_write_csv(out_dir / "results.csv", pd.DataFrame(rows))
+    with study_folder(out_dir).gathering_cells(["strata.csv", "results.csv"]):  # the cells as their workers wrote
+        cells = load_cells(out_dir)
+        strata, rows = [], []
+        for params, gram in grams(cells).items():
+            norms = np.sqrt(np.diag(gram) / gram.sum())
+            strata += [{"params": params, "p": p, "norm_ratio": float(r)} for p, r in enumerate(norms)]
+            rows += scheme_rows(params, gram, cfg.num_chunks, cfg.budget_fractions)
+        atomic_write_csv(out_dir / "strata.csv", pd.DataFrame(strata))
+        atomic_write_csv(out_dir / "results.csv", pd.DataFrame(rows))
     study = {
         "fingerprint": fingerprint(cfg.definition()),
         "config": json.loads(json.dumps(asdict(cfg))),

@@ -168,6 +168,10 @@ def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
             raise RunDirError(f"run directory {path} holds checkpoints ({orphans}) but no config.json; pass --resume "
                               "to continue from the newest one (config.json is rebuilt from it), or choose another "
                               "--run-dir")
+        if not overwrite and not is_run(path.resolve()):  # --overwrite would refuse it too: not suggested
+            raise RunDirError(f"run directory {path} exists, is not empty and is not a seco-lab run (no {MARKER_NAME}"
+                              " or run config.json); a run needs a directory of its own: choose another --run-dir, "
+                              "e.g. --run-dir runs/first")
         if not overwrite:
             raise RunDirError(f"run directory {path} exists and is not empty; pass --overwrite (replace it) or "
                               "--resume (continue it)")

@@ -180,7 +180,8 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, fresh: bool = False, p
 
     # a rerun of a complete study (a fresh clone recomputes the committed one) keeps the stored tables, and the
     # record of the run that produced them, when it reproduces them up to float rounding (rerun_tables)
-    check = write_tables(out, gather(cfg, out), compare=bool(old), floors=ROUNDING_FLOORS)
+    with folder.gathering_cells([f"{name}.csv" for name in TABLES]):  # the groups as their workers wrote them
+        check = write_tables(out, gather(cfg, out), compare=bool(old), floors=ROUNDING_FLOORS)
     summary = timing_summary(cfg, out)
     draws = sum(summary["draws_by_kind"].values())
     compute = sum(summary["worker_seconds_by_part"].values())

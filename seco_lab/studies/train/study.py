@@ -214,17 +214,19 @@ def collect(out: Path, specs: list[RunSpec]) -> pd.DataFrame:
     frames, summaries = [], []
     arm_of = {s.run_id: s.arm for s in specs}
     folder = study_folder(out)
-    for s in specs:
-        csv = folder.marker(s.run_id).with_suffix(".csv")
-        if folder.done(s.run_id):  # a damaged run (a FIFO, device, altered table) is not finished: rerun it
-            frames.append(read_csv(csv, "run table", fix="remove it and rerun the study (the run is computed again)"))
-            summaries.append(folder.read_cell(s.run_id))
-    if not frames:
-        raise ValueError(f"no finished runs under {out / 'runs'}")
-    runs = pd.DataFrame(summaries)
-    runs["mode"] = [arm_of[r].mode for r in runs.run_id]
-    runs["scheme"] = [arm_of[r].scheme or "" for r in runs.run_id]
-    runs["budget"] = [arm_of[r].budget or 0 for r in runs.run_id]
-    atomic_write_csv(out / "results.csv.gz", pd.concat(frames, ignore_index=True))
-    atomic_write_csv(out / "runs.csv", runs)
+    with folder.gathering_cells(["results.csv.gz", "runs.csv"]):  # the runs as their workers wrote them
+        for s in specs:
+            csv = folder.marker(s.run_id).with_suffix(".csv")
+            if folder.done(s.run_id):  # a damaged run (a FIFO, device, altered table) is not finished: rerun it
+                frames.append(read_csv(csv, "run table",
+                                       fix="remove it and rerun the study (the run is computed again)"))
+                summaries.append(folder.read_cell(s.run_id))
+        if not frames:
+            raise ValueError(f"no finished runs under {out / 'runs'}")
+        runs = pd.DataFrame(summaries)
+        runs["mode"] = [arm_of[r].mode for r in runs.run_id]
+        runs["scheme"] = [arm_of[r].scheme or "" for r in runs.run_id]
+        runs["budget"] = [arm_of[r].budget or 0 for r in runs.run_id]
+        atomic_write_csv(out / "results.csv.gz", pd.concat(frames, ignore_index=True))
+        atomic_write_csv(out / "runs.csv", runs)
     return runs
