@@ -147,6 +147,7 @@ def read_memory(output_dir: str | Path) -> dict:
 
     path = Path(output_dir) / "memory.json"
     try:  # a FIFO, folder or huge file, not UTF-8, not JSON, not an object: a ValueError naming the file
+        read_json(path, "memory record", RECORD_MAX_BYTES, f"rerun {REPORT_PRODUCE}")  # damage named first
         verified = verify_checksums(path.parent, REPORT_PRODUCE, only=("memory.json",))  # as written, not edited
         payload = read_json(path, "memory record", RECORD_MAX_BYTES, f"rerun {REPORT_PRODUCE}")
         verified.check_unchanged(REPORT_PRODUCE)  # and what was read is what was verified

@@ -316,29 +316,33 @@ def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
                   f"`seco-lab train --run-dir {run.run_dir} --resume`", file=sys.stderr)
         return 128 + e.signum  # 130 for SIGINT, 143 for SIGTERM, as the shell reports a process they end
     if lead:
-        draw_curve(run.run_dir)  # loss.png, from the metrics the run stored
-        print(end_summary(run.run_dir, first, trainer.step, cfg.steps, last, time.perf_counter() - began))
+        drawn = draw_curve(run.run_dir)  # loss.png, from the metrics the run stored
+        print(end_summary(run.run_dir, first, trainer.step, cfg.steps, last, time.perf_counter() - began, drawn))
     return 0
 
 
-def draw_curve(run_dir: str) -> None:
-    """``RUN_DIR/loss.png`` after a run; metrics it cannot draw (edited or damaged meanwhile) are a warning, not
-    an error: the run itself trained and checkpointed."""
+def draw_curve(run_dir: str) -> bool:
+    """``RUN_DIR/loss.png`` after a run (True once drawn); metrics it cannot draw (edited or damaged meanwhile) are
+    a warning, not an error: the run itself trained and checkpointed."""
     from .report.runs import plot_run
 
     try:
         plot_run(run_dir)
     except (ValueError, OSError) as e:
         print(f"seco-lab train: warning: the loss curve was not drawn: {e}", file=sys.stderr)
+        return False
+    return True
 
 
-def end_summary(run_dir: str, first: int, step: int, steps: int, last: dict, seconds: float) -> str:
+def end_summary(run_dir: str, first: int, step: int, steps: int, last: dict, seconds: float,
+                drawn: bool = True) -> str:
     """One human-readable line at the end of a run; the metrics themselves stay in RUN_DIR/metrics.jsonl."""
     done = "finished" if step >= steps else f"stopped at step {step} of {steps} (--stop-at; --resume continues)"
     losses = ", ".join(f"{name.replace('_', ' ')} {last[name]:.4f}" for name in
                        ("loss", "eval_loss", "far_loss", "eval_far_loss") if isinstance(last.get(name), float))
     return (f"seco-lab train: {done}: steps {first}->{step} in {seconds:.1f} s; {losses or 'no loss logged'}; "
-            f"metrics in {Path(run_dir) / 'metrics.jsonl'}, curve in {Path(run_dir) / 'loss.png'}")
+            f"metrics in {Path(run_dir) / 'metrics.jsonl'}, "
+            + (f"curve in {Path(run_dir) / 'loss.png'}" if drawn else "no curve drawn (see the warning above)"))
 
 
 def fail(command: str, e: Exception) -> int:

@@ -60,3 +60,9 @@ def test_end_summary_names_the_steps_losses_and_files():
     assert "runs/x/metrics.jsonl" in line
     early = end_summary("runs/x", 0, 3, 5, {"loss": 1.0}, 1.0)
     assert "stopped at step 3 of 5" in early and "--resume" in early
+
+
+def test_end_summary_says_when_no_curve_was_drawn():
+    """Campaign 16 M3: the end line named loss.png after the warning that the curve was not drawn."""
+    line = end_summary("runs/x", 0, 3, 5, {"loss": 1.0}, 1.0, drawn=False)
+    assert "no curve drawn" in line and "loss.png" not in line
