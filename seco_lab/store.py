@@ -47,7 +47,8 @@ __all__ = ["COMPRESSED", "CONFIG_MAX_BYTES", "RECORD_MAX_BYTES", "TABLE_MAX_BYTE
            "FIGURE_MARK_KEY", "FIGURE_MARK_VALUE", "PNG_SIGNATURE", "check_image_target", "check_parent_folder",
            "is_generated_png", "extra_fields", "file_sha256", "fingerprint", "lacking_files", "protected_paths",
            "read_csv", "read_json", "read_checked_bytes", "software_versions", "study_owner", "too_deep", "TEMP_TAG",
-           "VerifiedFiles", "file_identity",
+           "VerifiedFiles", "file_identity", "pinned", "pinned_bytes", "pinned_stream", "stored_stream",
+           "pandas_source", "load_tensor",
            "DuplicateKeyError", "loads_json", "CHECKSUMS", "ChecksumError", "start_checksums", "record_checksum",
            "verify_checksums", "seal", "as_written", "forget_checksums"]
 
@@ -116,11 +117,79 @@ def checked_file(path: str | Path, what: str, max_bytes: int | None = None, fix:
     return path
 
 
+# -- pinned results: what a report reads is what it verified ---------------------------------------------------------
+#
+# verify_checksums(..., pin=True) keeps each verified file's bytes; inside ``with pinned(verified):`` every reader of
+# stored results here (read_checked_bytes, read_json, read_csv, stored_stream, pandas_source, load_tensor) returns
+# those bytes for a verified path, whatever the path holds by then -- a file, a folder or a symlink above it swapped
+# for an edited copy while the report reads cannot reach it.
+
+_PINNED: dict[str, bytes] = {}
+
+
+def _pin_key(path) -> str:
+    return os.path.abspath(os.fspath(path))
+
+
+def pinned_bytes(path) -> bytes | None:
+    """The verified bytes of ``path`` inside :func:`pinned`, else None."""
+    return _PINNED.get(_pin_key(path)) if _PINNED else None
+
+
+def pinned_stream(path) -> IO[bytes] | None:
+    """A binary stream over :func:`pinned_bytes`, or None."""
+    import io
+
+    held = pinned_bytes(path)
+    return None if held is None else io.BytesIO(held)
+
+
+def stored_stream(path) -> IO[bytes]:
+    """A binary stream of a stored file: its verified bytes inside :func:`pinned`, else the file opened."""
+    return pinned_stream(path) or open(path, "rb")
+
+
+#: the compression pandas infers from a table's name, which a stream does not carry
+_PANDAS_COMPRESSION = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zip": "zip", ".zst": "zstd", ".tar": "tar"}
+
+
+def pandas_source(path) -> dict:
+    """``pd.read_csv(**pandas_source(path), ...)``: the verified bytes inside :func:`pinned`, else the path."""
+    stream = pinned_stream(path)
+    if stream is None:
+        return {"filepath_or_buffer": path}
+    return {"filepath_or_buffer": stream, "compression": _PANDAS_COMPRESSION.get(Path(path).suffix)}
+
+
+def load_tensor(path):
+    """``torch.load`` of a stored tensor file (weights only): its verified bytes inside :func:`pinned`."""
+    import torch
+
+    return torch.load(pinned_stream(path) or path, weights_only=True)
+
+
+@contextmanager
+def pinned(verified):
+    """Within, the readers above return the bytes ``verified`` (:func:`verify_checksums` with ``pin=True``) holds
+    for each verified file."""
+    held = {_pin_key(p): data for p, data in verified.data.items()}
+    _PINNED.update(held)
+    try:
+        yield
+    finally:
+        for key in held:
+            _PINNED.pop(key, None)
+
+
 def read_checked_bytes(path: str | Path, what: str, max_bytes: int | None = RECORD_MAX_BYTES, fix: str = "") -> bytes:
     """The bytes of ``path``, checked by :func:`checked_file` and then read without blocking and without bound
     trouble: the file is opened ``O_NONBLOCK`` and checked again on the open descriptor (a FIFO or device swapped
     in after the check is refused, not waited on), and at most ``max_bytes`` bytes are read (a file that grew past
-    the limit is refused).  A missing file raises :class:`FileNotFoundError`."""
+    the limit is refused).  A missing file raises :class:`FileNotFoundError`.  Inside :func:`pinned`, a verified
+    file's bytes are the ones verified, whatever the path holds now."""
+    held = pinned_bytes(path)
+    if held is not None:
+        return held
     path = checked_file(path, what, max_bytes, fix)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
@@ -176,7 +245,7 @@ COMPRESSED = (".gz", ".bz2", ".zip", ".xz", ".zst", ".tar")
 def holds_nul(path: str | Path, block: int = 1 << 20) -> bool:
     """Whether the (regular, checked) file holds a NUL byte, read block by block: no text table has one, and pandas
     given a long run of them reads it as one huge cell."""
-    with open(path, "rb") as f:
+    with stored_stream(path) as f:
         while chunk := f.read(block):
             if b"\0" in chunk:
                 return True
@@ -193,15 +262,16 @@ def open_decompressed(path: Path, what: str, fix: str = "") -> IO[bytes]:
     import zipfile
 
     name = path.name
+    source = pinned_stream(path) or path  # inside pinned(): the bytes verified
     if name.endswith(".gz"):
-        return gzip.open(path, "rb")
+        return gzip.open(source, "rb")
     if name.endswith(".bz2"):
-        return bz2.open(path, "rb")
+        return bz2.open(source, "rb")
     if name.endswith(".xz"):
-        return lzma.open(path, "rb")
+        return lzma.open(source, "rb")
     if name.endswith(".zip"):
         try:
-            archive = zipfile.ZipFile(path)
+            archive = zipfile.ZipFile(source)
         except zipfile.BadZipFile as e:
             raise ValueError(f"{what} {path} cannot be decompressed ({e}): it is damaged{_fix(fix)}") from None
         members = archive.namelist()
@@ -263,10 +333,10 @@ def read_csv(path: str | Path, what: str, max_bytes: int | None = TABLE_MAX_BYTE
     ValueError naming the file and saying ``fix``.  A missing file raises :class:`FileNotFoundError`."""
     import pandas as pd
 
-    path = checked_file(path, what, max_bytes, fix)
+    path = checked_file(path, what, max_bytes, fix) if pinned_bytes(path) is None else Path(path)
     check_table_content(path, what, max_bytes, fix)
     try:
-        df = pd.read_csv(path, **kwargs)
+        df = pd.read_csv(**pandas_source(path), **kwargs)
     except (ValueError, EOFError, RecursionError) as e:  # ParserError, EmptyDataError, UnicodeDecodeError
         first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
         raise ValueError(f"{what} {path} cannot be read as CSV ({first}): it is damaged{_fix(fix)}") from None
@@ -495,10 +565,15 @@ class VerifiedFiles(dict):
     def __init__(self):
         super().__init__()
         self.identity: dict[Path, tuple[int, ...] | None] = {}
+        self.data: dict[Path, bytes] = {}  # with pin: the bytes hashed, which pinned() gives readers
 
-    def add(self, path: Path) -> str:
+    def add(self, path: Path, pin: bool = False) -> str:
         self.identity[path] = file_identity(path)
-        self[path] = file_sha256(path)
+        if pin:
+            self.data[path] = read_checked_bytes(path, "stored results file", TABLE_MAX_BYTES)
+            self[path] = hashlib.sha256(self.data[path]).hexdigest()
+        else:
+            self[path] = file_sha256(path)
         return self[path]
 
     def changed(self) -> list[Path]:
@@ -515,7 +590,7 @@ class VerifiedFiles(dict):
 
 
 def verify_checksums(folder: str | Path, produce: str, skip: tuple[str, ...] = (),
-                     only: tuple[str, ...] | None = None) -> VerifiedFiles:
+                     only: tuple[str, ...] | None = None, pin: bool = False) -> VerifiedFiles:
     """Every results file (``*.csv``, ``*.csv.gz``, ``*.json``, ``*.pt``) of ``folder`` and its subfolders must be
     recorded in its folder's checksum file with the SHA-256 it has now; a folder with results files but no checksum
     file is refused too.  Each refusal (:class:`ChecksumError`) names the file and says ``produce`` (what writes
@@ -523,8 +598,8 @@ def verify_checksums(folder: str | Path, produce: str, skip: tuple[str, ...] = (
     Returns each verified file's SHA-256 and state (:class:`VerifiedFiles`: a caller asks it after reading which
     files changed meanwhile, swapped out and back included).  ``skip``: names of files of ``folder`` itself not
     verified (tables the caller writes again from the others); ``only``: just these files of ``folder`` (no
-    subfolder), e.g. a record beside files another library wrote.  Skipped (an empty dict) where
-    :data:`NO_CHECKSUMS_ENV` is 1."""
+    subfolder), e.g. a record beside files another library wrote.  ``pin``: keep each file's bytes, hashed as read,
+    for :func:`pinned`.  Skipped (an empty dict) where :data:`NO_CHECKSUMS_ENV` is 1."""
     verified = VerifiedFiles()
     if os.environ.get(NO_CHECKSUMS_ENV) == "1":
         return verified
@@ -551,9 +626,13 @@ def verify_checksums(folder: str | Path, produce: str, skip: tuple[str, ...] = (
             if p.name not in sums:
                 raise ChecksumError(f"{p} is not recorded in {sub / CHECKSUMS}: seco-lab did not write it there "
                                     f"(copied in, or renamed?); remove it, rerun {produce}, or {vouch}")
-            if not p.is_symlink() and p.is_file():
-                verified.add(p)
-            if p.is_symlink() or not p.is_file() or verified[p] != sums[p.name]:
+            if p.is_symlink():
+                raise ChecksumError(f"{p} is a symbolic link (to {os.readlink(p)}): a results file is read only as "
+                                    f"the file seco-lab wrote there, not through a link; put the file itself in its "
+                                    f"place, or rerun {produce}")
+            if p.is_file():
+                verified.add(p, pin)
+            if not p.is_file() or verified[p] != sums[p.name]:
                 raise ChecksumError(f"{p} is not the file seco-lab wrote (its SHA-256 differs from the one in "
                                     f"{sub / CHECKSUMS}): it was edited, damaged or replaced after it was written; "
                                     f"rerun {produce}; if you changed it on purpose, {vouch}")
@@ -878,7 +957,8 @@ class StudyFolder:
     @contextmanager
     def gathering_cells(self, written):
         """Around reading the cells into the study's tables (files ``written`` into the root): every cell file is
-        verified first, as its worker wrote it, and compared again once the tables are written; a cell changed
+        verified first, as its worker wrote it, and read as verified (:func:`pinned`); compared again once the
+        tables are written, a cell changed
         meanwhile -- swapped out and back included -- leaves those tables unrecorded (no report takes them) and
         raises :class:`StudyFolderError`."""
         redo = "the study again (a cell that is not as written is computed again)"
@@ -886,10 +966,11 @@ class StudyFolder:
         if self.cells.is_dir():
             try:
                 with _folder_flock(self.cells):  # a worker's cell is renamed and recorded at once (atomic_write)
-                    verified = verify_checksums(self.cells, redo)
+                    verified = verify_checksums(self.cells, redo, pin=True)
             except ChecksumError as e:
                 raise StudyFolderError(str(e)) from None
-        yield
+        with pinned(verified):  # the tables are made from the bytes verified
+            yield
         changed = verified.changed()
         if changed:
             forget_checksums(self.root, list(written))

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..store import RECORD_MAX_BYTES, TABLE_MAX_BYTES, extra_fields, read_checked_bytes, read_csv, read_json
+from ..store import (
+    RECORD_MAX_BYTES,
+    TABLE_MAX_BYTES,
+    extra_fields,
+    pandas_source,
+    read_checked_bytes,
+    read_csv,
+    read_json,
+)
 from .exactness import EXACT_TOL, above_tol, not_exact
 from .figures import new_figure, save_figure
 from .markdown import MissingResultsError, fmt, generated_note, read_json_table, stored_file, table, write_markdown
@@ -29,7 +37,7 @@ def _read(path: Path) -> pd.DataFrame:
     folder or huge file is refused (:func:`~seco_lab.report.markdown.stored_file`), never opened."""
     try:
         stored_file(path, "stored results table", TABLE_MAX_BYTES, PRODUCE)
-        df = pd.read_csv(path)
+        df = pd.read_csv(**pandas_source(path))  # inside store.pinned: the bytes verified
         if problem := extra_fields(df):
             raise MissingResultsError(f"{path}: {problem}: the file is damaged; rerun {PRODUCE}")
         return df

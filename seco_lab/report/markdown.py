@@ -17,6 +17,7 @@ from ..store import (
     checked_file,
     extra_fields,
     lacking_files,
+    pandas_source,
     quoted_names,
     read_csv,
     read_json,
@@ -104,7 +105,7 @@ def read_results_csv(path: Path, columns: tuple[str, ...], produce: str, text_co
     except ValueError as e:
         raise MissingResultsError(str(e)) from None
     try:
-        df = pd.read_csv(path)
+        df = pd.read_csv(**pandas_source(path))  # inside store.pinned: the bytes verified
     except pd.errors.EmptyDataError:
         raise MissingResultsError(f"{path} is empty (no header, no rows): rerun {produce}") from None
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError, EOFError, OSError) as e:
@@ -205,7 +206,7 @@ def check_derived(path: Path, df: pd.DataFrame, column: str, expected: pd.Series
     last digit) and float noise (1e-9 relative).  A hand-edited or damaged derived value is named (file, row, both
     values), never printed as a result."""
     path = Path(path)
-    text = pd.read_csv(path, dtype=str, keep_default_na=False)[column]  # the stored digits (the file is checked)
+    text = pd.read_csv(**pandas_source(path), dtype=str, keep_default_na=False)[column]  # the stored digits
     stored = pd.to_numeric(df[column], errors="coerce")
     expected = pd.Series(expected, index=df.index, dtype=float)
     tol = text.map(_half_unit).reindex(df.index).fillna(0.0) + 1e-9 * expected.abs()

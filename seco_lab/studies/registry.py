@@ -286,14 +286,14 @@ def report_main(argv=None) -> int:
         print(f"{ap.prog}: error: {results} lacks the stored results (no such folder): run {produce} first, "
               "or pass the folder that holds them with --results", file=sys.stderr)
         return 2
-    from ..store import lacking_files, verify_checksums
+    from ..store import lacking_files, pinned, verify_checksums
 
     lacking = lacking_files(results, study.stored_files, study.produce)
     if lacking:
         print(f"{ap.prog}: error: {lacking}", file=sys.stderr)
         return 2
     try:  # every results file as the study wrote it (its checksum file): an edited value is never reported
-        verified = verify_checksums(results, study.produce)
+        verified = verify_checksums(results, study.produce, pin=True)  # the report reads the bytes verified
     except (OSError, ValueError) as e:
         print(f"{ap.prog}: error: {e}", file=sys.stderr)
         return 2
@@ -301,7 +301,7 @@ def report_main(argv=None) -> int:
     from ..report.markdown import MissingResultsError  # pandas
 
     try:
-        with staged_figures():  # every figure's path checked before anything is written
+        with staged_figures(), pinned(verified):  # every figure's path checked before anything is written
             path = resolve(study.report)(results, out)
     except (MissingResultsError, FigureTargetError) as e:
         print(f"{ap.prog}: error: {e}", file=sys.stderr)

@@ -91,11 +91,12 @@ def rewrite_tables(out: str | Path, drop_missing_units: bool = False) -> Path:
         # the units, settings and Grams the tables come from must be as the audit wrote them (the tables not:
         # they are what this writes again)
         verified = store.verify_checksums(out, "the audit (`seco-lab audit` with its settings and this --out)",
-                                          skip=DERIVED_TABLES)
-        check_units_kept(out, drop_missing_units)
-        if not drop_missing_units:
-            check_no_rows_lost(out)
-        write_results(out)
+                                          skip=DERIVED_TABLES, pin=True)
+        with store.pinned(verified):  # the tables are made from the bytes verified
+            check_units_kept(out, drop_missing_units)
+            if not drop_missing_units:
+                check_no_rows_lost(out)
+            write_results(out)
         changed = verified.changed()
         if changed:  # the tables may come from bytes that were not the ones verified: not taken as written
             store.forget_checksums(out, DERIVED_TABLES)

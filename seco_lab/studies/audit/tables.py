@@ -128,12 +128,12 @@ def cross_gram(out: Path, prefix: str, names: list[str], stored: Path,
     unless ``write`` is False; else the stored one)."""
     paths = [out / "vectors" / f"{prefix}-{n}.pt" for n in names]
     if names and all(p.is_file() for p in paths):
-        V = [torch.load(p) for p in paths]
+        V = [store.load_tensor(p) for p in paths]  # inside store.pinned: the bytes verified
         rows = torch.cat([v.reshape(-1, v.shape[-1]) for v in V])
         gram = measure.gram_of(rows)
         r = len(V[0]) if V[0].dim() == 2 else 1
         text = json.dumps({"names": names, "rows_per_sequence": r, "gram": gram.tolist()}, indent=2) + "\n"
-        if write and not (stored.is_file() and stored.read_text(errors="replace") == text):
+        if write and not (stored.is_file() and stored.read_bytes() == text.encode()):
             store.atomic_write(stored, text)  # only when it differs: a verified Gram is left as it was
         return names, gram.reshape(len(names), r, len(names), r) if r > 1 else gram
     if stored.exists() or stored.is_symlink():
