@@ -156,3 +156,13 @@ def test_records_past_the_checkpoint_are_checked_too(late, words, r2, tmp_path, 
     rc, err = _resume(run, 3, capsys)
     assert rc == 2 and words in err and "Traceback" not in err
     assert (run / "metrics.jsonl").read_text() == before
+
+
+def test_an_edited_record_of_the_checkpoints_own_step_is_not_blamed_on_the_checkpoint_alone(r2, tmp_path, capsys):
+    """Campaign 17 F2: the message said only that the checkpoint was another run's."""
+    run = copy_run(r2, tmp_path / "r")
+    records = _records(run)
+    next(x for x in records if x["step"] == 2)["loss"] += 0.5
+    _write(run, records)
+    rc, err = _resume(run, 3, capsys)
+    assert rc == 2 and "that record of metrics.jsonl was edited (restore the file)" in err

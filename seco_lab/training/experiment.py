@@ -318,9 +318,10 @@ def check_step_record(run_dir: RunDir, state: dict) -> None:
               if not _same_value(ours.get(k), theirs[k])]
     if differ:
         raise RunDirError(f"--resume: the checkpoint of step {theirs['step']} does not continue the history in "
-                          f"{run_dir.metrics_path}: it recorded {', '.join(differ)}; it was trained by another run "
-                          "(a copy of this one extended or re-warmed otherwise?); put this run's checkpoints back, "
-                          "or start a new --run-dir")
+                          f"{run_dir.metrics_path}: it recorded {', '.join(differ)}; either that record of "
+                          "metrics.jsonl was edited (restore the file), or the checkpoint was trained by another run, "
+                          "a copy of this one extended or re-warmed otherwise (put this run's checkpoints back, or "
+                          "start a new --run-dir)")
 
 
 def _is_number(x) -> bool:
@@ -382,7 +383,8 @@ def check_history(run_dir: RunDir, state: dict) -> None:
     raise RunDirError(f"--resume: {run_dir.metrics_path} is not this run's history up to the checkpoint of step "
                       f"{step}: {what} (the checkpoint carries a digest of every record); the file was edited or "
                       "mixed with another run's -- restore it, or delete those lines to resume with a gap in the "
-                      "run's metrics")
+                      "run's metrics -- unless the checkpoint itself comes from a copy of this run trained "
+                      "otherwise (then put this run's checkpoints back)")
 
 
 def _steps_text(steps: list[int]) -> str:
