@@ -13,7 +13,7 @@ STUDIES       := bias train real audit
 QUICK_STUDIES := bias train audit
 JOBS_real     := 1
 
-.PHONY: install test test-unit lint report train-demo train-compare bench bench-hf bench-hf-chunks bench-hf-spans bench-hf-fused bench-hf-keep bench-fsdp clean \
+.PHONY: install test test-unit lint report train-demo train-compare bench bench-hf bench-hf-chunks bench-hf-lora-recheck bench-hf-spans bench-hf-fused bench-hf-keep bench-fsdp clean \
         $(addsuffix -study,$(STUDIES)) $(addsuffix -study-quick,$(QUICK_STUDIES))
 
 install: $(STAMP)
@@ -94,6 +94,12 @@ bench-hf: $(STAMP)
 	$(HF) --layers 30 --lengths 2048 --no-time --no-memory --profile 2048
 	$(HF) --layers 2 --lengths 2048 4096 8192 --no-lora --warmup 0
 	$(MAKE) bench-hf-chunks
+
+# Issue 24, LoRA rechecked: the chunk-64 and chunk-128 LoRA rows again, three interleaved rounds after one untimed,
+# tag lora-recheck (the HF LoRA baseline moved 19-26 s between runs of the same code on this shared machine)
+bench-hf-lora-recheck: $(STAMP)
+	$(HF) --layers 30 --lengths 2048 --chunk-sizes 64 128 --rounds 3 --warmup 1 --lora-only \
+	  --methods forward hf_full seco --no-memory --tag lora-recheck
 
 # Issue 24: the paper's chunk sizes (64, 128, 512) at 30 layers, tag issue24-after; the issue24-before rows are
 # the same lines run in a worktree of the engine before it (`git worktree add ../before 1a0fbf5`, copy
