@@ -501,3 +501,27 @@ def test_a_results_file_replaced_by_a_link_to_its_own_copy_is_named_as_a_link(tm
     (tmp_path / "s" / "a.csv").symlink_to(tmp_path / "copy.csv")
     with pytest.raises(store.ChecksumError, match="a.csv is a symbolic link .* put the file itself in its place"):
         store.verify_checksums(tmp_path / "s", "the test")
+
+
+def test_a_report_refuses_another_studys_results_it_also_draws_from_when_edited(tmp_path, capsys):
+    """Campaign 18: the bias report's real-LM section read reports/real_study/k16x16 beside it, and the audit's
+    reference curves read the bias and real studies' tables, without their checksums: an edited value there was
+    printed or plotted."""
+    from seco_lab.report.markdown import MissingResultsError, verified_beside
+
+    reports = tmp_path / "reports"
+    shutil.copytree(ROOT / "reports" / "real_study" / "k16x16", reports / "real_study" / "k16x16")
+    shutil.copytree(ROOT / "reports" / "bias_study", reports / "bias_study", ignore=shutil.ignore_patterns("cells"))
+    real = reports / "real_study" / "k16x16"
+    with verified_beside(real, "the test"):  # as written: read, pinned
+        assert store.pinned_bytes(real / "results.csv") == (real / "results.csv").read_bytes()
+    with verified_beside(tmp_path / "absent", "the test"):  # absent: the caller leaves its part out
+        pass
+    _edit_cell(real / "results.csv", 1, "rel_bias", "0.112")
+    with pytest.raises(MissingResultsError, match="also draws from .*results.csv is not the file seco-lab wrote"):
+        with verified_beside(real, "the test"):
+            pass
+    with verified_beside(real / "strata.csv", "the test"):  # one file of it: only that one is verified
+        assert store.pinned_bytes(real / "strata.csv") is not None and store.pinned_bytes(real / "results.csv") is None
+    rc, err = _report("bias", reports / "bias_study", reports / "bias_study.md", capsys)
+    assert rc == 2 and "also draws from" in err and "real_study" in err

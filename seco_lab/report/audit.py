@@ -19,9 +19,19 @@ from ..store import (
     read_csv,
     read_json,
 )
+from ..studies.registry import STUDIES
 from .exactness import EXACT_TOL, above_tol, not_exact
 from .figures import new_figure, save_figure
-from .markdown import MissingResultsError, fmt, generated_note, read_json_table, stored_file, table, write_markdown
+from .markdown import (
+    MissingResultsError,
+    fmt,
+    generated_note,
+    read_json_table,
+    stored_file,
+    table,
+    verified_beside,
+    write_markdown,
+)
 
 __all__ = ["write_report", "render", "audit_report", "DEFAULT_DIR", "PRODUCE"]
 
@@ -55,13 +65,15 @@ def profile_figure(results: Path, fig_dir: Path, root: Path, cfg: dict) -> str |
     k = -(-cfg["length"] // cfg["chunk_size"])
     fig, ax = new_figure(figsize=(7, 4.4))
     ax = ax[0][0]
-    toy = _read(root / TOY)
+    with verified_beside(root / TOY, STUDIES["bias"].produce):  # reference curves: read verified, like the audit
+        toy = _read(root / TOY)
     if len(toy):
         rows = toy[(toy.k == 128) & toy.metric.str.startswith("stratum_norm_p")]
         for (L, seed), g in rows.groupby(["L", "seed"]):
             p = g.metric.str.removeprefix("stratum_norm_p").astype(int)
             ax.plot(p, g.value, ":", color="grey", marker=".", label=f"toy L={L}, k=128 (seed {seed})")
-    real16 = _read(root / REAL_K16)
+    with verified_beside(root / REAL_K16, STUDIES["real"].produce):
+        real16 = _read(root / REAL_K16)
     if len(real16):
         r = real16[real16.params == "lora"]
         ax.plot(r.p, r.norm_ratio, "--", marker="s", color="tab:blue", label="SmolLM2 LoRA, k=16 (256 tok)")

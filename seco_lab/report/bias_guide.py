@@ -18,7 +18,7 @@ from ..studies.bias.definition import (
 )
 from ..studies.registry import STUDIES
 from .bias_paper import PAPER_METRICS, UNBIASED_TOL, scheme_definitions
-from .markdown import fmt, table
+from .markdown import fmt, table, verified_beside
 
 __all__ = ["guidance_section", "paper_settings_section", "real_lm_section", "scheme_definitions_section"]
 
@@ -256,7 +256,9 @@ def real_lm_section(out_md: Path) -> list[str]:
     folder = Path(out_md).parent / real.results.relative_to(real.report_file.parent)
     if not (folder / "study.json").exists():
         return []
-    text = render(folder).replace("## A pretrained LM: SmolLM2-135M on real Python",
+    with verified_beside(folder, real.produce):  # read as the report's own results are: verified
+        text = render(folder)
+    text = text.replace("## A pretrained LM: SmolLM2-135M on real Python",
                                   "## On a pretrained LM: SmolLM2-135M on real Python", 1)
     return [text, "Full report: [real_study.md](real_study.md) (`seco-lab report real`).\n"]
 

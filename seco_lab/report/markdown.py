@@ -63,6 +63,29 @@ def stored_read_errors(path: Path, produce: str):
                                   f"{path} cannot be read ({e.strerror or e}): rerun {produce}") from None
 
 
+@contextlib.contextmanager
+def verified_beside(path: Path, produce: str):
+    """Around reading ``path`` -- another study's results folder, or one file of it, that a report also draws from
+    (the real-LM section of the bias report, the audit's reference curves) -- the way the report's own results
+    are read: verified against their checksum file and read as verified (:func:`seco_lab.store.pinned`).  A
+    file that is not as written is a :class:`MissingResultsError` naming it; a path that is absent passes (the
+    caller leaves its part out)."""
+    from ..store import pinned, verify_checksums
+
+    path = Path(path)
+    if not path.exists():
+        yield
+        return
+    folder, only = (path, None) if path.is_dir() else (path.parent, (path.name,))
+    try:
+        verified = verify_checksums(folder, produce, only=only, pin=True)
+    except ValueError as e:
+        raise MissingResultsError(f"this report also draws from {path}, which is not as its study wrote it: {e}") \
+            from None
+    with pinned(verified):
+        yield
+
+
 def read_json_table(path: Path, produce: str, expect: type | tuple[type, ...] | None = dict):
     """A stored JSON file of a report (``study.json``, ``bench.json``), read by :func:`seco_lab.store.read_json`:
     a FIFO, device, folder or huge file, parse errors, an empty file or a value other than ``expect`` (a JSON
