@@ -166,3 +166,30 @@ def test_an_edited_record_of_the_checkpoints_own_step_is_not_blamed_on_the_check
     _write(run, records)
     rc, err = _resume(run, 3, capsys)
     assert rc == 2 and "that record of metrics.jsonl was edited (restore the file)" in err
+
+
+def test_a_checkpoints_folder_that_is_a_link_is_refused_before_anything_is_pruned(r2, tmp_path, capsys):
+    """Campaign 18 CK03b: a copy of a run whose checkpoints/ linked to the original's: --keep-checkpoints 1 on the
+    copy deleted the original's checkpoints and moved its latest."""
+    a = copy_run(r2, tmp_path / "a")
+    b = copy_run(r2, tmp_path / "b")
+    import shutil
+
+    shutil.rmtree(b / "checkpoints")
+    (b / "checkpoints").symlink_to(a / "checkpoints")
+    before = sorted(p.name for p in (a / "checkpoints").iterdir())
+    capsys.readouterr()
+    rc = main(["train", *FAST, "--steps", "4", "--run-dir", str(b), "--resume", "--keep-checkpoints", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "checkpoints is a symbolic link" in err
+    assert sorted(p.name for p in (a / "checkpoints").iterdir()) == before
+
+
+def test_a_config_json_edited_after_the_run_is_named_as_a_possible_cause(r2, tmp_path, capsys):
+    """Campaign 18 CK14b: an edited lr in config.json was blamed on the (genuine) checkpoints alone."""
+    run = copy_run(r2, tmp_path / "r")
+    config = json.loads((run / "config.json").read_text())
+    config["lr"] = config["lr"] * 2
+    (run / "config.json").write_text(json.dumps(config))
+    rc, err = _resume(run, 3, capsys)
+    assert rc == 2 and "config.json was edited after the run was made" in err

@@ -142,7 +142,9 @@ def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | Non
             diff = config_differences(experiment_from_record(dict(config), name), cfg)
         raise RunDirError(f"--resume: checkpoint {name} belongs to another experiment (fingerprint {found}, this "
                           f"run's {expected_fingerprint}" + (f"; differs in {', '.join(diff)}" if diff else "")
-                          + "); put this run's checkpoints back or start a new --run-dir")
+                          + "): either the run's config.json was edited after the run was made (restore it), or the "
+                          "checkpoint comes from another run (put this run's checkpoints back, or start a new "
+                          "--run-dir)")
     if run_id is not None and state.get("run_id") != run_id:
         raise RunDirError(f"--resume: checkpoint {name} was written by another run (run id {state.get('run_id')}, "
                           f"this run folder's {run_id}): it was copied in from elsewhere, and resuming would mix two "

@@ -152,6 +152,11 @@ def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise RunDirError(f"run directory {path}: {parent} is not writable; choose another --run-dir")
     for sub in ("checkpoints",):  # a folder of the run's, where something else stands
+        if (path / sub).is_symlink():  # pruning and --overwrite would act on the folder it points to
+            raise RunDirError(f"{path / sub} is a symbolic link (to {os.readlink(path / sub)}): a run keeps its "
+                              "checkpoints in a folder of its own, and pruning them (--keep-checkpoints) would delete "
+                              "in the folder it points to; replace the link with a copy of that folder, or choose "
+                              "another --run-dir")
         if (path / sub).exists() and not (path / sub).is_dir():
             raise RunDirError(f"{path / sub} is a file, not a folder (the run keeps its checkpoints in it); move it "
                               "away, or choose another --run-dir")
