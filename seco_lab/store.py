@@ -119,12 +119,16 @@ def checked_file(path: str | Path, what: str, max_bytes: int | None = None, fix:
 
 # -- pinned results: what a report reads is what it verified ---------------------------------------------------------
 #
-# verify_checksums(..., pin=True) keeps each verified file's bytes; inside ``with pinned(verified):`` every reader of
-# stored results here (read_checked_bytes, read_json, read_csv, stored_stream, pandas_source, load_tensor) returns
-# those bytes for a verified path, whatever the path holds by then -- a file, a folder or a symlink above it swapped
-# for an edited copy while the report reads cannot reach it.
+# verify_checksums(..., pin=True) keeps each verified file's bytes (a file above PIN_BYTES_MAX: a descriptor of the
+# file it hashed, so memory stays bounded); inside ``with pinned(verified):`` every reader of stored results here
+# (read_checked_bytes, read_json, read_csv, stored_stream, pandas_source, load_tensor) reads those for a verified
+# path, whatever the path holds by then -- a file, a folder or a symlink above it swapped for an edited copy while
+# the report reads cannot reach it (a write into the very file it holds moves its identity on: VerifiedFiles.changed).
 
-_PINNED: dict[str, bytes] = {}
+#: the largest file whose bytes are kept in memory when pinned; a larger one (an audit's flat vectors) is held open
+PIN_BYTES_MAX = 16 << 20
+
+_PINNED: dict[str, bytes | int] = {}
 
 
 def _pin_key(path) -> str:
@@ -133,14 +137,23 @@ def _pin_key(path) -> str:
 
 def pinned_bytes(path) -> bytes | None:
     """The verified bytes of ``path`` inside :func:`pinned`, else None."""
-    return _PINNED.get(_pin_key(path)) if _PINNED else None
+    held = _PINNED.get(_pin_key(path)) if _PINNED else None
+    if isinstance(held, int):  # a descriptor of the file verified
+        with os.fdopen(os.dup(held), "rb") as f:
+            f.seek(0)
+            return f.read()
+    return held
 
 
 def pinned_stream(path) -> IO[bytes] | None:
-    """A binary stream over :func:`pinned_bytes`, or None."""
+    """A binary stream over the verified bytes of ``path`` inside :func:`pinned`, or None."""
     import io
 
-    held = pinned_bytes(path)
+    held = _PINNED.get(_pin_key(path)) if _PINNED else None
+    if isinstance(held, int):
+        f = os.fdopen(os.dup(held), "rb")
+        f.seek(0)
+        return f
     return None if held is None else io.BytesIO(held)
 
 
@@ -179,6 +192,7 @@ def pinned(verified):
     finally:
         for key in held:
             _PINNED.pop(key, None)
+        verified.release()
 
 
 def read_checked_bytes(path: str | Path, what: str, max_bytes: int | None = RECORD_MAX_BYTES, fix: str = "") -> bytes:
@@ -565,16 +579,36 @@ class VerifiedFiles(dict):
     def __init__(self):
         super().__init__()
         self.identity: dict[Path, tuple[int, ...] | None] = {}
-        self.data: dict[Path, bytes] = {}  # with pin: the bytes hashed, which pinned() gives readers
+        self.data: dict[Path, bytes | int] = {}  # with pin: the bytes hashed (or the file's descriptor)
 
     def add(self, path: Path, pin: bool = False) -> str:
         self.identity[path] = file_identity(path)
-        if pin:
+        if not pin:
+            self[path] = file_sha256(path)
+        elif os.stat(path).st_size <= PIN_BYTES_MAX:
             self.data[path] = read_checked_bytes(path, "stored results file", TABLE_MAX_BYTES)
             self[path] = hashlib.sha256(self.data[path]).hexdigest()
-        else:
-            self[path] = file_sha256(path)
+        else:  # held open: the file hashed is the file read, in bounded memory
+            checked_file(path, "stored results file", TABLE_MAX_BYTES)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise ValueError(f"stored results file {path} is not a regular file (it was replaced while being "
+                                 "read)")
+            self.data[path] = fd
+            h = hashlib.sha256()
+            with os.fdopen(os.dup(fd), "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            self[path] = h.hexdigest()
         return self[path]
+
+    def release(self) -> None:
+        """Close the descriptors of pinned files held open."""
+        for path, held in list(self.data.items()):
+            if isinstance(held, int):
+                os.close(held)
+                del self.data[path]
 
     def changed(self) -> list[Path]:
         return [p for p, h in self.items()

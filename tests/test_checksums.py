@@ -525,3 +525,23 @@ def test_a_report_refuses_another_studys_results_it_also_draws_from_when_edited(
         assert store.pinned_bytes(real / "strata.csv") is not None and store.pinned_bytes(real / "results.csv") is None
     rc, err = _report("bias", reports / "bias_study", reports / "bias_study.md", capsys)
     assert rc == 2 and "also draws from" in err and "real_study" in err
+
+
+def test_a_large_pinned_file_is_held_open_not_in_memory_and_still_read_as_verified(tmp_path, monkeypatch):
+    """Campaign 18 F5: pinning kept every verified file's bytes in memory (an audit's flat vectors: GBs).  Files
+    above PIN_BYTES_MAX are held open instead; a swap of the path still cannot reach the reader."""
+    import os
+
+    monkeypatch.setattr(store, "PIN_BYTES_MAX", 8)
+    store.start_checksums(tmp_path)
+    store.atomic_write(tmp_path / "big.csv", "x\n" + "1\n" * 20)
+    store.atomic_write(tmp_path / "small.csv", "x\n1\n")
+    verified = store.verify_checksums(tmp_path, "the test", pin=True)
+    assert isinstance(verified.data[tmp_path / "big.csv"], int) and isinstance(verified.data[tmp_path / "small.csv"],
+                                                                               bytes)
+    with store.pinned(verified):
+        os.rename(tmp_path / "big.csv", tmp_path / "aside.csv")
+        (tmp_path / "big.csv").write_text("x\n9\n")  # an edited copy in its place
+        assert store.read_csv(tmp_path / "big.csv", "t").x.tolist() == [1] * 20
+        assert store.pinned_bytes(tmp_path / "big.csv") == (tmp_path / "aside.csv").read_bytes()
+    assert tmp_path / "big.csv" not in verified.data  # its descriptor released when the pinned block ended
