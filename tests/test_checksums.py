@@ -545,3 +545,29 @@ def test_a_large_pinned_file_is_held_open_not_in_memory_and_still_read_as_verifi
         assert store.read_csv(tmp_path / "big.csv", "t").x.tolist() == [1] * 20
         assert store.pinned_bytes(tmp_path / "big.csv") == (tmp_path / "aside.csv").read_bytes()
     assert tmp_path / "big.csv" not in verified.data  # its descriptor released when the pinned block ended
+
+
+def test_a_recorded_file_missing_or_changed_beside_the_report_is_refused_not_left_out(tmp_path, monkeypatch):
+    """Campaign 19: a recorded study.json (or reference table) deleted beside the report left its section or curve
+    out without a word; a file held open and rewritten in place while read was drawn."""
+    import os
+
+    from seco_lab.report.markdown import MissingResultsError, verified_beside
+
+    real = tmp_path / "real"
+    shutil.copytree(ROOT / "reports" / "real_study" / "k16x16", real)
+    (real / "study.json").unlink()
+    with pytest.raises(MissingResultsError, match="study.json is recorded in .* but missing"):
+        with verified_beside(real, "the test"):
+            pass
+    with pytest.raises(MissingResultsError, match="strata.csv, which is recorded in .* but missing"):
+        (real / "strata.csv").unlink()
+        with verified_beside(real / "strata.csv", "the test"):
+            pass
+    monkeypatch.setattr(store, "PIN_BYTES_MAX", 8)  # results.csv held open: rewritten in place while read
+    with pytest.raises(MissingResultsError, match="results.csv, which changed while the report read it"):
+        with verified_beside(real / "results.csv", "the test"):
+            text = (real / "results.csv").read_text()
+            with open(real / "results.csv", "r+") as f:
+                f.write(text[:-2] + "9\n")
+            os.utime(real / "results.csv", ns=(0, 0))

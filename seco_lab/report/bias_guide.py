@@ -254,9 +254,9 @@ def real_lm_section(out_md: Path) -> list[str]:
 
     real = STUDIES["real"]
     folder = Path(out_md).parent / real.results.relative_to(real.report_file.parent)
-    if not (folder / "study.json").exists():
-        return []
-    with verified_beside(folder, real.produce):  # read as the report's own results are: verified
+    with verified_beside(folder, real.produce):  # read as the report's own results are: verified (and complete)
+        if not (folder / "study.json").exists():  # verified: not recorded either, so no finished real-LM study
+            return []
         text = render(folder)
     text = text.replace("## A pretrained LM: SmolLM2-135M on real Python",
                                   "## On a pretrained LM: SmolLM2-135M on real Python", 1)

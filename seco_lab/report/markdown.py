@@ -67,13 +67,20 @@ def stored_read_errors(path: Path, produce: str):
 def verified_beside(path: Path, produce: str):
     """Around reading ``path`` -- another study's results folder, or one file of it, that a report also draws from
     (the real-LM section of the bias report, the audit's reference curves) -- the way the report's own results
-    are read: verified against their checksum file and read as verified (:func:`seco_lab.store.pinned`).  A
-    file that is not as written is a :class:`MissingResultsError` naming it; a path that is absent passes (the
-    caller leaves its part out)."""
-    from ..store import pinned, verify_checksums
+    are read: verified against their checksum file, read as verified (:func:`seco_lab.store.pinned`) and compared
+    again afterwards.  A file that is not as written, recorded but missing, or changed meanwhile is a
+    :class:`MissingResultsError` naming it; a path that is absent and recorded nowhere passes (the caller leaves
+    its part out)."""
+    from ..store import CHECKSUMS, pinned, verify_checksums
 
     path = Path(path)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
+        recorded = path.parent / CHECKSUMS
+        if recorded.is_file() and any(line.split("  ", 1)[-1].strip() == path.name
+                                      for line in recorded.read_text(errors="replace").splitlines()):
+            raise MissingResultsError(f"this report also draws from {path}, which is recorded in {recorded} but "
+                                      f"missing: it was deleted or moved after it was written; restore it, or rerun "
+                                      f"{produce}")
         yield
         return
     folder, only = (path, None) if path.is_dir() else (path.parent, (path.name,))
@@ -84,6 +91,10 @@ def verified_beside(path: Path, produce: str):
             from None
     with pinned(verified):
         yield
+    changed = verified.changed()
+    if changed:
+        raise MissingResultsError(f"this report also draws from {changed[0]}, which changed while the report read it "
+                                  "(something writes there); rerun the report once the writer is done")
 
 
 def read_json_table(path: Path, produce: str, expect: type | tuple[type, ...] | None = dict):
