@@ -624,7 +624,8 @@ class VerifiedFiles(dict):
 
 
 def verify_checksums(folder: str | Path, produce: str, skip: tuple[str, ...] = (),
-                     only: tuple[str, ...] | None = None, pin: bool = False) -> VerifiedFiles:
+                     only: tuple[str, ...] | None = None, pin: bool = False, subfolders: bool = True
+                     ) -> VerifiedFiles:
     """Every results file (``*.csv``, ``*.csv.gz``, ``*.json``, ``*.pt``) of ``folder`` and its subfolders must be
     recorded in its folder's checksum file with the SHA-256 it has now; a folder with results files but no checksum
     file is refused too.  Each refusal (:class:`ChecksumError`) names the file and says ``produce`` (what writes
@@ -632,14 +633,15 @@ def verify_checksums(folder: str | Path, produce: str, skip: tuple[str, ...] = (
     Returns each verified file's SHA-256 and state (:class:`VerifiedFiles`: a caller asks it after reading which
     files changed meanwhile, swapped out and back included).  ``skip``: names of files of ``folder`` itself not
     verified (tables the caller writes again from the others); ``only``: just these files of ``folder`` (no
-    subfolder), e.g. a record beside files another library wrote.  ``pin``: keep each file's bytes, hashed as read,
+    subfolder), e.g. a record beside files another library wrote; ``subfolders=False``: all of ``folder``'s own
+    files, none below.  ``pin``: keep each file's bytes, hashed as read,
     for :func:`pinned`.  Skipped (an empty dict) where :data:`NO_CHECKSUMS_ENV` is 1."""
     verified = VerifiedFiles()
     if os.environ.get(NO_CHECKSUMS_ENV) == "1":
         return verified
     folder = Path(folder)
     vouch = f"`seco-lab seal {folder}` vouches for the files as they are"
-    for sub in [folder] if only is not None else _folders_within(folder):
+    for sub in [folder] if only is not None or not subfolders else _folders_within(folder):
         results = sorted(p for p in sub.iterdir() if re.fullmatch(RESULT_FILE, p.name) and not p.is_dir()
                          and not (sub == folder and p.name in skip) and (only is None or p.name in only))
         if not results and not (sub / CHECKSUMS).is_file():

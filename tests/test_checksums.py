@@ -515,16 +515,21 @@ def test_a_report_refuses_another_studys_results_it_also_draws_from_when_edited(
     real = reports / "real_study" / "k16x16"
     with verified_beside(real, "the test"):  # as written: read, pinned
         assert store.pinned_bytes(real / "results.csv") == (real / "results.csv").read_bytes()
-    with verified_beside(tmp_path / "absent", "the test"):  # absent: the caller leaves its part out
-        pass
+    with verified_beside(tmp_path / "absent", "the test") as present:  # absent: the caller leaves its part out
+        assert present is False
     _edit_cell(real / "results.csv", 1, "rel_bias", "0.112")
     with pytest.raises(MissingResultsError, match="also draws from .*results.csv is not the file seco-lab wrote"):
         with verified_beside(real, "the test"):
             pass
-    with verified_beside(real / "strata.csv", "the test"):  # one file of it: only that one is verified
-        assert store.pinned_bytes(real / "strata.csv") is not None and store.pinned_bytes(real / "results.csv") is None
+    with pytest.raises(MissingResultsError, match="draws from .*strata.csv, which is not as .*results.csv is not"):
+        with verified_beside(real, "the test", "strata.csv"):  # one file of it: its folder's files are verified
+            pass
     rc, err = _report("bias", reports / "bias_study", reports / "bias_study.md", capsys)
     assert rc == 2 and "also draws from" in err and "real_study" in err
+    shutil.copy(ROOT / "reports" / "real_study" / "k16x16" / "results.csv", real / "results.csv")
+    with verified_beside(real, "the test", "strata.csv") as present:
+        assert present and store.pinned_bytes(real / "strata.csv") is not None
+        assert store.pinned_bytes(real / "cells" / "exact-full.json") is None  # not below it
 
 
 def test_a_large_pinned_file_is_held_open_not_in_memory_and_still_read_as_verified(tmp_path, monkeypatch):
@@ -560,13 +565,15 @@ def test_a_recorded_file_missing_or_changed_beside_the_report_is_refused_not_lef
     with pytest.raises(MissingResultsError, match="study.json is recorded in .* but missing"):
         with verified_beside(real, "the test"):
             pass
-    with pytest.raises(MissingResultsError, match="strata.csv, which is recorded in .* but missing"):
+    with pytest.raises(MissingResultsError, match="from .*strata.csv, .*strata.csv is recorded in .* but missing"):
         (real / "strata.csv").unlink()
-        with verified_beside(real / "strata.csv", "the test"):
+        with verified_beside(real, "the test", "strata.csv"):
             pass
+    for name in ("study.json", "strata.csv"):
+        shutil.copy(ROOT / "reports" / "real_study" / "k16x16" / name, real / name)
     monkeypatch.setattr(store, "PIN_BYTES_MAX", 8)  # results.csv held open: rewritten in place while read
     with pytest.raises(MissingResultsError, match="results.csv, which changed while the report read it"):
-        with verified_beside(real / "results.csv", "the test"):
+        with verified_beside(real, "the test", "results.csv"):
             text = (real / "results.csv").read_text()
             with open(real / "results.csv", "r+") as f:
                 f.write(text[:-2] + "9\n")

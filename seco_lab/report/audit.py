@@ -26,6 +26,7 @@ from .markdown import (
     MissingResultsError,
     fmt,
     generated_note,
+    left_out,
     read_json_table,
     stored_file,
     table,
@@ -37,9 +38,9 @@ __all__ = ["write_report", "render", "audit_report", "DEFAULT_DIR", "PRODUCE"]
 
 DEFAULT_DIR = Path("reports/audit/k128")
 PRODUCE = "`make audit` (`seco-lab audit --committed --out reports/audit/k128`)"
-# the other profiles on the figure: the toy k = 128 groups of the bias study and the real k = 16 cells
-TOY = Path("reports/bias_study/groups.csv")
-REAL_K16 = Path("reports/real_study/k16x16/strata.csv")
+# the other profiles on the figure: the toy k = 128 groups of the bias study and the real k = 16 cells (folder, file)
+TOY = (Path("reports/bias_study"), "groups.csv")
+REAL_K16 = (Path("reports/real_study/k16x16"), "strata.csv")
 
 
 def _read(path: Path) -> pd.DataFrame:
@@ -59,23 +60,40 @@ def _read(path: Path) -> pd.DataFrame:
         raise MissingResultsError(f"{path} cannot be read as CSV ({type(e).__name__}): rerun {PRODUCE}") from None
 
 
-def profile_figure(results: Path, fig_dir: Path, root: Path, cfg: dict) -> str | None:
-    """||g(p)|| / ||g|| against p on a log scale: toy k = 128, real k = 16, real (this audit)."""
+def _reference(root: Path, where: tuple[Path, str], study: str, what: str, notes: list[str]) -> pd.DataFrame:
+    """A reference table beside the audit (another study's), read verified; when absent, empty and a note."""
+    folder, name = where
+    produce = STUDIES[study].produce
+    with verified_beside(root / folder, produce, name) as present:  # read verified, like the audit's own tables
+        df = _read(root / folder / name) if present else pd.DataFrame()
+    if not present or not len(df):
+        notes.append(left_out(what, folder / name, "does not exist" if not present else "holds no rows", produce))
+    return df
+
+
+def profile_figure(results: Path, fig_dir: Path, root: Path, cfg: dict, notes: list[str] | None = None) -> str | None:
+    """||g(p)|| / ||g|| against p on a log scale: toy k = 128, real k = 16, real (this audit).  A reference curve
+    left out is said in ``notes``."""
+    notes = [] if notes is None else notes
     strata = _read(results / "strata.csv")
     k = -(-cfg["length"] // cfg["chunk_size"])
     fig, ax = new_figure(figsize=(7, 4.4))
     ax = ax[0][0]
-    with verified_beside(root / TOY, STUDIES["bias"].produce):  # reference curves: read verified, like the audit
-        toy = _read(root / TOY)
+    toy = _reference(root, TOY, "bias", "the toy k = 128 curves of the strata profile", notes)
     if len(toy):
         rows = toy[(toy.k == 128) & toy.metric.str.startswith("stratum_norm_p")]
+        if not len(rows):
+            notes.append(left_out("the toy k = 128 curves of the strata profile", TOY[0] / TOY[1],
+                                  "holds no k = 128 strata", STUDIES["bias"].produce))
         for (L, seed), g in rows.groupby(["L", "seed"]):
             p = g.metric.str.removeprefix("stratum_norm_p").astype(int)
             ax.plot(p, g.value, ":", color="grey", marker=".", label=f"toy L={L}, k=128 (seed {seed})")
-    with verified_beside(root / REAL_K16, STUDIES["real"].produce):
-        real16 = _read(root / REAL_K16)
+    real16 = _reference(root, REAL_K16, "real", "the SmolLM2 k = 16 curve of the strata profile", notes)
     if len(real16):
         r = real16[real16.params == "lora"]
+        if not len(r):
+            notes.append(left_out("the SmolLM2 k = 16 curve of the strata profile", REAL_K16[0] / REAL_K16[1],
+                                  "holds no LoRA rows", STUDIES["real"].produce))
         ax.plot(r.p, r.norm_ratio, "--", marker="s", color="tab:blue", label="SmolLM2 LoRA, k=16 (256 tok)")
     for name, g in strata.groupby("sequence"):
         g = g[(g.p != "rest") & (g.norm_ratio > 0)]  # exact zeros (p > L) have no place on a log scale
@@ -162,10 +180,12 @@ def _exactness(ex: dict | None) -> list[str]:
 
 def _profile(results: Path, out_md: Path, root: Path, cfg: dict) -> list[str]:
     strata = _read(results / "strata.csv")
-    fig = profile_figure(results, out_md.parent / "figures", root, cfg)
+    notes: list[str] = []
+    fig = profile_figure(results, out_md.parent / "figures", root, cfg, notes)
     md = ["## The strata profile\n"]
     if fig:
         md.append(f"![strata profile](figures/{fig})\n")
+    md += notes
     if not len(strata):
         return md + ["No sequence's strata are finished yet.\n"]
     wide = strata.pivot(index=["sequence", "kind"], columns="p", values="norm_ratio").reset_index()

@@ -18,7 +18,7 @@ from ..studies.bias.definition import (
 )
 from ..studies.registry import STUDIES
 from .bias_paper import PAPER_METRICS, UNBIASED_TOL, scheme_definitions
-from .markdown import fmt, table, verified_beside
+from .markdown import fmt, left_out, table, verified_beside
 
 __all__ = ["guidance_section", "paper_settings_section", "real_lm_section", "scheme_definitions_section"]
 
@@ -249,17 +249,22 @@ def scheme_definitions_section() -> list[str]:
 
 def real_lm_section(out_md: Path) -> list[str]:
     """"On a pretrained LM": the real-LM cells stored beside the report (``real_study/k16x16`` next to
-    ``out_md``, written by ``make real-study``), rendered by :mod:`seco_lab.report.real`; omitted when absent."""
+    ``out_md``, written by ``make real-study``), rendered by :mod:`seco_lab.report.real`; when absent, a line
+    saying the section is left out and why."""
     from .real import render
 
     real = STUDIES["real"]
-    folder = Path(out_md).parent / real.results.relative_to(real.report_file.parent)
-    with verified_beside(folder, real.produce):  # read as the report's own results are: verified (and complete)
+    rel = real.results.relative_to(real.report_file.parent)
+    folder = Path(out_md).parent / rel
+    what = "the section on a pretrained LM (SmolLM2-135M, real-LM cells)"
+    with verified_beside(folder, real.produce) as present:  # read as the report's own results are: verified
+        if not present:
+            return [left_out(what, rel, "does not exist beside this report", real.produce)]
         if not (folder / "study.json").exists():  # verified: not recorded either, so no finished real-LM study
-            return []
+            return [left_out(what, rel, "holds no finished study (no study.json)", real.produce)]
         text = render(folder)
     text = text.replace("## A pretrained LM: SmolLM2-135M on real Python",
-                                  "## On a pretrained LM: SmolLM2-135M on real Python", 1)
+                        "## On a pretrained LM: SmolLM2-135M on real Python", 1)
     return [text, "Full report: [real_study.md](real_study.md) (`seco-lab report real`).\n"]
 
 

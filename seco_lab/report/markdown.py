@@ -24,8 +24,8 @@ from ..store import (
 )
 
 __all__ = ["COUNT", "NON_NEGATIVE", "POSITIVE", "MissingResultsError", "check_bounds", "check_derived", "fmt",
-           "generated_note", "read_json_table", "read_results_csv", "read_stored_csv", "require", "stored_file",
-           "stored_read_errors", "table", "write_markdown"]
+           "generated_note", "left_out", "read_json_table", "read_results_csv", "read_stored_csv", "require",
+           "stored_file", "stored_read_errors", "table", "verified_beside", "write_markdown"]
 
 
 class MissingResultsError(FileNotFoundError):
@@ -63,38 +63,67 @@ def stored_read_errors(path: Path, produce: str):
                                   f"{path} cannot be read ({e.strerror or e}): rerun {produce}") from None
 
 
-@contextlib.contextmanager
-def verified_beside(path: Path, produce: str):
-    """Around reading ``path`` -- another study's results folder, or one file of it, that a report also draws from
-    (the real-LM section of the bias report, the audit's reference curves) -- the way the report's own results
-    are read: verified against their checksum file, read as verified (:func:`seco_lab.store.pinned`) and compared
-    again afterwards.  A file that is not as written, recorded but missing, or changed meanwhile is a
-    :class:`MissingResultsError` naming it; a path that is absent and recorded nowhere passes (the caller leaves
-    its part out)."""
-    from ..store import CHECKSUMS, pinned, verify_checksums
+def _first_missing(path: Path, produce: str) -> Path | None:
+    """Walk ``path`` from its first component: each one above the last must be a folder (or a link to one).  Returns
+    the first component that does not exist (nothing there, not even a link), or None when all do.  A link to
+    nothing, or a file where a folder belongs, is a :class:`MissingResultsError` naming it: taken for absent, it
+    would leave the report's part out without a word (campaign 20)."""
+    parts = path.parts
+    for i in range(1, len(parts) + 1):
+        here = Path(*parts[:i])
+        if here.is_symlink() and not here.exists():
+            raise MissingResultsError(f"this report also draws from {path}, but {here} is a link to nothing (to "
+                                      f"{os.readlink(here)}): put the results themselves there, or rerun {produce}")
+        if not here.exists():
+            return here
+        if i < len(parts) and not here.is_dir():
+            raise MissingResultsError(f"this report also draws from {path}, but {here} is not a folder: move it "
+                                      f"away, or rerun {produce}")
+    return None
 
-    path = Path(path)
-    if not path.exists() and not path.is_symlink():
-        recorded = path.parent / CHECKSUMS
-        if recorded.is_file() and any(line.split("  ", 1)[-1].strip() == path.name
-                                      for line in recorded.read_text(errors="replace").splitlines()):
-            raise MissingResultsError(f"this report also draws from {path}, which is recorded in {recorded} but "
-                                      f"missing: it was deleted or moved after it was written; restore it, or rerun "
-                                      f"{produce}")
-        yield
+
+@contextlib.contextmanager
+def verified_beside(folder: Path, produce: str, file: str | None = None):
+    """Around reading another study's results ``folder`` (or its one ``file``) that a report also draws from (the
+    real-LM section of the bias report, the audit's reference curves), the way the report's own results are read:
+    verified against their checksum files, read as verified (:func:`seco_lab.store.pinned`) and compared again
+    afterwards.  Yields True when the part is there, False when it is absent: the caller then leaves its part out
+    and says so in the report (:func:`left_out`).
+
+    Absent means only: ``folder`` does not exist at all (every existing folder above it a folder, no link to
+    nothing on the way), or ``file`` does not exist in a ``folder`` that passes
+    :func:`seco_lab.store.verify_checksums` whole -- so a file deleted together with the checksum file that
+    recorded it is refused while the folder's other results stay, and so is one recorded but missing.  Anything
+    else -- a link to nothing, a file where a folder belongs, ``file`` not a regular file, a file not as written,
+    or changed meanwhile -- is a :class:`MissingResultsError` naming it."""
+    from ..store import pinned, verify_checksums
+
+    folder = Path(folder)
+    path = folder / file if file else folder
+    missing = _first_missing(path, produce)
+    if missing is not None and (not file or missing != path):  # the folder is absent: nothing of the study there
+        yield False
         return
-    folder, only = (path, None) if path.is_dir() else (path.parent, (path.name,))
-    try:
-        verified = verify_checksums(folder, produce, only=only, pin=True)
+    if missing is None and not (path.is_file() if file else path.is_dir()):
+        kind = "regular file (a folder, FIFO or device)" if file else "folder"
+        raise MissingResultsError(f"this report also draws from {path}, which is not a {kind}: move it away, or "
+                                  f"rerun {produce}")
+    try:  # one file: its folder's own files (a study's cells below are not read); a folder: everything in it
+        verified = verify_checksums(folder, produce, subfolders=not file, pin=missing is None)
     except ValueError as e:
         raise MissingResultsError(f"this report also draws from {path}, which is not as its study wrote it: {e}") \
             from None
     with pinned(verified):
-        yield
+        yield missing is None
     changed = verified.changed()
     if changed:
         raise MissingResultsError(f"this report also draws from {changed[0]}, which changed while the report read it "
                                   "(something writes there); rerun the report once the writer is done")
+
+
+def left_out(what: str, path: Path, why: str, produce: str) -> str:
+    """The report's line for a part it leaves out: what, which path, why, and what would write it."""
+    return f"*Left out: {what} -- `{path}` {why}; {produce} writes it.*\n"
 
 
 def read_json_table(path: Path, produce: str, expect: type | tuple[type, ...] | None = dict):

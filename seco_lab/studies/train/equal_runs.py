@@ -77,7 +77,7 @@ def what_ran(folder: Path, study: dict) -> list[str]:
 def _status_line(folder: Path, sub: str) -> str:
     p = Path(folder) / sub / "study.json"
     if not p.exists():
-        return f"`{sub}`: not run."
+        return f"`{sub}`: not run, or its results removed (no `{sub}/study.json` in the results folder)."
     s = read_json_table(p, PRODUCE_EXTENSIONS)
     return (f"`{sub}`: {s.get('runs_done')} of {s.get('runs_total')} runs ({s.get('status')}), wall time "
             f"{fmt(s.get('study_wall_s', math.nan) / 60, 1)} min over {len(s.get('sessions', []))} sessions, "
