@@ -178,6 +178,11 @@ def test_text_training_via_cli_and_plot_of_several_runs(tmp_path, capsys):
     assert rc == 0 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rc, _, err = run_cli(capsys, "plot", str(tmp_path / "nothing"))
     assert rc == 2 and "not a run directory" in err
+    (tmp_path / "link").symlink_to(runs[0])  # one run named twice (campaign 16: drawn twice, under two labels)
+    for again in (runs[0], tmp_path / "link"):
+        rc, _, err = run_cli(capsys, "plot", str(runs[0]), str(again), "--out", str(tmp_path / "twice.png"))
+        assert rc == 2 and ("named twice" in err or "are the same run" in err) and "name each run once" in err
+    assert not (tmp_path / "twice.png").exists()
 
 
 @pytest.mark.slow

@@ -299,3 +299,33 @@ def test_lora_example_compares_memory_with_stock_trainer(tmp_path):
     # the same batches and the exact gradient: the same training loss up to float32 rounding
     assert runs["seco"]["train_loss"] == pytest.approx(runs["stock"]["train_loss"], rel=1e-4)
     assert (tmp_path / "seco" / "adapter" / "adapter_config.json").is_file()
+
+
+def test_spaco_mode_with_a_cap_uses_it_as_the_cli_does(tmp_path):
+    """SeCOArguments.cap (the CLI's --cap): paper-capped with C = 3 at k/t = 4 scales hops by 3, not the default 2;
+    the trainer's gradient equals spaco_grad's with the same scheme value.  A cap without a capped scheme, or with
+    mode='seco', is refused."""
+    from seco_lab import get_scheme
+
+    examples = padded_examples(2, seed=5, lengths=(32, 33))  # 8 chunks of 4, t = 2: k/t = 4 > C
+    batch = pad_collate(examples)
+    tokens, targets = chunk_targets(batch)
+    got = {}
+    for cap in (None, 3.0):
+        capture = GradCapture()
+        seco = SeCOArguments(chunk_size=4, mode="spaco", scheme="paper-capped", budget=2, subset=(1, 6), cap=cap)
+        make_trainer(tmp_path / str(cap), seco, examples=examples, callbacks=[capture], gradient_accumulation_steps=1,
+                     max_steps=1, max_grad_norm=0.0).train()
+        scheme = get_scheme("paper-capped") if cap is None else get_scheme("paper-capped", cap=cap)
+        _, ref = spaco_grad(HFChunkModel(tiny_llama()), tokens, targets, 4, scheme, 2, subset=(1, 6))
+        g = capture.grads[0]
+        flat_got = torch.cat([g[n].reshape(-1) for n in sorted(g)])
+        flat_ref = torch.cat([ref["model." + n].reshape(-1) for n in sorted(g)])
+        assert float((flat_got - flat_ref).norm() / flat_ref.norm()) <= TOL
+        got[cap] = flat_got
+    assert float((got[3.0] - got[None]).norm() / got[None].norm()) > 1e-3  # the cap is used, not dropped
+    assert "cap" not in SeCOArguments(chunk_size=4).to_dict()  # settings stored before the field compare equal
+    with pytest.raises(ValueError, match="has no cap"):
+        SeCOArguments(chunk_size=4, mode="spaco", scheme="falling-factorial", budget=2, cap=3.0)
+    with pytest.raises(ValueError, match="cap is SpaCO's"):
+        SeCOArguments(chunk_size=4, cap=3.0)

@@ -29,6 +29,8 @@ class SeCOArguments:
     ``scheme``/``budget``: SpaCO's compensation scheme (``seco_lab.SCHEME_NAMES``) and the
     number t of chunks backpropagated (the mean number for Bernoulli schemes).
     ``seed``: the SpaCO draw seed.  ``subset``: a fixed chunk set instead of draws (ablations, tests).
+    ``cap``: the cap C of a capped scheme (``paper-capped``, ``paper-chain-capped``) in place of its default 2,
+    as ``seco-lab train --cap``; refused for any other scheme.
     """
 
     chunk_size: int
@@ -37,20 +39,21 @@ class SeCOArguments:
     budget: int = 1
     seed: int = 0
     subset: tuple[int, ...] | None = None
+    cap: float | None = None
 
     def __post_init__(self):
         check_chunk_size(self.chunk_size)
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        scheme = get_scheme(self.scheme)  # unknown names fail here, with the list of known ones
         as_int(self.budget, "budget", 1)
         as_int(self.seed, "seed", 0)
-        spaco_only = [f.name for f in fields(self) if f.name in ("scheme", "budget", "seed")
+        spaco_only = [f.name for f in fields(self) if f.name in ("scheme", "budget", "seed", "cap")
                       and getattr(self, f.name) != f.default]
         if self.mode == "seco" and spaco_only:  # SeCO is exact: it draws nothing and needs no scheme
             raise ValueError(f"{', '.join(spaco_only)} {'is' if len(spaco_only) == 1 else 'are'} SpaCO's and would be "
                              "ignored with mode='seco' (the exact gradient): set mode='spaco', or drop "
                              f"{'it' if len(spaco_only) == 1 else 'them'}")
+        scheme = self.build_scheme()  # unknown names, and a cap of a scheme without one, fail here
         if self.subset is not None:
             if self.mode != "spaco":
                 raise ValueError("subset fixes SpaCO's chunk set; it needs mode='spaco'")
@@ -64,9 +67,17 @@ class SeCOArguments:
                                  f"scheme {scheme.name!r} draws exactly t = budget chunks, and its weights depend on "
                                  f"t; pass budget={len(self.subset)}")
 
+    def build_scheme(self):
+        """The compensation scheme these settings name (with ``cap`` applied)."""
+        return get_scheme(self.scheme) if self.cap is None else get_scheme(self.scheme, cap=self.cap)
+
     def to_dict(self) -> dict:
+        """The settings as stored in a checkpoint's ``seco_trainer.json``; ``cap`` only when set, so that settings
+        stored before it existed compare equal to the same settings now."""
         out = asdict(self)
         out["subset"] = None if self.subset is None else list(self.subset)
+        if self.cap is None:
+            del out["cap"]
         return out
 
 

@@ -56,7 +56,6 @@ import torch.distributed as dist
 
 from ..core.checks import ceil_div, check_subset
 from ..core.engine import forward_loss, seco_step
-from ..estimators.schemes import get_scheme
 from ..estimators.spaco import spaco_grad
 from ..models.hf import HFChunkModel
 from ..store import CONFIG_MAX_BYTES, read_json
@@ -210,11 +209,11 @@ class SeCOTrainerMixin:
             subset = check_subset(s.subset, k)
         else:
             rng = np.random.default_rng([s.seed, self.state.global_step, self._seco_micro, self.args.process_index])
-            subset = get_scheme(s.scheme).sampler.draw(k, s.budget, rng)
+            subset = s.build_scheme().sampler.draw(k, s.budget, rng)
         self.seco_draws.append((self.state.global_step, self._seco_micro, tuple(subset)))
         if not subset:  # an empty Bernoulli draw: forward only, zero gradient
             return forward_loss(adapter, tokens, targets, s.chunk_size)
-        loss, grads = spaco_grad(adapter, tokens, targets, s.chunk_size, s.scheme, s.budget, subset=subset)
+        loss, grads = spaco_grad(adapter, tokens, targets, s.chunk_size, s.build_scheme(), s.budget, subset=subset)
         named = dict(adapter.named_parameters())
         for name, g in grads.items():
             p = named[name]

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -242,7 +243,7 @@ def check_report_target(out: Path, results: str | Path, name: str, option: str) 
     if out.is_dir():
         raise ValueError(f"{option} {out} is a folder: pass the Markdown file to write, e.g. {out / name}")
     if out.suffix.lower() != ".md":
-        example = out.with_suffix(".md") if out.suffix else out / name
+        example = out.with_suffix(".md") if out.suffix else Path(name) if out.exists() else out / name
         if out.exists() or out.is_symlink():
             raise ValueError(f"{option} {out} exists and is not a Markdown report: the report is not written over it "
                              f"(it could be a file of yours or one of the stored results); pass a .md file, e.g. "
@@ -257,10 +258,18 @@ def check_report_target(out: Path, results: str | Path, name: str, option: str) 
 
 
 def check_run_dirs(run_dirs) -> None:
-    """Each of ``run_dirs`` holds a ``metrics.jsonl`` (what a run writes first); ValueError naming the others."""
+    """Each of ``run_dirs`` holds a ``metrics.jsonl`` (what a run writes first), and each is named once (by any
+    path: a run drawn twice would be two identical curves under two labels); ValueError naming the others."""
     missing = [str(d) for d in run_dirs if not (Path(d) / "metrics.jsonl").exists()]
     if missing:
         raise ValueError(f"not a run directory (no metrics.jsonl): {', '.join(missing)}")
+    seen: dict[str, str] = {}
+    for d in run_dirs:
+        real = os.path.realpath(d)
+        if real in seen:
+            same = f"{seen[real]} and {d} are the same run" if str(d) != seen[real] else f"{d} is named twice"
+            raise ValueError(f"{same}: name each run once")
+        seen[real] = str(d)
 
 
 def report_main(argv=None) -> int:

@@ -177,9 +177,15 @@ def load_newest_checkpoint(run_dir: RunDir, model, optimizer, cfg: TrainConfig,
     return run_dir.load_checkpoint(map_location="cpu", check=check)
 
 
-def check_nothing_to_resume(run_dir: RunDir) -> None:
-    """No checkpoint at all: resuming from step 0 is right only if the run never logged a training step."""
-    steps = [r.get("step", 0) for r in read_metrics(run_dir.path)]
+def _records(run_dir: RunDir, records: list | None) -> list:
+    """The records of ``metrics.jsonl`` a resume read once (so every check sees the same file), or read now."""
+    return read_metrics(run_dir.path) if records is None else records
+
+
+def check_nothing_to_resume(run_dir: RunDir, records: list | None = None) -> None:
+    """No checkpoint at all: resuming from step 0 is right only if the run never logged a training step.
+    ``records``: the records of ``metrics.jsonl`` as the resume read them (default: read now), here and below."""
+    steps = [r.get("step", 0) for r in _records(run_dir, records) if isinstance(r, dict)]
     done = max([s for s in steps if isinstance(s, int)], default=0)
     if done > 0:
         raise RunDirError(f"--resume: {run_dir.metrics_path} records step {done} but {run_dir.checkpoints} holds no "
@@ -270,13 +276,13 @@ def metrics_gap(logged_steps, step: int) -> str:
     return f"step{'s' if len(missing) > 1 else ''} {', '.join(spans[:5])}{', ...' if len(spans) > 5 else ''}"
 
 
-def check_metrics_history(run_dir: RunDir, step: int) -> None:
+def check_metrics_history(run_dir: RunDir, step: int, records: list | None = None) -> None:
     """Refuse a resume whose ``metrics.jsonl`` is not one run's history: a record without an integer step, or
     steps that repeat or go backwards (the file edited, or two runs' metrics joined) -- past ``step`` too, where
     the records of the part redone now are dropped by their step.  Found after training, the run's curve could
     not be drawn; resumed, the history would stay mixed."""
     path, prev = run_dir.metrics_path, None
-    for i, r in enumerate(read_metrics(run_dir.path), 1):
+    for i, r in enumerate(_records(run_dir, records), 1):
         s = r.get("step") if isinstance(r, dict) else None
         if isinstance(s, bool) or not isinstance(s, int):
             raise RunDirError(f"--resume: {path}: record {i} has no integer 'step' ({str(r)[:60]}): the file is "
@@ -298,7 +304,7 @@ def step_record(metrics: dict) -> dict:
     return {k: metrics[k] for k in RECORD_KEYS if k in metrics}
 
 
-def check_step_record(run_dir: RunDir, state: dict) -> None:
+def check_step_record(run_dir: RunDir, state: dict, records: list | None = None) -> None:
     """Refuse a checkpoint whose recorded step (loss, lr, gradient norm) is not the one ``metrics.jsonl`` holds for
     that step: it continues another history -- a copy of the run extended or re-warmed otherwise, copied in with
     ``config.json`` gone, or any checkpoint the other checks cannot tell from the run's own.  Checkpoints written
@@ -306,7 +312,7 @@ def check_step_record(run_dir: RunDir, state: dict) -> None:
     theirs = state.get("record")
     if not isinstance(theirs, dict) or not isinstance(theirs.get("step"), int):
         return
-    ours = next((r for r in read_metrics(run_dir.path) if isinstance(r, dict) and r.get("step") == theirs["step"]),
+    ours = next((r for r in _records(run_dir, records) if isinstance(r, dict) and r.get("step") == theirs["step"]),
                 None)
     if ours is None:
         return
@@ -361,7 +367,7 @@ def carried_history(state: dict | None) -> list[tuple[int, int]] | None:
     return [(int(s), int(d)) for s, d in theirs.tolist()]
 
 
-def check_history(run_dir: RunDir, state: dict) -> None:
+def check_history(run_dir: RunDir, state: dict, records: list | None = None) -> None:
     """Refuse to resume when a record of ``metrics.jsonl`` up to the checkpoint's step is not the one the run
     logged: edited by hand (a loss changed), added into a gap, or taken from another run.  A record deleted or
     cut away is a gap (warned about by :func:`warn_metrics_gap`), not refused.  Checkpoints written before they
@@ -371,7 +377,7 @@ def check_history(run_dir: RunDir, state: dict) -> None:
         return
     logged = dict(theirs)
     step = state.get("step")
-    ours = history_digests(read_metrics(run_dir.path), step if isinstance(step, int) else -1)
+    ours = history_digests(_records(run_dir, records), step if isinstance(step, int) else -1)
     edited = [s for s, d in ours if s in logged and logged[s] != d]
     added = [s for s, _ in ours if s not in logged]
     if not edited and not added:
@@ -424,12 +430,12 @@ def check_corpus(state: dict, data, cfg: TrainConfig) -> None:
                           "run started in with the same text, or start a new --run-dir")
 
 
-def warn_metrics_gap(run_dir: RunDir, step: int) -> None:
+def warn_metrics_gap(run_dir: RunDir, step: int, records: list | None = None) -> None:
     """Warn when ``metrics.jsonl`` lacks steps the checkpoint of ``step`` has trained (the file deleted, or cut
     short): the resumed run logs from the next step on, so its curve would have a silent hole."""
     if step == 0:
         return
-    steps = metrics_gap((r.get("step") for r in read_metrics(run_dir.path) if isinstance(r, dict)), step)
+    steps = metrics_gap((r.get("step") for r in _records(run_dir, records) if isinstance(r, dict)), step)
     if not steps:
         return
     path = run_dir.metrics_path

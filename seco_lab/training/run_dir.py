@@ -334,7 +334,8 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
 
-    def truncate_metrics(self, last_step: int) -> None:
-        """Keep the records up to ``last_step``: later ones belong to the part of the run being redone."""
-        rows = [r for r in read_metrics(self.path) if r["step"] <= last_step]
+    def truncate_metrics(self, last_step: int, records: list | None = None) -> None:
+        """Keep the records up to ``last_step``: later ones belong to the part of the run being redone.
+        ``records``: the file's records as already read (default: read now)."""
+        rows = [r for r in (read_metrics(self.path) if records is None else records) if r["step"] <= last_step]
         atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))

@@ -113,7 +113,8 @@ def read_metrics(run_dir) -> list[dict]:
     if not path.exists():
         return []
     try:
-        lines = run_file(path, "metrics file", TABLE_MAX_BYTES).read_text().split("\n")
+        # utf-8-sig: a byte-order mark an editor saved in front of the first record is not part of it
+        lines = run_file(path, "metrics file", TABLE_MAX_BYTES).read_text(encoding="utf-8-sig").split("\n")
     except UnicodeDecodeError:
         raise RunDirError(f"{path} is not text (not UTF-8): the metrics file is damaged or was overwritten") from None
     rows = []

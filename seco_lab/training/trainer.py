@@ -202,8 +202,9 @@ class Trainer:
         state = load_newest_checkpoint(self.run_dir, self.model, self.opt, self.cfg, saved)
         if state is not None:
             check_corpus(state, self.data, self.cfg)
+        records = read_metrics(self.run_dir.path)  # read once: every check below sees the same file
         if state is None:
-            check_nothing_to_resume(self.run_dir)
+            check_nothing_to_resume(self.run_dir, records)
         else:
             if state["step"] > self.cfg.steps:
                 raise RunDirError(f"--steps {self.cfg.steps} is below the run's step {state['step']}; a run can "
@@ -218,21 +219,20 @@ class Trainer:
             set_numpy_rng_state(state["numpy_rng"])
             self.step = int(state["step"])
         self._continue_schedule(saved)
-        check_metrics_history(self.run_dir, self.step)
+        check_metrics_history(self.run_dir, self.step, records)
         if state is not None:
-            check_step_record(self.run_dir, state)
-            check_history(self.run_dir, state)
+            check_step_record(self.run_dir, state, records)
+            check_history(self.run_dir, state, records)
         if self.rank == 0:
             if state is not None:  # a deleted marker is written again with the id the checkpoints agree on
                 self.run_dir.restore_marker(state.get("run_id"))
-            warn_metrics_gap(self.run_dir, self.step)
+            warn_metrics_gap(self.run_dir, self.step, records)
             # metrics logged after the checkpoint belong to the part of the run redone now
             last = self.step if state is not None else -1
-            self.redone_steps = [r["step"] for r in read_metrics(self.run_dir.path) if r["step"] > last]
-            self.run_dir.truncate_metrics(last)
+            self.redone_steps = [r["step"] for r in records if r["step"] > last]
+            self.run_dir.truncate_metrics(last, records)
             carried = carried_history(state)  # checked against metrics.jsonl above: its records, gaps included
-            self._history = carried if carried is not None else history_digests(read_metrics(self.run_dir.path),
-                                                                                self.step)
+            self._history = carried if carried is not None else history_digests(records, self.step)
             if recovered or (saved.steps, saved.lr_cycles) != (self.cfg.steps, self.cfg.lr_cycles):
                 self.run_dir.write_config(experiment_record(self.cfg, self.model))
 
