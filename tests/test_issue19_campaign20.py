@@ -157,7 +157,7 @@ def test_the_audit_report_says_which_reference_curves_it_leaves_out(tmp_path, mo
     cfg = {"length": 256, "chunk_size": 64, "model": "tiny", "params": "full"}
     notes: list[str] = []
     assert profile_figure(results, tmp_path / "figures", Path("."), cfg, notes) is not None
-    assert len(notes) == 1 and "Left out: the SmolLM2 k = 16 curve" in notes[0] and "does not exist" in notes[0]
+    assert len(notes) == 1 and "Left out: the SmolLM2 curve" in notes[0] and "does not exist" in notes[0]
     shutil.copytree(ROOT / "reports" / "real_study", reports / "real_study")
     notes = []
     profile_figure(results, tmp_path / "figures", Path("."), cfg, notes)
@@ -186,3 +186,54 @@ def test_the_bias_report_refuses_a_dangling_real_study_and_says_when_it_is_absen
     rc, err = report()
     text = (reports / "bias.md").read_text()
     assert rc == 0 and "On a pretrained LM" not in text and "Left out: the section on a pretrained LM" in text
+
+
+def _profile_labels(tmp_path, monkeypatch) -> list[str]:
+    """The legend labels of the audit's strata profile, drawn with cwd = tmp_path (the references beside it)."""
+    import seco_lab.report.audit as audit
+
+    drawn = []
+    monkeypatch.setattr(audit, "save_figure", lambda fig, path: drawn.append(fig) or path.name)
+    monkeypatch.chdir(tmp_path)
+    results = tmp_path / "audit"
+    results.mkdir(exist_ok=True)
+    (results / "strata.csv").write_text("sequence,kind,p,norm_ratio\ns0,code,0,0.5\ns0,code,1,0.25\n")
+    audit.profile_figure(results, tmp_path / "figures", Path("."), {"length": 256, "chunk_size": 64,
+                                                                      "model": "tiny", "params": "full"})
+    return [t.get_text() for t in drawn[0].axes[0].get_legend().get_texts()]
+
+
+def test_campaign21_k01_another_studys_folder_in_place_of_the_real_study_is_refused_not_a_traceback(
+        tmp_path, monkeypatch):
+    """Campaign 21 K01: real_study/k16x16 a link to the genuine audit folder: its strata.csv, as written, is another
+    table (no `params` column): an AttributeError traceback."""
+    from seco_lab.report.audit import profile_figure
+
+    audit_copy = tmp_path / "other_audit"
+    audit_copy.mkdir()
+    for name in ("strata.csv", "config.json", "audit.json"):
+        shutil.copy(ROOT / "reports" / "audit" / "k128" / name, audit_copy / name)
+    store.seal(audit_copy)
+    (tmp_path / "reports" / "real_study").mkdir(parents=True)
+    (tmp_path / "reports" / "real_study" / "k16x16").symlink_to(audit_copy)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MissingResultsError, match="strata.csv, which has no params column: it is not the real"):
+        profile_figure(tmp_path, tmp_path / "figures", Path("."), {"length": 256, "chunk_size": 64})
+
+
+def test_the_real_curve_is_labelled_with_the_settings_its_study_ran_with(tmp_path, monkeypatch):
+    """The real study writes reports/real_study/k16x16 whatever --num-chunks/--chunk-size it ran with: the audit's
+    label said "k=16 (256 tok)" whatever the folder held."""
+    import json
+
+    real = tmp_path / "reports" / "real_study" / "k16x16"
+    shutil.copytree(ROOT / "reports" / "real_study" / "k16x16", real)
+    assert "SmolLM2 LoRA, k=16 (256 tok)" in _profile_labels(tmp_path, monkeypatch)
+    record = json.loads((real / "study.json").read_text())
+    record["config"].update(num_chunks=8, chunk_size=64)
+    (real / "study.json").write_text(json.dumps(record))
+    with pytest.raises(MissingResultsError, match="study.json is not the file seco-lab wrote"):
+        _profile_labels(tmp_path, monkeypatch)
+    store.seal(real)  # as if the study had run with these settings
+    labels = _profile_labels(tmp_path, monkeypatch)
+    assert "SmolLM2 LoRA, k=8 (512 tok)" in labels and not any("k=16" in t for t in labels)

@@ -41,6 +41,8 @@ PRODUCE = "`make audit` (`seco-lab audit --committed --out reports/audit/k128`)"
 # the other profiles on the figure: the toy k = 128 groups of the bias study and the real k = 16 cells (folder, file)
 TOY = (Path("reports/bias_study"), "groups.csv")
 REAL_K16 = (Path("reports/real_study/k16x16"), "strata.csv")
+#: the columns the figure reads of each reference table
+REFERENCE_COLUMNS = {"bias": ("k", "L", "seed", "metric", "value"), "real": ("params", "p", "norm_ratio")}
 
 
 def _read(path: Path) -> pd.DataFrame:
@@ -60,19 +62,35 @@ def _read(path: Path) -> pd.DataFrame:
         raise MissingResultsError(f"{path} cannot be read as CSV ({type(e).__name__}): rerun {PRODUCE}") from None
 
 
-def _reference(root: Path, where: tuple[Path, str], study: str, what: str, notes: list[str]) -> pd.DataFrame:
-    """A reference table beside the audit (another study's), read verified; when absent, empty and a note."""
+def _reference(root: Path, where: tuple[Path, str], study: str, what: str, notes: list[str],
+               settings: dict | None = None) -> pd.DataFrame:
+    """A reference table beside the audit (another study's), read verified; when absent, empty and a note.
+    ``settings``: filled with the study's recorded settings (``study.json``'s ``config``), read verified too, for
+    the curve's label."""
     folder, name = where
     produce = STUDIES[study].produce
     with verified_beside(root / folder, produce, name) as present:  # read verified, like the audit's own tables
         df = _read(root / folder / name) if present else pd.DataFrame()
+        lacking = [c for c in REFERENCE_COLUMNS[study] if len(df.columns) and c not in df.columns]
+        if lacking:  # as written, but another table: e.g. the folder a link to another study's
+            raise MissingResultsError(f"this report also draws from {root / folder / name}, which has no "
+                                      f"{', '.join(lacking)} column: it is not the {study} study's table (the folder a "
+                                      f"link to another study's, or another study written there?); put the {study} "
+                                      f"study's results there, or rerun {produce}")
+        if settings is not None and len(df):
+            record = read_json_table(root / folder / "study.json", produce)
+            if not isinstance(record.get("config"), dict):
+                raise MissingResultsError(f"{root / folder / 'study.json'} records no settings (no \"config\" "
+                                          f"object): rerun {produce}")
+            settings.update(record["config"])
     if not present or not len(df):
         notes.append(left_out(what, folder / name, "does not exist" if not present else "holds no rows", produce))
     return df
 
 
 def profile_figure(results: Path, fig_dir: Path, root: Path, cfg: dict, notes: list[str] | None = None) -> str | None:
-    """||g(p)|| / ||g|| against p on a log scale: toy k = 128, real k = 16, real (this audit).  A reference curve
+    """||g(p)|| / ||g|| against p on a log scale: toy k = 128, the real study's (k = 16 as committed), real (this
+    audit).  A reference curve
     left out is said in ``notes``."""
     notes = [] if notes is None else notes
     strata = _read(results / "strata.csv")
@@ -88,13 +106,20 @@ def profile_figure(results: Path, fig_dir: Path, root: Path, cfg: dict, notes: l
         for (L, seed), g in rows.groupby(["L", "seed"]):
             p = g.metric.str.removeprefix("stratum_norm_p").astype(int)
             ax.plot(p, g.value, ":", color="grey", marker=".", label=f"toy L={L}, k=128 (seed {seed})")
-    real16 = _reference(root, REAL_K16, "real", "the SmolLM2 k = 16 curve of the strata profile", notes)
+    real_cfg: dict = {}
+    real16 = _reference(root, REAL_K16, "real", "the SmolLM2 curve of the strata profile", notes, real_cfg)
     if len(real16):
         r = real16[real16.params == "lora"]
         if not len(r):
-            notes.append(left_out("the SmolLM2 k = 16 curve of the strata profile", REAL_K16[0] / REAL_K16[1],
+            notes.append(left_out("the SmolLM2 curve of the strata profile", REAL_K16[0] / REAL_K16[1],
                                   "holds no LoRA rows", STUDIES["real"].produce))
-        ax.plot(r.p, r.norm_ratio, "--", marker="s", color="tab:blue", label="SmolLM2 LoRA, k=16 (256 tok)")
+        try:  # the settings the real study ran with (a rerun with --num-chunks / --chunk-size writes there too)
+            k_real, c_real = int(real_cfg["num_chunks"]), int(real_cfg["chunk_size"])
+        except (KeyError, TypeError, ValueError):
+            raise MissingResultsError(f"{root / REAL_K16[0] / 'study.json'} does not record num_chunks and chunk_size"
+                                      f": rerun {STUDIES['real'].produce}") from None
+        ax.plot(r.p, r.norm_ratio, "--", marker="s", color="tab:blue",
+                label=f"SmolLM2 LoRA, k={k_real} ({k_real * c_real} tok)")
     for name, g in strata.groupby("sequence"):
         g = g[(g.p != "rest") & (g.norm_ratio > 0)]  # exact zeros (p > L) have no place on a log scale
         ax.plot(g.p.astype(int), g.norm_ratio, "-", marker="o",
