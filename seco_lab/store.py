@@ -525,22 +525,55 @@ def as_written(path: str | Path) -> bool:
         return False
 
 
+#: the record at the top of every results folder a seco-lab study, audit or benchmark wrote before it kept checksums
+RESULTS_RECORDS = ("study.json", "audit.json", "bench.json", "training.json", "memory.json")
+
+
+def _own_checksums(folder: Path) -> dict[str, str]:
+    """The checksum file of ``folder`` when seco-lab wrote it (every name a results file), {} when there is none;
+    a :class:`ChecksumError` for one that is a folder or link, damaged, or another tool's (it lists other files):
+    seal never writes over a file it did not write."""
+    path = folder / CHECKSUMS
+    _check_checksum_name(path, ", or seal a folder seco-lab wrote")
+    if not path.is_file():
+        return {}
+    sums = _read_checksums(folder)
+    foreign = sorted(n for n in sums if not re.fullmatch(RESULT_FILE, n))
+    if foreign:
+        raise ChecksumError(f"{path} lists {foreign[0]}, which is not a results file: it is not a checksum file "
+                            "seco-lab wrote (sha256sum's, kept by you?) and is not written over; seal only a results "
+                            "folder seco-lab wrote")
+    return sums
+
+
 def seal(folder: str | Path, recurse: bool = True) -> list[Path]:
-    """Record the results files of ``folder`` (and, with ``recurse``, of its subfolders) as they are now: the
-    user vouches for them (``seco-lab seal``).  Returns the checksum files written."""
+    """Record the results files of ``folder`` (and, with ``recurse``, of its subfolders that hold any) as they are
+    now: the user vouches for them (``seco-lab seal``).  Returns the checksum files written.
+
+    Only a results folder seco-lab wrote is sealed: one with its checksum file, or (written before checksums) one
+    of :data:`RESULTS_RECORDS`; anything else -- ``/``, a home folder, a project of yours -- is refused before a
+    file is written, and so is a folder whose checksum file seco-lab did not write (every folder is checked first,
+    then all are written)."""
     folder = Path(folder)
-    written = []
-    with _folder_flock(folder):
-        old = _read_checksums(folder) if (folder / CHECKSUMS).is_file() else {}
-        sums = {p.name: file_sha256(p) for p in sorted(folder.iterdir())
-                if re.fullmatch(RESULT_FILE, p.name) and p.is_file() and not p.is_symlink()}
-        if sums != old or not (folder / CHECKSUMS).is_file():
-            _write_checksums(folder, sums)
-        written.append(folder / CHECKSUMS)
+    own = _own_checksums(folder)
+    if not (folder / CHECKSUMS).is_file() and not any((folder / r).is_file() for r in RESULTS_RECORDS):
+        raise ChecksumError(f"{folder} is not a results folder seco-lab wrote (no {CHECKSUMS}, no "
+                            f"{', '.join(RESULTS_RECORDS)}): seal vouches for a study's, audit's or benchmark's "
+                            "results, e.g. reports/bias_study; nothing was written")
+    plan = {folder: own}
     if recurse:
-        for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()):
-            if any(re.fullmatch(RESULT_FILE, p.name) for p in sub.rglob("*")):
-                written += seal(sub)
+        for sub in sorted(p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink()
+                          and not any(q.is_symlink() for q in p.relative_to(folder).parents if q != Path("."))):
+            if (sub / CHECKSUMS).exists() or any(re.fullmatch(RESULT_FILE, p.name) for p in sub.iterdir()):
+                plan[sub] = _own_checksums(sub)
+    written = []
+    for sub, old in plan.items():
+        with _folder_flock(sub):
+            sums = {p.name: file_sha256(p) for p in sorted(sub.iterdir())
+                    if re.fullmatch(RESULT_FILE, p.name) and p.is_file() and not p.is_symlink()}
+            if sums != old or not (sub / CHECKSUMS).is_file():
+                _write_checksums(sub, sums)
+        written.append(sub / CHECKSUMS)
     return written
 
 

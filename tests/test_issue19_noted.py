@@ -24,3 +24,37 @@ def test_a_byte_order_mark_before_the_first_metrics_record_is_not_a_torn_line(tm
     (tmp_path / "metrics.jsonl").write_bytes(b'\xef\xbb\xbf{"step": 0, "eval_loss": 5.5}\n')
     assert read_metrics(tmp_path) == [{"step": 0, "eval_loss": 5.5}]
     assert not [w for w in recwarn if "torn" in str(w.message)]
+
+
+def test_campaign21_c43_seal_refuses_what_is_not_a_results_folder_before_writing_anything(tmp_path, capsys):
+    """Campaign 21 C43 (data loss): `seco-lab seal /` walked the whole file system, wrote a checksum file into every
+    folder holding a .json or .csv and rewrote other tools' checksum files, then failed half way."""
+    import hashlib
+    import shutil
+    from pathlib import Path
+
+    from seco_lab import store
+
+    home = tmp_path / "home"  # a user's folder: their files and their own sha256sum list
+    (home / "project").mkdir(parents=True)
+    (home / "project" / "package.json").write_text("{}\n")
+    (home / "project" / "data.csv").write_text("a\n1\n")
+    mine = f"{hashlib.sha256(b'x').hexdigest()}  data.csv\n{hashlib.sha256(b'y').hexdigest()}  photo.jpg\n"
+    (home / "project" / store.CHECKSUMS).write_text(mine)
+    for folder in (home, home / "project"):
+        capsys.readouterr()
+        assert main(["seal", str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert "not a results folder seco-lab wrote" in err or "not a checksum file seco-lab wrote" in err
+    assert not (home / store.CHECKSUMS).exists() and (home / "project" / store.CHECKSUMS).read_text() == mine
+    # a results folder holding a subfolder with another tool's checksum file: refused before anything is written
+    study = tmp_path / "bias_study"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "reports" / "bias_study", study,
+                    ignore=shutil.ignore_patterns("cells"))
+    before = (study / store.CHECKSUMS).read_text()
+    (study / "results.csv").write_text((study / "results.csv").read_text() + "\n")  # edited: sealing would record it
+    shutil.copytree(home / "project", study / "extra")
+    assert main(["seal", str(study)]) == 2
+    assert (study / store.CHECKSUMS).read_text() == before and (study / "extra" / store.CHECKSUMS).read_text() == mine
+    shutil.rmtree(study / "extra")
+    assert main(["seal", str(study)]) == 0 and (study / store.CHECKSUMS).read_text() != before
