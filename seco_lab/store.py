@@ -424,10 +424,11 @@ def _read_checksums(folder: Path) -> dict[str, str]:
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        m = re.fullmatch(r"([0-9a-f]{64}) [ *](\S.*)", line)
+        m = re.fullmatch(r"([0-9a-f]{64}) [ *](\S(?:.*\S)?)", line)  # a name never ends in a space seco-lab wrote
         if not m or "/" in m.group(2) or m.group(2) in out:
-            raise ChecksumError(f"{path}: line {i} is not `SHA256  NAME` for a new file of this folder: the checksum "
-                                "file is damaged; rerun what wrote the folder, or `seco-lab seal "
+            raise ChecksumError(f"{path}: line {i} is not `SHA256  NAME` for a new file of this folder (a name with "
+                                "trailing spaces, a path, a repeated name?): the checksum file is damaged; rerun what "
+                                "wrote the folder, or `seco-lab seal "
                                 f"{folder}` to vouch for its files as they are")
         out[m.group(2)] = m.group(1)
     return out

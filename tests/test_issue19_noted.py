@@ -58,3 +58,21 @@ def test_campaign21_c43_seal_refuses_what_is_not_a_results_folder_before_writing
     assert (study / store.CHECKSUMS).read_text() == before and (study / "extra" / store.CHECKSUMS).read_text() == mine
     shutil.rmtree(study / "extra")
     assert main(["seal", str(study)]) == 0 and (study / store.CHECKSUMS).read_text() != before
+
+
+def test_campaign21_s15_trailing_spaces_after_a_checksum_name_are_damage_not_a_missing_file(tmp_path, monkeypatch):
+    """Campaign 21 S15: `HASH  far_loss.csv   ` was read as a file named with trailing spaces, so the present
+    far_loss.csv was reported "recorded but missing ... deleted or moved; restore it"."""
+    import pytest
+
+    from seco_lab import store
+
+    monkeypatch.delenv(store.NO_CHECKSUMS_ENV, raising=False)  # tests/conftest.py turns verification off
+    store.start_checksums(tmp_path)
+    store.atomic_write(tmp_path / "far_loss.csv", "x\n1\n")
+    cs = tmp_path / store.CHECKSUMS
+    cs.write_text(cs.read_text().replace("far_loss.csv\n", "far_loss.csv   \n"))
+    with pytest.raises(store.ChecksumError, match="line 1 is not `SHA256  NAME`.*trailing spaces"):
+        store.verify_checksums(tmp_path, "the test")
+    cs.write_text(cs.read_text().replace("   \n", "\r\n"))  # CRLF line ends (an editor's save) still read
+    store.verify_checksums(tmp_path, "the test")
