@@ -885,6 +885,13 @@ class StudyFolder:
                    if not (p.name == LOCK_NAME and is_own_lock(p) or re.fullmatch(TEMP_FILE, p.name)
                            or p.name in self.keeps or p.name == CHECKSUMS and p.is_file() and not p.is_symlink()
                            or p == self.cells and p.is_dir() and not p.is_symlink() and not any(p.iterdir()))]
+        if foreign and is_own_lock(self.root / LOCK_NAME):  # a study started there and still running: say so
+            from .folder_lock import FolderBusy, hold_lock, release_lock
+
+            try:
+                release_lock(hold_lock(self.root, "seco-lab study", "wait for it to finish, or pass another --out"))
+            except FolderBusy as e:
+                raise StudyFolderError(str(e)) from None
         if foreign:
             names = ", ".join(p.name for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
             raise StudyFolderError(f"--out {self.root} is not a seco-lab study folder (no study.json) and holds files "

@@ -237,3 +237,18 @@ def test_the_real_curve_is_labelled_with_the_settings_its_study_ran_with(tmp_pat
     store.seal(real)  # as if the study had run with these settings
     labels = _profile_labels(tmp_path, monkeypatch)
     assert "SmolLM2 LoRA, k=8 (512 tok)" in labels and not any("k=16" in t for t in labels)
+
+
+def test_campaign21_k34_an_unfinished_real_study_beside_the_report_names_its_own_remedy(reports):
+    """Campaign 21 K34: the refusal said "pass the folder that holds them with --results", but the bias report's
+    --results is the bias study's folder: following it changed nothing."""
+    from seco_lab.report.bias_guide import real_lm_section
+
+    real = reports / "real_study" / "k16x16"
+    for name in ("strata.csv", "results.csv"):
+        (real / name).unlink()
+    store.seal(real)  # as a study stopped before its tables leaves it: what it wrote, recorded
+    with pytest.raises(MissingResultsError, match="lacks strata.csv, results.csv .*finish it with .*make real-study"
+                                                  ".*or move the folder away") as e:
+        real_lm_section(reports / "bias_study.md")
+    assert "--results" not in str(e.value)

@@ -76,3 +76,27 @@ def test_campaign21_s15_trailing_spaces_after_a_checksum_name_are_damage_not_a_m
         store.verify_checksums(tmp_path, "the test")
     cs.write_text(cs.read_text().replace("   \n", "\r\n"))  # CRLF line ends (an editor's save) still read
     store.verify_checksums(tmp_path, "the test")
+
+
+def test_campaign21_q25_a_second_study_on_a_new_folder_another_study_is_filling_names_that_study(tmp_path):
+    """Campaign 21 Q25: two studies started on one new --out: the second blamed "files" (the first's cells) that a
+    study would overwrite; the folder belongs to the first, still running."""
+    import os
+
+    import pytest
+
+    from seco_lab import store
+    from seco_lab.folder_lock import hold_lock, release_lock
+
+    root = tmp_path / "q"
+    (root / "cells").mkdir(parents=True)
+    (root / "cells" / "c1.json").write_text("{}\n")  # the first study's first cell, before its study.json
+    first = hold_lock(root, "seco-lab study", "")
+    try:
+        busy = f"is in use by another seco-lab study \\(pid {os.getpid()}\\)"
+        with pytest.raises(store.StudyFolderError, match=busy):
+            store.StudyFolder(root, study=None).check_usable()
+    finally:
+        release_lock(first)
+    with pytest.raises(store.StudyFolderError, match="holds files"):  # nobody holds it: the files are not a study's
+        store.StudyFolder(root, study=None).check_usable()

@@ -18,7 +18,7 @@ from ..studies.bias.definition import (
 )
 from ..studies.registry import STUDIES
 from .bias_paper import PAPER_METRICS, UNBIASED_TOL, scheme_definitions
-from .markdown import fmt, left_out, table, verified_beside
+from .markdown import MissingResultsError, fmt, left_out, table, verified_beside
 
 __all__ = ["guidance_section", "paper_settings_section", "real_lm_section", "scheme_definitions_section"]
 
@@ -262,6 +262,11 @@ def real_lm_section(out_md: Path) -> list[str]:
             return [left_out(what, rel, "does not exist beside this report", real.produce)]
         if not (folder / "study.json").exists():  # verified: not recorded either, so no finished real-LM study
             return [left_out(what, rel, "holds no finished study (no study.json)", real.produce)]
+        lacking = [f for f in real.stored_files if not (folder / f).exists()]
+        if lacking:  # a study stopped before its tables: not a --results matter of this report
+            raise MissingResultsError(f"this report also draws from {folder}, which lacks {', '.join(lacking)} (a real"
+                                      f"-LM study stopped before its tables?): finish it with {real.produce} "
+                                      f"(--out {folder}), or move the folder away to leave the section out")
         text = render(folder)
     text = text.replace("## A pretrained LM: SmolLM2-135M on real Python",
                         "## On a pretrained LM: SmolLM2-135M on real Python", 1)
