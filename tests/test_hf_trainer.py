@@ -325,6 +325,9 @@ def test_spaco_mode_with_a_cap_uses_it_as_the_cli_does(tmp_path):
         got[cap] = flat_got
     assert float((got[3.0] - got[None]).norm() / got[None].norm()) > 1e-3  # the cap is used, not dropped
     assert "cap" not in SeCOArguments(chunk_size=4).to_dict()  # settings stored before the field compare equal
+    capped = dict(chunk_size=4, mode="spaco", scheme="paper-capped", budget=2)
+    assert SeCOArguments(**capped, cap=2.0).to_dict() == SeCOArguments(**capped).to_dict()  # campaign 22 SH12
+    assert SeCOArguments(**capped, cap=3.0).to_dict()["cap"] == 3.0
     with pytest.raises(ValueError, match="has no cap"):
         SeCOArguments(chunk_size=4, mode="spaco", scheme="falling-factorial", budget=2, cap=3.0)
     with pytest.raises(ValueError, match="cap is SpaCO's"):

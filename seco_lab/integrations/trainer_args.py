@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
+from fractions import Fraction
 
 import torch
 
@@ -72,11 +73,12 @@ class SeCOArguments:
         return get_scheme(self.scheme) if self.cap is None else get_scheme(self.scheme, cap=self.cap)
 
     def to_dict(self) -> dict:
-        """The settings as stored in a checkpoint's ``seco_trainer.json``; ``cap`` only when set, so that settings
-        stored before it existed compare equal to the same settings now."""
+        """The settings as stored in a checkpoint's ``seco_trainer.json``; ``cap`` only when it is not the scheme's
+        default (2), so that settings stored before it existed, or naming the default, compare equal to the same
+        settings now."""
         out = asdict(self)
         out["subset"] = None if self.subset is None else list(self.subset)
-        if self.cap is None:
+        if self.cap is None or Fraction(self.cap) == get_scheme(self.scheme).cap:
             del out["cap"]
         return out
 
