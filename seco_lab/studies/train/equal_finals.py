@@ -8,6 +8,7 @@ are at its tuned rate (lowest mean validation far-token loss among the rates it 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -18,17 +19,42 @@ from seco_lab.stats.equal_compute import chunk_passes
 from ...report.markdown import MissingResultsError, read_json_table, read_stored_csv
 from .summary import select_lr
 
-__all__ = ["EXTENSION_FOLDERS", "arm_fields", "check_tiers", "extension_finals", "load_folder", "run_finals",
-           "run_finals_from_main", "tuned"]
+__all__ = ["EXTENSION_FOLDERS", "TIER_FILES", "arm_fields", "check_tiers", "extension_finals", "load_folder",
+           "run_finals", "run_finals_from_main", "tier_state", "tuned"]
 
 EXTENSION_FOLDERS = {"equal_compute": "equal_compute", "second": "second_L4"}
 #: the command that writes the extension folders (named when a stored file of one is refused)
 PRODUCE_EXTENSIONS = "`seco-lab study train --part extensions`"
 
 
-def load_folder(folder: Path):
+#: the files of a finished extension tier (its tables are written when its last run ends)
+TIER_FILES = ("results.csv.gz", "runs.csv", "study.json")
+
+
+def tier_state(folder: Path) -> str | None:
+    """None when the extension tier ``folder`` holds its tables; else why its section is left out (for the report's
+    "Left out" line: nothing there, an empty folder, no tables yet).  A link to nothing or a file in the folder's
+    place is a :class:`MissingResultsError`: taken for absent, its section would go without a word (campaign 22)."""
     folder = Path(folder)
-    if not (folder / "runs.csv").exists():
+    if folder.is_symlink() and not folder.exists():
+        raise MissingResultsError(f"{folder} is a link to nothing (to {os.readlink(folder)}): put the tier's results "
+                                  f"there, or rerun {PRODUCE_EXTENSIONS}")
+    if folder.exists() and not folder.is_dir():
+        raise MissingResultsError(f"{folder} is not a folder: move it away, or rerun {PRODUCE_EXTENSIONS}")
+    if not folder.exists():
+        return "does not exist (the tier was not run, or its folder was removed)"
+    lacking = [f for f in TIER_FILES if not (folder / f).exists()]
+    if len(lacking) == len(TIER_FILES):
+        return "holds none of its tables (not run, or its results removed)"
+    if lacking:
+        return f"lacks {', '.join(lacking)} (a tier not finished, or a file removed)"
+    return None
+
+
+def load_folder(folder: Path):
+    """An extension tier's (results, runs, study), or None when :func:`tier_state` says it is left out."""
+    folder = Path(folder)
+    if tier_state(folder) is not None:
         return None
     return (read_stored_csv(folder / "results.csv.gz", PRODUCE_EXTENSIONS),
             read_stored_csv(folder / "runs.csv", PRODUCE_EXTENSIONS),

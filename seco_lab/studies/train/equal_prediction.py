@@ -13,7 +13,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from scipy import stats
 
-from .equal_finals import load_folder, run_finals, tuned
+from ...report.markdown import left_out
+from .equal_finals import PRODUCE_EXTENSIONS, load_folder, run_finals, tuned
 from .equal_format import ci, fmt, md_table
 from .figures import save
 
@@ -100,7 +101,8 @@ def prediction_section(folder: Path, main_fin: pd.DataFrame, main_tabs: dict, ec
     main_best = tuned(main_fin)
     pred = prediction_table(folder, main_best, ec_best)
     if pred is None:
-        return []
+        return [left_out("the section The prediction, tested", "equal_compute/results.csv.gz",
+                         "holds no noise probes (probe_ec_mse)", PRODUCE_EXTENSIONS), ""]
     lines = ["## The prediction, tested", "",
              "docs/estimators.md §4c's equal-compute best-scale MSE, 1 − ⟨m, g⟩² / (‖g‖² (‖m‖² + tr Var G)), with "
              "tr Var G = tr Cov_i(m_i)/B + Σ_r (n_r A + n_r (n_r − 1) C)/B² for micro-batches of n_r sequences "

@@ -24,7 +24,17 @@ from seco_lab.stats.equal_compute import chunk_passes
 
 # the pieces of this report live in equal_finals, equal_format, equal_levels, equal_prediction and equal_runs;
 # their names are re-exported here, where they were defined before
-from .equal_finals import EXTENSION_FOLDERS, extension_finals, load_folder, run_finals, run_finals_from_main, tuned
+from ...report.markdown import left_out
+from .equal_finals import (
+    EXTENSION_FOLDERS,
+    PRODUCE_EXTENSIONS,
+    extension_finals,
+    load_folder,
+    run_finals,
+    run_finals_from_main,
+    tier_state,
+    tuned,
+)
 from .equal_finals import arm_fields as _arm_fields  # noqa: F401 (re-export)
 from .equal_finals import load_folder as _load  # noqa: F401 (re-export)
 from .equal_format import ci, fmt, md_table  # noqa: F401 (re-export)
@@ -97,12 +107,16 @@ def equal_compute_sections(folder: Path, main_final: pd.DataFrame, main_tabs: di
     budgets = study["design"]["budgets"]
     chance = math.log((settings["task"]["vocab_size"] - 1) // 4)
     main_fin = run_finals_from_main(main_final, settings)
-    ec = extension_finals(folder, "equal_compute", main_fin)
-    if ec is None:
-        return []
 
     def rel(path: Path) -> str:
         return Path(path).resolve().relative_to(Path(out_md).resolve().parent).as_posix()
+
+    why = tier_state(folder / EXTENSION_FOLDERS["equal_compute"])
+    if why is not None:  # said in the report; the second configuration and the status line stand on their own
+        return ([left_out("the sections At equal compute and The prediction, tested",
+                          EXTENSION_FOLDERS["equal_compute"], why, PRODUCE_EXTENSIONS)]
+                + second_section(folder, chance, fig_dir, rel) + what_ran(folder, study))
+    ec = extension_finals(folder, "equal_compute", main_fin)
 
     ec_best = tuned(ec)
     lines = intro_lines(settings, budgets)
@@ -122,10 +136,11 @@ def equal_compute_sections(folder: Path, main_final: pd.DataFrame, main_tabs: di
 
 
 def second_section(folder: Path, chance: float, fig_dir: Path, rel) -> list[str]:
-    sub = Path(folder) / "second_L4"
+    sub = Path(folder) / EXTENSION_FOLDERS["second"]
+    why = tier_state(sub)
+    if why is not None:
+        return [left_out("the section A second configuration", EXTENSION_FOLDERS["second"], why, PRODUCE_EXTENSIONS)]
     loaded = load_folder(sub)
-    if loaded is None:
-        return []
     results, runs, study = loaded
     s = study["design"]["settings"]
     k, B = s["task"]["num_chunks"], s["batch_size"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ...report.markdown import read_json_table, read_stored_csv
+from ...report.markdown import left_out, read_json_table, read_stored_csv
 from .equal_finals import EXTENSION_FOLDERS, PRODUCE_EXTENSIONS
 from .equal_format import fmt, md_table
 
@@ -16,8 +16,9 @@ __all__ = ["costs_lines", "what_ran"]
 def costs_lines(folder: Path, k: int) -> list[str]:
     """The cost model against measured CPU time (costs.csv)."""
     path = Path(folder) / "equal_compute" / "costs.csv"
-    if not path.exists():
-        return []
+    if not path.exists():  # the tier always writes it: said, not dropped (campaign 22 TS17)
+        return [left_out("the cost model against measured CPU time", "equal_compute/costs.csv", "does not exist",
+                         PRODUCE_EXTENSIONS), ""]
     c = read_stored_csv(path, PRODUCE_EXTENSIONS)
     ref = c[c.arm == "seco"].set_index("batch")
     rows = []

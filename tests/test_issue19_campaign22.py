@@ -1,0 +1,66 @@
+"""Issue 19, campaign 22 (docs/hostile_campaign_22.md) F1: `seco-lab report train` dropped whole sections without a
+word when an extension tier's folder was absent, emptied, a file, a link to nothing, or lacked a table: "At equal
+compute", "The prediction, tested", and the intact "A second configuration" with them (510 -> 217 lines, rc 0).
+Now a tier that is not there is said ("Left out: ..."), a file or dangling link in its place is refused, and the
+other tier's section stands on its own."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from seco_lab.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def study(tmp_path):
+    out = tmp_path / "training_study"
+    shutil.copytree(ROOT / "reports" / "training_study", out)
+    return out
+
+
+def _report(study, capsys):
+    capsys.readouterr()
+    out = study.parent / "ts.md"
+    rc = main(["report", "train", "--results", str(study), "--out", str(out)])
+    return rc, capsys.readouterr().err, (out.read_text() if out.exists() else "")
+
+
+@pytest.mark.parametrize("damage", ["deleted", "emptied", "runs.csv deleted"])
+def test_f1_an_absent_equal_compute_tier_is_said_and_the_second_configuration_stays(study, capsys, damage):
+    tier = study / "equal_compute"
+    if damage == "deleted":
+        shutil.rmtree(tier)
+    elif damage == "emptied":
+        shutil.rmtree(tier)
+        tier.mkdir()
+    else:
+        (tier / "runs.csv").unlink()
+    rc, err, text = _report(study, capsys)
+    assert rc == 0, err
+    assert "*Left out: the sections At equal compute and The prediction, tested -- `equal_compute`" in text
+    assert "## A second configuration: L = 4 layers" in text  # its results are intact: not dropped with the other
+
+
+@pytest.mark.parametrize("what", ["a regular file", "a link to nothing"])
+def test_f1_a_file_or_a_link_to_nothing_in_the_tiers_place_is_refused(study, capsys, what):
+    tier = study / "equal_compute"
+    shutil.rmtree(tier)
+    if what == "a regular file":
+        tier.write_text("x\n")
+    else:
+        tier.symlink_to(study.parent / "no-such-folder")
+    rc, err, _ = _report(study, capsys)
+    assert rc == 2 and ("equal_compute is not a folder" in err or "equal_compute is a link to nothing" in err)
+
+
+def test_f1_the_cost_model_table_and_the_second_tier_when_absent_are_said(study, capsys):
+    (study / "equal_compute" / "costs.csv").unlink()
+    shutil.rmtree(study / "second_L4")
+    rc, err, text = _report(study, capsys)
+    assert rc == 0, err
+    assert "*Left out: the cost model against measured CPU time -- `equal_compute/costs.csv` does not exist" in text
+    assert "*Left out: the section A second configuration -- `second_L4` does not exist" in text
+    assert "## At equal compute" in text or "At equal compute" in text
