@@ -64,3 +64,17 @@ def test_f1_the_cost_model_table_and_the_second_tier_when_absent_are_said(study,
     assert "*Left out: the cost model against measured CPU time -- `equal_compute/costs.csv` does not exist" in text
     assert "*Left out: the section A second configuration -- `second_L4` does not exist" in text
     assert "## At equal compute" in text or "At equal compute" in text
+
+
+def test_the_bench_report_says_which_benchmark_it_leaves_out(tmp_path, capsys):
+    """The same class in the bench report: hf_results.csv, fsdp_results.csv and strata_cost.csv each come from
+    their own benchmark; one deleted together with its checksum line dropped its whole section without a word."""
+    bench = tmp_path / "bench"
+    shutil.copytree(ROOT / "reports" / "bench", bench)
+    (bench / "fsdp_results.csv").unlink()
+    capsys.readouterr()
+    rc = main(["report", "bench", "--results", str(bench), "--out", str(tmp_path / "b.md")])
+    text = (tmp_path / "b.md").read_text()
+    assert rc == 0, capsys.readouterr().err
+    assert "*Left out: the FSDP benchmark -- `fsdp_results.csv` does not exist" in text and "make bench-fsdp" in text
+    assert "Left out: the HF model benchmarks" not in text  # present: drawn as before

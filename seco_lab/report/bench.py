@@ -19,6 +19,7 @@ from .markdown import (
     check_derived,
     fmt,
     generated_note,
+    left_out,
     read_json_table,
     read_results_csv,
     require,
@@ -269,12 +270,15 @@ def bench_report(folder: Path, out_md: Path) -> Path:
         md.append("Configurations that did not finish: " + "; ".join(
             f"{r.label} at {r.length} ({r.note})" for r in s["errors"].itertuples()) + ".\n")
     md += targets_section(s, cfg["chunk_size"])
-    if (folder / "hf_results.csv").exists():
-        md += bench_hf.render(folder)
-    if (folder / "fsdp_results.csv").exists():
-        md += bench_fsdp.render(folder)
-    if (folder / "strata_cost.csv").exists():
-        md += strata_cost_section(folder / "strata_cost.csv")
+    for name, render, what, produce in (
+            ("hf_results.csv", bench_hf.render, "the HF model benchmarks (SmolLM2 shape)", "`make bench-hf`"),
+            ("fsdp_results.csv", bench_fsdp.render, "the FSDP benchmark", "`make bench-fsdp`"),
+            ("strata_cost.csv", lambda f: strata_cost_section(f / "strata_cost.csv"), "the hop-strata cost",
+             "`python -m experiments.bench_strata`")):
+        if (folder / name).exists():
+            md += render(folder)
+        else:  # each comes from its own benchmark: said when absent, never dropped without a word
+            md.append("\n" + left_out(what, name, "does not exist in the results folder", produce))
     sw = meta["software"]
     md.append(f"\nSoftware: Python {sw['python']}, torch {sw['torch']}; {sw['platform']}.\n")
     return write_markdown(md, out_md)
