@@ -78,3 +78,15 @@ def test_the_bench_report_says_which_benchmark_it_leaves_out(tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     assert "*Left out: the FSDP benchmark -- `fsdp_results.csv` does not exist" in text and "make bench-fsdp" in text
     assert "Left out: the HF model benchmarks" not in text  # present: drawn as before
+
+
+def test_the_audit_report_says_when_its_bias_or_cost_table_holds_nothing(tmp_path):
+    """The same class in the audit report: an exact-bias or cost table without rows dropped its section silently
+    (an audit whose strata or cost units have not finished, or a table emptied)."""
+    from seco_lab.report.audit import _bias, _cost
+
+    (tmp_path / "bias.csv").write_text("sequence,t,scheme,metric,value\n")
+    (tmp_path / "cost.csv").write_text("method,scheme,t,cpu_s,chunks\n")
+    assert "*Left out: the exact bias per scheme -- `bias.csv` is absent or empty" in "".join(_bias(tmp_path))
+    assert "*Left out: the cost of one step -- `cost.csv` is absent or has no SeCO row" in "".join(
+        _cost(tmp_path, {"threads": 1}))

@@ -230,8 +230,10 @@ def _profile(results: Path, out_md: Path, root: Path, cfg: dict) -> list[str]:
 
 def _bias(results: Path) -> list[str]:
     bias = _read(results / "bias.csv")
-    if not len(bias):
-        return []
+    if not len(bias):  # said, never dropped without a word (campaign 22 F1's class)
+        return ["\n## Exact bias per scheme\n", left_out(
+            "the exact bias per scheme", "bias.csv", "is absent or empty (no strata unit finished, or the table "
+            "removed)", "`seco-lab audit --tables-only` (from the finished units) or " + PRODUCE)]
     wide = bias.pivot_table(index=["t", "scheme"], columns="metric", values="value", aggfunc="mean").reset_index()
     out = pd.DataFrame({"t": wide.t, "scheme": wide.scheme, "rel. bias": wide.rel_bias,
                         "± bound": wide.rel_bias_bound, "1 − cos": wide.direction_bias,
@@ -271,7 +273,9 @@ def _noise(results: Path, cfg: dict) -> list[str]:
 def _cost(results: Path, cfg: dict) -> list[str]:
     cost = _read(results / "cost.csv")
     if not len(cost) or not (cost.method == "seco").any():
-        return []
+        return ["\n## Cost of one step (CPU seconds)\n", left_out(
+            "the cost of one step", "cost.csv", "is absent or has no SeCO row (the cost unit not finished, or the "
+            "table removed)", "`seco-lab audit --tables-only` (from the finished units) or " + PRODUCE)]
     base = cost[cost.method == "forward"].cpu_s.mean()
     seco = cost[cost.method == "seco"].cpu_s.mean()
     g = cost.groupby(["method", "scheme", "t"], dropna=False).agg(cpu_s=("cpu_s", "mean"),
