@@ -328,6 +328,13 @@ def test_spaco_mode_with_a_cap_uses_it_as_the_cli_does(tmp_path):
     capped = dict(chunk_size=4, mode="spaco", scheme="paper-capped", budget=2)
     assert SeCOArguments(**capped, cap=2.0).to_dict() == SeCOArguments(**capped).to_dict()  # campaign 22 SH12
     assert SeCOArguments(**capped, cap=3.0).to_dict()["cap"] == 3.0
+    import json
+    from fractions import Fraction
+
+    import numpy as np
+    for cap in (np.float32(3), np.int64(3), Fraction(3)):  # campaign 23 HF08/HF22/HF25: a traceback at the first save
+        stored = SeCOArguments(**capped, cap=cap).to_dict()
+        assert json.loads(json.dumps(stored))["cap"] == 3.0 and type(stored["cap"]) is float
     with pytest.raises(ValueError, match="has no cap"):
         SeCOArguments(chunk_size=4, mode="spaco", scheme="falling-factorial", budget=2, cap=3.0)
     with pytest.raises(ValueError, match="cap is SpaCO's"):

@@ -55,6 +55,8 @@ class SeCOArguments:
                              "ignored with mode='seco' (the exact gradient): set mode='spaco', or drop "
                              f"{'it' if len(spaco_only) == 1 else 'them'}")
         scheme = self.build_scheme()  # unknown names, and a cap of a scheme without one, fail here
+        if self.cap is not None:  # validated: stored as a plain float (numpy scalars and Fractions are not JSON)
+            object.__setattr__(self, "cap", float(self.cap))
         if self.subset is not None:
             if self.mode != "spaco":
                 raise ValueError("subset fixes SpaCO's chunk set; it needs mode='spaco'")
