@@ -90,3 +90,12 @@ def test_the_audit_report_says_when_its_bias_or_cost_table_holds_nothing(tmp_pat
     assert "*Left out: the exact bias per scheme -- `bias.csv` is absent or empty" in "".join(_bias(tmp_path))
     assert "*Left out: the cost of one step -- `cost.csv` is absent or has no SeCO row" in "".join(
         _cost(tmp_path, {"threads": 1}))
+
+
+def test_campaign23_f2_a_sealed_cost_table_without_rows_is_said_not_a_traceback(study, capsys):
+    """Campaign 23 F2: costs.csv cut to its header (or without SeCO rows) and sealed: a raw IndexError/KeyError."""
+    costs = study / "equal_compute" / "costs.csv"
+    costs.write_text(costs.read_text().splitlines()[0] + "\n")
+    rc, err, text = _report(study, capsys)
+    assert rc == 0, err
+    assert "*Left out: the cost model against measured CPU time -- `equal_compute/costs.csv` has no SeCO row" in text

@@ -20,6 +20,9 @@ def costs_lines(folder: Path, k: int) -> list[str]:
         return [left_out("the cost model against measured CPU time", "equal_compute/costs.csv", "does not exist",
                          PRODUCE_EXTENSIONS), ""]
     c = read_stored_csv(path, PRODUCE_EXTENSIONS)
+    if not len(c) or "seco" not in set(c.get("arm", ())) or 16 not in set(c[c.arm == "seco"].batch):
+        return [left_out("the cost model against measured CPU time", "equal_compute/costs.csv",
+                         "has no SeCO row at B = 16 to compare with", PRODUCE_EXTENSIONS), ""]
     ref = c[c.arm == "seco"].set_index("batch")
     rows = []
     for arm, g in c.groupby("arm", sort=False):
