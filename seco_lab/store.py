@@ -532,8 +532,8 @@ RESULTS_RECORDS = ("study.json", "audit.json", "bench.json", "training.json", "m
 
 def _own_checksums(folder: Path) -> dict[str, str]:
     """The checksum file of ``folder`` when seco-lab wrote it (every name a results file), {} when there is none;
-    a :class:`ChecksumError` for one that is a folder or link, damaged, or another tool's (it lists other files):
-    seal never writes over a file it did not write."""
+    a :class:`ChecksumError` for one that is a folder or a link to nothing, damaged, or another tool's (it lists
+    other files): seal never writes over a file it did not write."""
     path = folder / CHECKSUMS
     _check_checksum_name(path, ", or seal a folder seco-lab wrote")
     if not path.is_file():
