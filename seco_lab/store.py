@@ -528,6 +528,21 @@ def as_written(path: str | Path) -> bool:
 
 #: the record at the top of every results folder a seco-lab study, audit or benchmark wrote before it kept checksums
 RESULTS_RECORDS = ("study.json", "audit.json", "bench.json", "training.json", "memory.json")
+#: the provenance every such record carries, one of these keys at least (a file that merely has the name does not)
+RECORD_PROVENANCE = ("software", "versions", "command")
+
+
+def _is_results_record(path: Path) -> bool:
+    """Whether ``path`` is a record a seco-lab study, audit or benchmark wrote: a regular JSON object (read by
+    :func:`read_json`, so a FIFO or a huge file is not opened) carrying one of :data:`RECORD_PROVENANCE`.  Another
+    tool's ``study.json`` -- not JSON, ``{}``, a list -- does not make its folder a seco-lab results folder."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        record = read_json(path, "record")
+    except (OSError, ValueError):
+        return False
+    return any(k in record for k in RECORD_PROVENANCE)
 
 
 def _own_checksums(folder: Path) -> dict[str, str]:
@@ -538,7 +553,12 @@ def _own_checksums(folder: Path) -> dict[str, str]:
     _check_checksum_name(path, ", or seal a folder seco-lab wrote")
     if not path.is_file():
         return {}
-    sums = _read_checksums(folder)
+    try:
+        sums = _read_checksums(folder)
+    except ChecksumError as e:  # the reports' remedy names seal itself: here say what seal needs instead
+        raise ChecksumError(f"{str(e).split(': the checksum file is damaged')[0]}: it is not a checksum file "
+                            "seco-lab wrote (another tool's format, or damaged); seal does not write over it -- move "
+                            "it away (it may be yours), then seal") from None
     foreign = sorted(n for n in sums if not re.fullmatch(RESULT_FILE, n))
     if foreign:
         raise ChecksumError(f"{path} lists {foreign[0]}, which is not a results file: it is not a checksum file "
@@ -557,9 +577,10 @@ def seal(folder: str | Path, recurse: bool = True) -> list[Path]:
     then all are written)."""
     folder = Path(folder)
     own = _own_checksums(folder)
-    if not (folder / CHECKSUMS).is_file() and not any((folder / r).is_file() for r in RESULTS_RECORDS):
+    if not (folder / CHECKSUMS).is_file() and not any(_is_results_record(folder / r) for r in RESULTS_RECORDS):
         raise ChecksumError(f"{folder} is not a results folder seco-lab wrote (no {CHECKSUMS}, no "
-                            f"{', '.join(RESULTS_RECORDS)}): seal vouches for a study's, audit's or benchmark's "
+                            f"{', '.join(RESULTS_RECORDS)} that seco-lab wrote -- a JSON object with its "
+                            f"{'/'.join(RECORD_PROVENANCE)}): seal vouches for a study's, audit's or benchmark's "
                             "results, e.g. reports/bias_study; nothing was written")
     plan = {folder: own}
     if recurse:
