@@ -100,3 +100,26 @@ def test_campaign21_q25_a_second_study_on_a_new_folder_another_study_is_filling_
         release_lock(first)
     with pytest.raises(store.StudyFolderError, match="holds files"):  # nobody holds it: the files are not a study's
         store.StudyFolder(root, study=None).check_usable()
+
+
+def test_campaign22_n3_a_resume_removes_the_temporaries_a_killed_run_left_and_nothing_else(tmp_path):
+    """Campaign 22 N3: kill -9 during a checkpoint write left ``step_000016.pt.seco-tmpPID`` in checkpoints/, and
+    the resumed run kept it for ever.  A resume (holding the lock) removes the run's own torn writes only."""
+    import torch
+
+    from seco_lab.training.run_dir import RunDir
+
+    rd = RunDir(tmp_path / "r").open(resume=False, overwrite=False)
+    rd.save_checkpoint({"step": 3, "model": {"w": torch.arange(4.0)}, "optimizer": {}, "scheduler": {},
+                        "torch_rng": None, "numpy_rng": None})
+    rd.close()
+    torn = [rd.checkpoints / "step_000016.pt.seco-tmp4242", rd.checkpoints / "latest.seco-tmp4242",
+            rd.path / "metrics.jsonl.seco-tmp7"]
+    for p in torn:
+        p.write_bytes(b"half")
+    kept = [rd.checkpoints / "step_000016.pt.seco-tmp", rd.checkpoints / "notes.seco-tmp1"]  # not the run's names
+    for p in kept:
+        p.write_text("mine")
+    RunDir(rd.path).open(resume=True, overwrite=False).close()
+    assert [p for p in torn if p.exists()] == [] and all(p.read_text() == "mine" for p in kept)
+    assert (rd.checkpoints / "step_000003.pt").is_file()

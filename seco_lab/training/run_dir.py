@@ -107,7 +107,18 @@ class RunDir:
         if not resume:
             atomic_write(self.path / MARKER_NAME, marker_text())
         self.checkpoints.mkdir(exist_ok=True)
+        self._clear_torn_writes()
         return self
+
+    def _clear_torn_writes(self) -> None:
+        """Remove the temporary files a killed run left (``step_000016.pt.seco-tmp<pid>``, ``latest.seco-tmp<pid>``,
+        ``config.json.seco-tmp<pid>``...): only names of :data:`RUN_TREE` ending in ``.seco-tmp<pid>``, regular
+        files, and only with the lock held, so no live writer owns them (campaign 22 N3)."""
+        for folder, tree in ((self.path, RUN_TREE), (self.checkpoints, CHECKPOINTS_TREE)):
+            for p in folder.iterdir():
+                if (re.fullmatch(r".+\.seco-tmp\d+", p.name) and _match(p.name, tree) is FILE and p.is_file()
+                        and not p.is_symlink()):
+                    p.unlink()
 
     def _replace(self) -> None:
         """Swap in a fresh directory (built beside, then renamed) and remove the old run's own files.
