@@ -390,7 +390,7 @@ def load_config_file(path: Path) -> dict:
         raise ValueError(f"config file not found: {path}")
     checked_file(path, "config file", CONFIG_MAX_BYTES, "name a JSON or TOML file, e.g. --config configs/demo.toml")
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")  # UTF-8, an editor's byte-order mark in front allowed
         data = tomllib.loads(text) if path.suffix.lower() == ".toml" else loads_json(text)  # c.TOML is TOML too
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, json.JSONDecodeError, DuplicateKeyError,
             RecursionError) as e:

@@ -240,7 +240,7 @@ def read_json(path: str | Path, what: str, max_bytes: int | None = RECORD_MAX_BY
     path = Path(path)
     data = read_checked_bytes(path, what, max_bytes, fix)
     try:
-        value = loads_json(data.decode("utf-8"))
+        value = loads_json(data.decode("utf-8-sig"))  # a byte-order mark an editor saved in front is not JSON's
     except (UnicodeDecodeError, json.JSONDecodeError, DuplicateKeyError, RecursionError) as e:
         why = too_deep(e) if isinstance(e, RecursionError) else f"{type(e).__name__}: {str(e)[:80]}"
         raise ValueError(f"{what} {path} cannot be read as JSON ({why}): it is damaged or not a file seco-lab "

@@ -1,5 +1,7 @@
 """Issue 19: small findings that earlier hostile campaigns noted and left (docs/hostile_campaign_16.md, _18.md)."""
 
+import json
+
 from seco_lab.cli import main
 
 
@@ -123,3 +125,18 @@ def test_campaign22_n3_a_resume_removes_the_temporaries_a_killed_run_left_and_no
     RunDir(rd.path).open(resume=True, overwrite=False).close()
     assert [p for p in torn if p.exists()] == [] and all(p.read_text() == "mine" for p in kept)
     assert (rd.checkpoints / "step_000003.pt").is_file()
+
+
+def test_campaign22_n6_a_byte_order_mark_is_read_in_every_json_and_toml_settings_file(tmp_path):
+    """Campaign 22 N6: metrics.jsonl accepted a UTF-8 BOM but config.json and a --config file refused one."""
+    from seco_lab.config import load_config_file
+    from seco_lab.training.run_files import read_config
+
+    bom = b"\xef\xbb\xbf"
+    settings = {"mode": "seco", "steps": 2, "seq_len": 64, "chunk_size": 16, "seed": 0, "lr": 1e-3}
+    (tmp_path / "config.json").write_bytes(bom + json.dumps(settings).encode())
+    assert read_config(tmp_path) == settings
+    (tmp_path / "c.toml").write_bytes(bom + b"steps = 3\n")
+    assert load_config_file(tmp_path / "c.toml") == {"steps": 3}
+    (tmp_path / "c.json").write_bytes(bom + b'{"steps": 4}')
+    assert load_config_file(tmp_path / "c.json") == {"steps": 4}
