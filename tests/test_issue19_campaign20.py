@@ -252,3 +252,20 @@ def test_campaign21_k34_an_unfinished_real_study_beside_the_report_names_its_own
                                                   ".*or move the folder away") as e:
         real_lm_section(reports / "bias_study.md")
     assert "--results" not in str(e.value)
+
+
+@pytest.mark.parametrize("bad", [True, 16.7, -64, "16", None])
+def test_campaign22_n1_a_vouched_real_study_setting_that_is_not_a_positive_integer_is_refused(tmp_path, monkeypatch,
+                                                                                            bad):
+    """Campaign 22 N1: the label coerced the recorded settings with int(): ``true`` became k=1, 16.7 became 16 and a
+    negative chunk size gave "-256 tok", even after the user sealed the folder."""
+    import json
+
+    real = tmp_path / "reports" / "real_study" / "k16x16"
+    shutil.copytree(ROOT / "reports" / "real_study" / "k16x16", real)
+    record = json.loads((real / "study.json").read_text())
+    record["config"]["chunk_size" if bad == -64 else "num_chunks"] = bad
+    (real / "study.json").write_text(json.dumps(record))
+    store.seal(real)
+    with pytest.raises(MissingResultsError, match="does not record num_chunks and chunk_size as positive integers"):
+        _profile_labels(tmp_path, monkeypatch)

@@ -113,11 +113,13 @@ def profile_figure(results: Path, fig_dir: Path, root: Path, cfg: dict, notes: l
         if not len(r):
             notes.append(left_out("the SmolLM2 curve of the strata profile", REAL_K16[0] / REAL_K16[1],
                                   "holds no LoRA rows", STUDIES["real"].produce))
-        try:  # the settings the real study ran with (a rerun with --num-chunks / --chunk-size writes there too)
-            k_real, c_real = int(real_cfg["num_chunks"]), int(real_cfg["chunk_size"])
-        except (KeyError, TypeError, ValueError):
+        # the settings the real study ran with (a rerun with --num-chunks / --chunk-size writes there too): positive
+        # integers as recorded -- not coerced, so a vouched-for ``true`` or 16.7 is refused, never labelled k = 1 or 16
+        k_real, c_real = real_cfg.get("num_chunks"), real_cfg.get("chunk_size")
+        if not all(type(v) is int and v > 0 for v in (k_real, c_real)):
             raise MissingResultsError(f"{root / REAL_K16[0] / 'study.json'} does not record num_chunks and chunk_size"
-                                      f": rerun {STUDIES['real'].produce}") from None
+                                      f" as positive integers (it holds {k_real!r} and {c_real!r}): rerun "
+                                      f"{STUDIES['real'].produce}")
         ax.plot(r.p, r.norm_ratio, "--", marker="s", color="tab:blue",
                 label=f"SmolLM2 LoRA, k={k_real} ({k_real * c_real} tok)")
     for name, g in strata.groupby("sequence"):
