@@ -140,3 +140,18 @@ def test_campaign22_n6_a_byte_order_mark_is_read_in_every_json_and_toml_settings
     assert load_config_file(tmp_path / "c.toml") == {"steps": 3}
     (tmp_path / "c.json").write_bytes(bom + b'{"steps": 4}')
     assert load_config_file(tmp_path / "c.json") == {"steps": 4}
+
+
+def test_campaign22_n5_the_cap_hint_fits_the_cap_given(tmp_path):
+    """Campaign 22 N5: cap=-1 on 'paper-chain-capped' got a hint to use 'paper' instead of 'paper-capped' for
+    C = infinity: another scheme, and a hint meant for an infinite cap."""
+    import pytest
+
+    from seco_lab.estimators.schemes import get_scheme
+
+    for cap in (-1, 0, -0.5):
+        with pytest.raises(ValueError, match="cap must be a finite number > 0.*C must be > 0") as e:
+            get_scheme("paper-chain-capped", cap=cap)
+        assert "infinity" not in str(e.value)
+    with pytest.raises(ValueError, match="for C = infinity use the scheme's name without '-capped'"):
+        get_scheme("paper-chain-capped", cap=float("inf"))

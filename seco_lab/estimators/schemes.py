@@ -300,15 +300,19 @@ def check_cap(cap) -> Fraction:
     """A cap C on a hop factor or chain product: a finite number > 0, as an exact fraction (``True``,
     strings and ints beyond float range are refused)."""
     if isinstance(cap, Fraction):
-        value = float(cap) if cap > 0 and cap < 2**1000 else math.nan
+        value = fraction_to_float(cap) if cap < 2**1000 else math.inf  # a 2**1000 cap is no cap
     else:
         try:
-            value = as_float(cap, "cap")
+            value = as_float(cap, "cap", finite=False)
         except (TypeError, ValueError):
             raise ValueError(f"cap must be a finite number > 0, got {short_repr(cap)}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"cap must be a finite number > 0, got {short_repr(cap)} (an uncapped scheme has no cap: "
-                         "use 'paper' instead of 'paper-capped' for C = infinity)")
+    if math.isnan(value):
+        raise ValueError(f"cap must be a finite number > 0, got {short_repr(cap)}")
+    if value == math.inf or value <= 0:
+        why = ("an uncapped scheme has no cap: for C = infinity use the scheme's name without '-capped', e.g. 'paper' "
+               "or 'paper-chain'" if value == math.inf else "a cap scales every factor above it down to C, so C must "
+               "be > 0; the paper deploys C = 2")
+        raise ValueError(f"cap must be a finite number > 0, got {short_repr(cap)} ({why})")
     return Fraction(cap) if isinstance(cap, (int, Fraction)) else Fraction(value)
 
 
