@@ -158,6 +158,7 @@ def test_the_audit_report_says_which_reference_curves_it_leaves_out(tmp_path, mo
     notes: list[str] = []
     assert profile_figure(results, tmp_path / "figures", Path("."), cfg, notes) is not None
     assert len(notes) == 1 and "Left out: the SmolLM2 curve" in notes[0] and "does not exist" in notes[0]
+    assert "below the current directory" in notes[0]  # campaign 22 N9: the path is relative to it, said so
     shutil.copytree(ROOT / "reports" / "real_study", reports / "real_study")
     notes = []
     profile_figure(results, tmp_path / "figures", Path("."), cfg, notes)

@@ -84,7 +84,9 @@ def _reference(root: Path, where: tuple[Path, str], study: str, what: str, notes
                                           f"object): rerun {produce}")
             settings.update(record["config"])
     if not present or not len(df):
-        notes.append(left_out(what, folder / name, "does not exist" if not present else "holds no rows", produce))
+        absent = ("does not exist below the current directory (the audit looks for the other studies there: run "
+                  "the report from the repository root)" if root == Path(".") else f"does not exist below {root}")
+        notes.append(left_out(what, folder / name, absent if not present else "holds no rows", produce))
     return df
 
 
