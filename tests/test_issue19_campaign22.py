@@ -99,3 +99,31 @@ def test_campaign23_f2_a_sealed_cost_table_without_rows_is_said_not_a_traceback(
     rc, err, text = _report(study, capsys)
     assert rc == 0, err
     assert "*Left out: the cost model against measured CPU time -- `equal_compute/costs.csv` has no SeCO row" in text
+
+
+
+def test_campaign23_noted_an_arm_measured_at_other_batches_than_seco_is_compared_where_both_were(study):
+    """Another arm without a B = 16 row was compared at its own middle batch, which SeCO may not have (a raw
+    KeyError); a damaged cost table (a column missing, a repeated row) went unchecked into the ratios."""
+    import pandas as pd
+
+    from seco_lab.report.markdown import MissingResultsError
+    from seco_lab.studies.train.equal_runs import costs_lines
+
+    costs = study / "equal_compute" / "costs.csv"
+    c = pd.read_csv(costs)
+    c = c[(c.arm == "seco") | (c.batch != 16)]  # the other arms lack B = 16: compared at a batch SeCO measured
+    c.loc[c.arm == "truncated", "batch"] = c.loc[c.arm == "truncated", "batch"].replace({8: 64, 32: 8})
+    c.to_csv(costs, index=False)
+    row = next(line for line in costs_lines(study, 16) if line.startswith("| truncated"))
+    seco8, trunc8 = (c[(c.arm == a) & (c.batch == 8)].iloc[0] for a in ("seco", "truncated"))
+    assert row.startswith(f"| truncated | {trunc8.passes / seco8.passes:.3f} (at B = 8) |")
+    c.loc[c.arm == "truncated", "batch"] = 64  # no batch in common: said in its row
+    c.drop_duplicates(["arm", "batch"]).to_csv(costs, index=False)
+    assert "| truncated | no batch in common with SeCO |" in "\n".join(costs_lines(study, 16))
+    c.to_csv(costs, index=False)  # truncated at B = 64 twice: a repeated result
+    with pytest.raises(MissingResultsError, match="costs.csv"):
+        costs_lines(study, 16)
+    c.drop_duplicates(["arm", "batch"]).drop(columns="passes").to_csv(costs, index=False)
+    with pytest.raises(MissingResultsError, match="passes"):
+        costs_lines(study, 16)

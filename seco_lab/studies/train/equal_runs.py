@@ -6,11 +6,22 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ...report.markdown import left_out, read_json_table, read_stored_csv
+from ...report.markdown import (
+    COUNT,
+    NON_NEGATIVE,
+    POSITIVE,
+    left_out,
+    read_json_table,
+    read_results_csv,
+    read_stored_csv,
+)
 from .equal_finals import EXTENSION_FOLDERS, PRODUCE_EXTENSIONS
 from .equal_format import fmt, md_table
 
 __all__ = ["costs_lines", "what_ran"]
+
+#: the columns of ``costs.csv`` (:func:`seco_lab.studies.train.extensions.write_costs`)
+COST_COLUMNS = ("arm", "mode", "budget", "batch", "cpu_s", "passes", "cpu_s_per_seq", "cpu_s_fixed", "reps")
 
 
 def costs_lines(folder: Path, k: int) -> list[str]:
@@ -19,19 +30,29 @@ def costs_lines(folder: Path, k: int) -> list[str]:
     if not path.exists():  # the tier always writes it: said, not dropped (campaign 22 TS17)
         return [left_out("the cost model against measured CPU time", "equal_compute/costs.csv", "does not exist",
                          PRODUCE_EXTENSIONS), ""]
-    c = read_stored_csv(path, PRODUCE_EXTENSIONS)
-    if not len(c) or "seco" not in set(c.get("arm", ())) or 16 not in set(c[c.arm == "seco"].batch):
+    if not len(read_stored_csv(path, PRODUCE_EXTENSIONS)):  # a header alone: nothing measured, said as such
+        return [left_out("the cost model against measured CPU time", "equal_compute/costs.csv",
+                         "has no SeCO row at B = 16 to compare with", PRODUCE_EXTENSIONS), ""]
+    c = read_results_csv(path, COST_COLUMNS, PRODUCE_EXTENSIONS, text_columns=("arm", "mode"), key=("arm", "batch"),
+                         ranges={"batch": COUNT, "budget": NON_NEGATIVE, "cpu_s": POSITIVE, "passes": POSITIVE,
+                                 "reps": COUNT})
+    if "seco" not in set(c.arm) or 16 not in set(c[c.arm == "seco"].batch):
         return [left_out("the cost model against measured CPU time", "equal_compute/costs.csv",
                          "has no SeCO row at B = 16 to compare with", PRODUCE_EXTENSIONS), ""]
     ref = c[c.arm == "seco"].set_index("batch")
     rows = []
     for arm, g in c.groupby("arm", sort=False):
         g = g.set_index("batch")
-        b = 16 if 16 in g.index else g.index[len(g) // 2]
-        model = g.passes.loc[b] / ref.passes.loc[b]
-        rows.append([arm, fmt(model, 3), fmt(g.cpu_s.loc[b] / ref.cpu_s.loc[b], 3),
+        common = sorted(set(g.index) & set(ref.index))  # compared at a batch both measured: B = 16 when it can be
+        if not common:
+            rows.append([arm, "no batch in common with SeCO", "", "", "", ""])
+            continue
+        b = 16 if 16 in common else common[len(common) // 2]
+        at = "" if b == 16 else f" (at B = {b})"
+        rows.append([arm, fmt(g.passes.loc[b] / ref.passes.loc[b], 3) + at,
+                     fmt(g.cpu_s.loc[b] / ref.cpu_s.loc[b], 3) + at,
                      fmt(g.cpu_s_per_seq.iloc[0] / ref.cpu_s_per_seq.iloc[0], 3),
-                     fmt(1000 * g.cpu_s.loc[b], 1), fmt(1000 * g.cpu_s_fixed.iloc[0], 1)])
+                     fmt(1000 * g.cpu_s.loc[b], 1) + at, fmt(1000 * g.cpu_s_fixed.iloc[0], 1)])
     return (["**The cost model against measured CPU time** (`costs.csv`: one process, one thread, CPU time of one "
              f"gradient step at initialisation, median of {int(c.reps.iloc[0])} interleaved repetitions, B ∈ "
              + "{" + ", ".join(str(int(b)) for b in sorted(c.batch.unique())) + "}"
