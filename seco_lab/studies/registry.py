@@ -175,16 +175,17 @@ def study_main(argv=None, prog: str | None = None) -> int:
         except ValueError as e:
             print(f"{ap.prog}: error: {e}", file=sys.stderr)
             return 2
-    from .runner import WorkerDied
+    from .runner import Terminated, WorkerDied, terminate_as_interrupt
 
     try:
-        return resolve(study.run)(args)
+        with terminate_as_interrupt():  # SIGTERM stops the study (and its workers) as Ctrl-C does
+            return resolve(study.run)(args)
     except (StudyFolderError, FolderBusy) as e:
         ap.error(str(e))
-    except KeyboardInterrupt:
-        print(f"{ap.prog}: interrupted; the cells finished so far are stored in {args.out}: rerun the same command "
-              "to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        print(f"{ap.prog}: {'terminated' if isinstance(e, Terminated) else 'interrupted'}; the cells finished so "
+              f"far are stored in {args.out}: rerun the same command to resume", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
     except WorkerDied as e:
         print(f"{ap.prog}: error: {e}", file=sys.stderr)
         return 1

@@ -21,7 +21,8 @@ from multiprocessing import get_context
 
 from tqdm.auto import tqdm
 
-__all__ = ["KILL_HOOK", "SINGLE_THREAD_ENV", "WorkerDied", "run_cells", "usable_cores", "worker_count"]
+__all__ = ["KILL_HOOK", "SINGLE_THREAD_ENV", "Terminated", "WorkerDied", "run_cells", "terminate_as_interrupt",
+           "usable_cores", "worker_count"]
 
 # BLAS/OpenMP pools of worker processes: one thread each, so every sum is taken in the same order on every run
 SINGLE_THREAD_ENV = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
@@ -29,6 +30,31 @@ SINGLE_THREAD_ENV = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
 
 class WorkerDied(RuntimeError):
     """A worker process ended without returning (killed, out of memory)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what ``kill``, ``timeout`` and cluster schedulers send first), raised like Ctrl-C so that the same
+    handler stops the workers: no process of the study outlives the command (campaign 24 F1).  Exit 143."""
+
+
+@contextmanager
+def terminate_as_interrupt():
+    """Within: SIGTERM raises :class:`Terminated` in the main thread (off it, nothing is changed)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 #: for tests of resuming: SIGKILL the study's process group once this many cells are done in this session
@@ -65,6 +91,7 @@ def _worker_init() -> None:
     import threading
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's terminate() ends a worker at once
     tqdm.set_lock(threading.RLock())
 
 
@@ -104,7 +131,7 @@ def run_cells(work: Callable, tasks: Iterable, jobs: int = 1, isolate: bool = Fa
             for task in tasks:
                 finished(work(task))
             return results
-        with _single_threaded_children(), ProcessPoolExecutor(
+        with terminate_as_interrupt(), _single_threaded_children(), ProcessPoolExecutor(
                 workers, mp_context=get_context("spawn"), max_tasks_per_child=1 if isolate else None,
                 initializer=_worker_init) as pool:
             futures = [pool.submit(work, task) for task in tasks]
@@ -114,7 +141,7 @@ def run_cells(work: Callable, tasks: Iterable, jobs: int = 1, isolate: bool = Fa
             except BrokenProcessPool:
                 raise WorkerDied(f"a worker process of {desc!r} died (killed, or out of memory?); the cells "
                                  "finished so far are stored: rerun the same command to resume") from None
-            except KeyboardInterrupt:  # Ctrl-C: the workers ignore it; stop them (a cell's files are written
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM (Terminated): stop the workers (a cell's files are written
                 # atomically, so a stopped cell is simply not done).  No future is cancelled: the pool fails the
                 # pending ones itself once its workers are gone (cancelling them first makes it raise)
                 for process in list((getattr(pool, "_processes", None) or {}).values()):

@@ -1,0 +1,84 @@
+"""Issue 19, hostile campaign 24 (docs/hostile_campaign_24.md): the findings fixed after it."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_SIGTERM_SCRIPT = """
+import os, pathlib, signal, sys, threading, time
+from seco_lab.studies.runner import Terminated, run_cells, terminate_as_interrupt
+
+HERE = pathlib.Path(sys.argv[1])
+
+def work(i):
+    (HERE / f"worker{i}.pid").write_text(str(os.getpid()))
+    time.sleep(120)
+    (HERE / f"late{i}").touch()  # a cell finishing after the command ended: what must not happen
+    return i
+
+def terminate_when_running():
+    while len(list(HERE.glob("worker*.pid"))) < 2:
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)  # what kill, timeout and schedulers send: the parent only
+
+if __name__ == "__main__":
+    threading.Thread(target=terminate_when_running, daemon=True).start()
+    try:
+        with terminate_as_interrupt():
+            run_cells(work, range(4), jobs=2, progress=False)
+    except Terminated:
+        sys.exit(143)
+"""
+
+
+def test_f1_sigterm_stops_a_study_and_its_workers(tmp_path):
+    """Campaign 24 F1 (hang): SIGTERM killed only the parent of `seco-lab study bias --jobs 2`; its workers, reparented
+    to init, kept writing cells into the folder after the command had exited, then blocked for ever."""
+    import time
+
+    script = tmp_path / "sigterm.py"
+    script.write_text(_SIGTERM_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+                          timeout=180, env=env, start_new_session=True)
+    pids = [int(p.read_text()) for p in tmp_path.glob("worker*.pid")]
+    try:
+        assert proc.returncode == 143, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert len(pids) == 2
+        deadline = time.monotonic() + 30
+        alive = pids
+        while alive and time.monotonic() < deadline:
+            alive = [p for p in pids if _alive(p)]
+            time.sleep(0.1)
+        assert alive == [], "the study's workers outlived it"
+    finally:
+        for p in pids:
+            if _alive(p):
+                os.kill(p, 9)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"  # a zombie is gone (its parent, pid 1, reaps it)
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_f1_the_study_command_says_terminated_and_exits_143(tmp_path, capsys, monkeypatch):
+    """The study command's handler: SIGTERM (Terminated) is said as such, with the resume hint, exit 143."""
+    from seco_lab.cli import main
+    from seco_lab.studies.bias import driver
+    from seco_lab.studies.runner import Terminated
+
+    def terminated(args):
+        raise Terminated()
+
+    monkeypatch.setattr(driver, "run_from_args", terminated)
+    assert main(["study", "bias", "--quick", "--out", str(tmp_path / "q"), "--no-progress"]) == 143
+    err = capsys.readouterr().err
+    assert "terminated; the cells finished so far are stored in" in err and "Traceback" not in err
