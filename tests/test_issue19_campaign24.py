@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _SIGTERM_SCRIPT = """
@@ -82,3 +84,37 @@ def test_f1_the_study_command_says_terminated_and_exits_143(tmp_path, capsys, mo
     assert main(["study", "bias", "--quick", "--out", str(tmp_path / "q"), "--no-progress"]) == 143
     err = capsys.readouterr().err
     assert "terminated; the cells finished so far are stored in" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", ["train-compare", "audit"])
+def test_f2_a_report_of_other_results_beside_a_committed_one_leaves_its_figures_alone(tmp_path, capsys, kind):
+    """Campaign 24 F2 (silent-wrong): `report bias --results q --out reports/quick_bias.md` redrew the figures of the
+    committed bias_study.md (figures/bias_study/*.png): it showed a k = 32 figure beside k = 128 tables.  Figures
+    go to figures/<the report's name>, the committed report's own name keeping its folder."""
+    import shutil
+
+    from seco_lab.cli import main
+
+    reports = tmp_path / "reports"
+    results, committed, fig = {"train-compare": ("training", "training.md", "figures/training/far_loss.png"),
+                               "audit": ("audit/k128", "audit.md", "figures/audit_strata_profile.png")}[kind]
+    shutil.copytree(ROOT / "reports" / results, reports / results)
+    for name in (committed, fig):
+        (reports / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / "reports" / name, reports / name)
+    if kind == "audit":  # its reference curves: the other studies beside it
+        for other in ("bias_study", "real_study"):
+            shutil.copytree(ROOT / "reports" / other, reports / other, ignore=shutil.ignore_patterns("cells"))
+    (reports / fig).write_bytes((reports / fig).read_bytes())  # the committed figure, as committed
+    before = (reports / fig).read_bytes()
+    capsys.readouterr()
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert main(["report", kind, "--results", str(reports / results), "--out", "reports/other.md"]) == 0
+    finally:
+        os.chdir(cwd)
+    assert (reports / fig).read_bytes() == before  # the committed report's figure untouched
+    text = (reports / "other.md").read_text()
+    drawn = sorted(p.relative_to(reports).as_posix() for p in (reports / "figures" / "other").glob("*.png"))
+    assert drawn and all(f"({name})" in text for name in drawn)

@@ -69,7 +69,7 @@ def test_j8_the_committed_figures_carry_the_mark_so_the_reports_can_be_made_agai
 def test_j8_a_report_refuses_a_users_file_at_a_figure_path_before_writing_anything(tmp_path, capsys):
     """J8: `report bias --out r.md` wrote its figures over a user's file at figures/bias_study/<name>.png.  Every
     figure's path is checked before anything is written: the report, and the figures before the refused one."""
-    fig_dir = tmp_path / "figures/training"
+    fig_dir = tmp_path / "figures/r"  # the figures of r.md (campaign 24 F2: named after the report)
     fig_dir.mkdir(parents=True)
     (fig_dir / "far_loss.png").write_text("my notes\n")
     capsys.readouterr()

@@ -6,6 +6,7 @@ and the equal-compute comparison with SeCO, generated from the tables ``seco-lab
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -21,7 +22,7 @@ from ..store import (
 )
 from ..studies.registry import STUDIES
 from .exactness import EXACT_TOL, above_tol, not_exact
-from .figures import new_figure, save_figure
+from .figures import figure_folder, new_figure, save_figure
 from .markdown import (
     MissingResultsError,
     fmt,
@@ -210,10 +211,11 @@ def _exactness(ex: dict | None) -> list[str]:
 def _profile(results: Path, out_md: Path, root: Path, cfg: dict) -> list[str]:
     strata = _read(results / "strata.csv")
     notes: list[str] = []
-    fig = profile_figure(results, out_md.parent / "figures", root, cfg, notes)
+    fig_dir = figure_folder(out_md, ("audit", "report"), "")  # audit.md's (and an audit folder's report.md's)
+    fig = profile_figure(results, fig_dir, root, cfg, notes)
     md = ["## The strata profile\n"]
     if fig:
-        md.append(f"![strata profile](figures/{fig})\n")
+        md.append(f"![strata profile]({Path(os.path.relpath(fig_dir / fig, out_md.parent)).as_posix()})\n")
     md += notes
     if not len(strata):
         return md + ["No sequence's strata are finished yet.\n"]

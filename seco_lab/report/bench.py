@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..studies.registry import STUDIES
 from . import bench_fsdp, bench_hf
-from .figures import new_figure, save_figure
+from .figures import figure_folder, new_figure, save_figure
 from .markdown import (
     COUNT,
     NON_NEGATIVE,
@@ -243,7 +243,7 @@ def bench_report(folder: Path, out_md: Path) -> Path:
     df, meta = load_bench(folder)
     s = summarize_bench(df, meta)
     cfg = meta["config"]
-    figdir = out_md.parent / "figures" / ("bench" + folder.name.replace("bench", ""))
+    figdir = figure_folder(out_md, "benchmarks", "bench" + folder.name.replace("bench", ""))
     figs = bench_figures(s, meta, figdir)
     rel = os.path.relpath(figdir, out_md.parent)
     md = ["# Benchmarks: dense, layer checkpointing, SeCO and SpaCO\n",

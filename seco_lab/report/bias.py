@@ -12,6 +12,7 @@ from . import bias_figures as figs
 from .bias_guide import guidance_section, paper_settings_section, real_lm_section, scheme_definitions_section
 from .bias_summary import CHECK_KINDS, COVERAGE_BAND, PRODUCE_BIAS, UNBIASED_TOL, load_bias, summarize_bias
 from .exactness import not_exact
+from .figures import figure_folder
 from .markdown import fmt, generated_note, table, write_markdown
 
 __all__ = ["bias_report", "settings_section"]
@@ -174,12 +175,13 @@ def estimators_link(out_md: Path) -> str:
 
 
 def bias_report(folder: Path, out_md: Path) -> Path:
-    """``out_md`` and its figures (under ``figures/bias_study`` beside it) from the study in ``folder``."""
+    """``out_md`` and its figures (under ``figures/bias_study`` beside ``bias_study.md``, ``figures/<stem>`` beside
+    another name: :func:`figure_folder`) from the study in ``folder``."""
     folder, out_md = Path(folder), Path(out_md)
     study = load_bias(folder)
     s = summarize_bias(study)
     cells = study.cells
-    figdir = out_md.parent / "figures" / "bias_study"
+    figdir = figure_folder(out_md, "bias_study", "bias_study")
     f_bias, f_var = figs.fig_bias_vs_ratio(cells, figdir), figs.fig_variance_mse(cells, figdir)
     f_conv, conv_cell = figs.fig_convergence(study.convergence, cells, figdir)
     f_w, w_cell = figs.fig_weights(cells, figdir)

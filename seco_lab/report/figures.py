@@ -21,8 +21,8 @@ from ..studies.bias.definition import (
     SCHEMES,
 )
 
-__all__ = ["SCHEME_COLOURS", "FigureTargetError", "new_figure", "save_figure", "scheme_marker", "scheme_offset",
-           "scheme_order", "scheme_style", "staged_figures", "write_png"]
+__all__ = ["SCHEME_COLOURS", "FigureTargetError", "figure_folder", "new_figure", "save_figure", "scheme_marker",
+           "scheme_offset", "scheme_order", "scheme_style", "staged_figures", "write_png"]
 
 # colour per scheme family; within a family the first variant is solid, the others dashed
 SCHEME_COLOURS = {PAPER.name: "tab:red", PAPER_CAPPED_2.name: "tab:orange", PAPER_CHAIN_CAPPED_2.name: "tab:brown",
@@ -120,6 +120,16 @@ def write_png(fig: Figure, path: Path, **savefig_kw) -> Path:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write(path, lambda f: fig.savefig(f, format="png", **savefig_kw))
+
+
+def figure_folder(out_md: Path, default_stem: str | tuple[str, ...], default_folder: str) -> Path:
+    """Where the figures of the report ``out_md`` go: ``figures/<default_folder>`` beside it for the report's own
+    name (``default_stem``: the committed ``bias_study.md`` keeps ``figures/bias_study``), ``figures/<stem>`` for any
+    other name, so that a report of other results written beside a committed one never replaces the committed
+    one's figures (campaign 24 F2: ``--out reports/quick_bias.md`` redrew ``bias_study.md``'s figures)."""
+    out_md = Path(out_md)
+    stems = (default_stem,) if isinstance(default_stem, str) else default_stem
+    return out_md.parent / "figures" / (default_folder if out_md.stem in stems else out_md.stem)
 
 
 def save_figure(fig: Figure, path: Path) -> str:

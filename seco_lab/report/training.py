@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..studies.registry import STUDIES
-from .figures import new_figure, save_figure
+from .figures import figure_folder, new_figure, save_figure
 from .markdown import (
     COUNT,
     NON_NEGATIVE,
@@ -114,7 +114,7 @@ def training_report(folder: Path, out_md: Path) -> Path:
     folder, out_md = Path(folder), Path(out_md)
     tp, far, meta = load_training(folder)
     s = summarize_training(tp, far, meta)
-    figdir = out_md.parent / "figures" / "training"
+    figdir = figure_folder(out_md, "training", "training")
     f_far = fig_far_loss(far, s["ln_keys"], figdir)
     demo, syn, sw = meta["demo"], meta["synthetic"], meta["software"]
     rel = os.path.relpath(figdir, out_md.parent)
