@@ -118,3 +118,14 @@ def test_f2_a_report_of_other_results_beside_a_committed_one_leaves_its_figures_
     text = (reports / "other.md").read_text()
     drawn = sorted(p.relative_to(reports).as_posix() for p in (reports / "figures" / "other").glob("*.png"))
     assert drawn and all(f"({name})" in text for name in drawn)
+
+
+def test_f10_two_runs_with_the_same_folder_name_get_legend_labels_that_tell_them_apart(tmp_path):
+    """Campaign 24 F10: `plot a/r b/r` labelled both curves "r: seco, synthetic data, ...": each label true, the
+    figure unable to say which run is which."""
+    from seco_lab.report.runs import distinct_names
+
+    assert distinct_names([tmp_path / "a" / "r", tmp_path / "b" / "r"]) == ["a/r", "b/r"]
+    assert distinct_names([tmp_path / "a" / "r", tmp_path / "b" / "s"]) == ["r", "s"]
+    names = distinct_names([tmp_path / "x" / "a" / "r", tmp_path / "y" / "a" / "r", tmp_path / "z"])
+    assert names[:2] == ["x/a/r", "y/a/r"] and names[2].endswith("/z")  # as many parts as the closest pair needs

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from ..studies.registry import check_run_dirs
 from ..training.run_dir import read_config, read_metrics
 from .figures import save_figure
 
-__all__ = ["LABEL_KEYS", "LOSSES", "plot_run", "plot_runs", "run_label", "runs_figure"]
+__all__ = ["LABEL_KEYS", "LOSSES", "distinct_names", "plot_run", "plot_runs", "run_label", "runs_figure"]
 
 LOSSES = ("loss", "far_loss", "eval_loss", "eval_far_loss")
 LABEL_KEYS = ("mode", "data", "seq_len", "chunk_size")
@@ -107,13 +108,25 @@ def plot_run(run_dir) -> Path:
     return out
 
 
+def distinct_names(run_dirs) -> list[str]:
+    """Each run's name in a legend: its folder's name, or as many trailing path parts as tell it from the others
+    (``a/r`` and ``b/r``, not ``r`` twice: campaign 24 F10); the whole resolved path where nothing shorter does."""
+    paths = [Path(os.path.abspath(d)).parts for d in run_dirs]
+    for n in range(1, max(len(p) for p in paths) + 1):
+        names = ["/".join(p[-n:]) for p in paths]
+        if len(set(names)) == len(names):
+            return names
+    return [str(Path(os.path.abspath(d))) for d in run_dirs]
+
+
 def runs_figure(run_dirs) -> Figure:
     """One line per run for the train loss, markers of the same colour for its eval loss."""
     fig = Figure(figsize=(8, 4.8), layout="constrained")
     ax = fig.add_subplot()
+    names = distinct_names(run_dirs)
     for i, d in enumerate(run_dirs):
         rows, color = plotted_metrics(d), f"C{i % 10}"
-        label = f"{Path(d).name}: {run_label(d)}"
+        label = f"{names[i]}: {run_label(d)}"
         ax.plot(*_series(rows, "loss"), lw=1, color=color, label=label)
         if any("eval_loss" in r for r in rows):
             ax.plot(*_series(rows, "eval_loss"), "o", ms=3, color=color)
