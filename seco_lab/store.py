@@ -545,6 +545,31 @@ def _is_results_record(path: Path) -> bool:
     return any(k in record for k in RECORD_PROVENANCE)
 
 
+#: what else seco-lab's own writes record in a results folder's checksum file (a study's report.md, a
+#: .gitignore, a figure): not results, but no sign of another tool's list either (campaign 24 F6: seal refused
+#: every folder ``seco-lab audit`` writes, for its report.md)
+RECORDED_BESIDE = r"[^/]+\.(md|png)|\.gitignore"
+
+
+def _sealable_entries(folder: Path) -> None:
+    """Refuse, before anything is written, a results name seal cannot record as a regular file: a FIFO, device,
+    folder or link by a results file's name, or a name with a line break or trailing space (a checksum line
+    cannot hold it) -- skipped without a word, it left a folder that every report refuses (campaign 24 F4)."""
+    for p in sorted(folder.iterdir()):
+        if not re.fullmatch(RESULT_FILE, p.name, re.DOTALL):
+            continue
+        if "\n" in p.name or "\r" in p.name or p.name != p.name.rstrip():
+            raise ChecksumError(f"{folder}: the results file {p.name!r} is named with a line break or a trailing "
+                                "space, which a checksum line cannot hold; rename it or move it away, then seal; "
+                                "nothing was written")
+        if p.is_symlink() or not p.is_file():
+            what = ("a link" if p.is_symlink() else "a folder" if p.is_dir() else "not a regular file (a FIFO or "
+                    "device)")
+            raise ChecksumError(f"{p} is {what}: seal records only regular files (a report reads a results file "
+                                "only as the file seco-lab wrote); put the file itself in its place, or move it "
+                                "away, then seal; nothing was written")
+
+
 def _own_checksums(folder: Path) -> dict[str, str]:
     """The checksum file of ``folder`` when seco-lab wrote it (every name a results file), {} when there is none;
     a :class:`ChecksumError` for one that is a folder or a link to nothing, damaged, or another tool's (it lists
@@ -559,7 +584,7 @@ def _own_checksums(folder: Path) -> dict[str, str]:
         raise ChecksumError(f"{str(e).split(': the checksum file is damaged')[0]}: it is not a checksum file "
                             "seco-lab wrote (another tool's format, or damaged); seal does not write over it -- move "
                             "it away (it may be yours), then seal") from None
-    foreign = sorted(n for n in sums if not re.fullmatch(RESULT_FILE, n))
+    foreign = sorted(n for n in sums if not re.fullmatch(RESULT_FILE, n) and not re.fullmatch(RECORDED_BESIDE, n))
     if foreign:
         raise ChecksumError(f"{path} lists {foreign[0]}, which is not a results file: it is not a checksum file "
                             "seco-lab wrote (sha256sum's, kept by you?) and is not written over; seal only a results "
@@ -588,6 +613,8 @@ def seal(folder: str | Path, recurse: bool = True) -> list[Path]:
                           and not any(q.is_symlink() for q in p.relative_to(folder).parents if q != Path("."))):
             if (sub / CHECKSUMS).exists() or any(re.fullmatch(RESULT_FILE, p.name) for p in sub.iterdir()):
                 plan[sub] = _own_checksums(sub)
+    for sub in plan:
+        _sealable_entries(sub)
     written = []
     for sub, old in plan.items():
         with _folder_flock(sub):

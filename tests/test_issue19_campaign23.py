@@ -58,3 +58,48 @@ def test_m2_a_report_still_names_seal_as_the_remedy_for_a_damaged_checksum_file(
     (tmp_path / store.CHECKSUMS).write_text("garbage\n")
     with pytest.raises(store.ChecksumError, match="the checksum file is damaged.*seco-lab seal"):
         store.verify_checksums(tmp_path, "the test")
+
+
+def _audit_like(tmp_path):
+    """A results folder as `seco-lab audit` leaves it: its own report.md recorded beside the tables."""
+    folder = tmp_path / "a"
+    folder.mkdir()
+    store.start_checksums(folder)
+    store.atomic_write_json(folder / "audit.json", {"command": "seco-lab audit", "versions": {}})
+    store.atomic_write(folder / "bias.csv", "x\n1\n")
+    store.atomic_write(folder / "report.md", "# audit\n")
+    return folder
+
+
+def test_campaign24_f6_seal_accepts_the_checksum_file_seco_lab_audit_writes(tmp_path, capsys, monkeypatch):
+    """Campaign 24 F6: seal refused every folder `seco-lab audit` writes ("lists report.md ... not a checksum file
+    seco-lab wrote"), the remedy the audit itself names for a unit deleted on purpose."""
+    monkeypatch.delenv(store.NO_CHECKSUMS_ENV, raising=False)
+    a = _audit_like(tmp_path)
+    assert "report.md" in (a / store.CHECKSUMS).read_text()
+    (a / "bias.csv").write_text("x\n2\n")  # edited on purpose: the user vouches for it
+    assert main(["seal", str(a)]) == 0, capsys.readouterr().err
+    store.verify_checksums(a, "the test")
+
+
+@pytest.mark.parametrize("entry", ["fifo", "link", "folder", "newline"])
+def test_campaign24_f4_seal_refuses_a_results_name_it_cannot_record_and_writes_nothing(tmp_path, capsys, entry):
+    """Campaign 24 F4: seal said "sealed" while skipping a FIFO, a link or a name with a line break; every report
+    then refused the folder and named seal as the fix, which changed nothing."""
+    import os
+
+    a = _audit_like(tmp_path)
+    before = (a / store.CHECKSUMS).read_text()
+    if entry == "fifo":
+        os.mkfifo(a / "extra.csv")
+    elif entry == "link":
+        (a / "extra.csv").symlink_to(a / "bias.csv")
+    elif entry == "folder":
+        (a / "extra.csv").mkdir()
+    else:
+        (a / "ex\ntra.csv").write_text("x\n1\n")
+    capsys.readouterr()
+    assert main(["seal", str(a)]) == 2
+    err = capsys.readouterr().err
+    assert "nothing was written" in err and ("line break" in err if entry == "newline" else "extra.csv" in err)
+    assert (a / store.CHECKSUMS).read_text() == before
