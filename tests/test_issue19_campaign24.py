@@ -129,3 +129,22 @@ def test_f10_two_runs_with_the_same_folder_name_get_legend_labels_that_tell_them
     assert distinct_names([tmp_path / "a" / "r", tmp_path / "b" / "s"]) == ["r", "s"]
     names = distinct_names([tmp_path / "x" / "a" / "r", tmp_path / "y" / "a" / "r", tmp_path / "z"])
     assert names[:2] == ["x/a/r", "y/a/r"] and names[2].endswith("/z")  # as many parts as the closest pair needs
+
+
+def test_f8_the_audits_folder_walk_names_the_files_it_skips(tmp_path):
+    """Campaign 24 AD22b (F8's class): `audit --texts d` skipped d/b.txt (a stray NUL) without a word, then said the
+    texts "hold only 2 windows"."""
+    from dataclasses import replace
+
+    from seco_lab.studies.audit.config import DEFAULT
+    from seco_lab.studies.audit.sources import text_sources
+
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.txt").write_text("some prose. " * 50)
+    (d / "b.txt").write_bytes(b"notes\0 more notes\n")
+    (d / "c.txt").write_bytes(b"caf\xe9 " * 50)
+    with pytest.warns(UserWarning, match=r"1 text file\(s\) skipped as binary.*b\.txt.*1 text file\(s\) skipped as "
+                                         r"not UTF-8.*c\.txt"):
+        got = text_sources(replace(DEFAULT, texts=(f"prose:{d}",)))
+    assert got == [("prose", d / "a.txt")]

@@ -14,6 +14,7 @@ folder, as ``seco_lab.studies.bias.load_cell`` does for the bias study.
 from __future__ import annotations
 
 import sysconfig
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from ...data.sources import corpus_files
-from ...data.token_corpus import read_text
+from ...data.token_corpus import BINARY, NOT_UTF8, read_text, skipped_note, text_or_why
 from .config import AuditConfig
 
 __all__ = ["SequenceSpec", "AuditSequence", "build_model", "sequence_specs", "sequence_tokens", "load_sequence",
@@ -93,7 +94,15 @@ def text_sources(cfg: AuditConfig) -> list[tuple[str, Path]]:
         files = corpus_files([root], "*")
         if not root.is_dir() and read_text(root, 1 << 20) is None:
             raise ValueError(f"text {path!r} is binary or not UTF-8 ({root}): name text files or folders")
-        out += [(kind or "text", f) for f in files if root.is_file() or read_text(f, 1 << 20) is not None]
+        skipped: dict[str, list[Path]] = {BINARY: [], NOT_UTF8: []}
+        for f in files:
+            why = None if root.is_file() else text_or_why(f, 1 << 20)[1]
+            if why is None:
+                out.append((kind or "text", f))
+            else:  # said, never dropped without a word (campaign 24 AD22b)
+                skipped[why].append(f)
+        if note := skipped_note(skipped):
+            warnings.warn(f"{entry}: {note}", stacklevel=2)
     if not out:
         raise ValueError(f"no text file found in {list(cfg.texts)}")
     return out
