@@ -211,6 +211,9 @@ def as_token_matrix(x, what: str) -> torch.Tensor:
         raise ValueError(f"{what} must have shape (batch, length) or (length,), got {tuple(x.shape)}")
     if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
         raise TypeError(f"{what} must be an integer tensor of token ids, got dtype {x.dtype}")
+    if x.is_meta:
+        raise ValueError(f"{what} are on the meta device (no data): make them on a real device (the CPU or the "
+                         "model's device) with real token ids")
     # embeddings and cross-entropy index with int64; int8/int16/int32/uint8 ids are widened, not refused
     return x.long()
 

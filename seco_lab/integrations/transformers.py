@@ -114,6 +114,9 @@ class SeCOTrainerMixin:
         if getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing:
             reasons.append("activation_checkpointing=True (a recomputed layer would update the chunk cache twice; "
                            "SeCO already keeps only one chunk's activations: set it to False)")
+        if getattr(args, "torch_compile", False):
+            reasons.append("torch_compile=True (the SeCO engine runs the model chunk by chunk with its own KV-cache "
+                           "relay, which a compiled model does not support: set torch_compile=False)")
         if args.neftune_noise_alpha is not None:
             reasons.append("neftune_noise_alpha (random embedding noise: a rebuilt chunk would not reproduce its "
                            "first pass)")

@@ -28,7 +28,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-__all__ = ["build_causal_lm", "build_pretrained", "file_digest", "gguf_path", "is_pretrained", "load_tokenizer"]
+from ..store import checked_file
+
+__all__ = ["build_causal_lm", "build_pretrained", "check_gguf_file", "file_digest", "gguf_path", "is_pretrained",
+           "load_tokenizer"]
 
 # name -> (distribution that ships the file, file name inside it)
 PRETRAINED = {
@@ -66,9 +69,32 @@ def gguf_path(name_or_path: str | os.PathLike) -> Path:
     path = Path(key)
     if path.suffix != ".gguf":
         raise ValueError(f"{key!r} is neither a known pretrained model ({', '.join(PRETRAINED)}) nor a .gguf file")
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"GGUF file not found: {path}")
-    return path.resolve()
+    # a FIFO would block its reader, a device never ends: refused by name
+    return checked_file(path, "GGUF file", fix="pass a .gguf model file").resolve()
+
+
+def check_gguf_file(path: str | os.PathLike, fix: str = "copy or download it again") -> None:
+    """Raise a one-line ValueError unless ``path`` parses as a GGUF file: magic, version, metadata, tensor table
+    and every tensor's data inside the file (``gguf.GGUFReader`` reads all of it, without dequantizing).
+
+    transformers' own reader meets a damaged file with a ``struct.error``, a numpy reshape error or the misleading
+    "config file ... is not a valid JSON file"; this check runs before it, on a cache miss only (a cached
+    checkpoint is keyed by the file's SHA-256, so it was made from an intact file).
+    """
+    try:
+        import gguf
+    except ImportError as e:
+        raise ImportError(f"reading {Path(path).name} needs the 'gguf' package: {INSTALL_HINT}") from e
+    try:
+        gguf.GGUFReader(path)
+    except OSError:
+        raise  # no permission, an I/O error: not a damaged file, and the OS message says so
+    except Exception as e:  # noqa: BLE001 - any parse failure (struct, numpy, index, unicode errors) means damage
+        reason = " ".join(f"{type(e).__name__}: {e}".split())
+        reason = reason if len(reason) <= 160 else reason[:157] + "..."
+        raise ValueError(f"{path} is not a readable GGUF file ({reason}): it is damaged or truncated; {fix}") from None
 
 
 def file_digest(path: Path, length: int = 16) -> str:
@@ -118,10 +144,9 @@ def cached_checkpoint(name_or_path: str | os.PathLike, cache: str | os.PathLike 
         import transformers
     except ImportError as e:  # pragma: no cover - installed by the hf extra
         raise ImportError(f"loading a GGUF model needs transformers: pip install 'seco_lab[hf]'; {INSTALL_HINT}") from e
-    try:
-        import gguf  # noqa: F401  (transformers' GGUF reader)
-    except ImportError as e:
-        raise ImportError(f"reading {src.name} needs the 'gguf' package: {INSTALL_HINT}") from e
+    # a damaged file is refused here, in one line, before transformers reads it
+    check_gguf_file(src, f"reinstall it: {INSTALL_HINT}" if str(name_or_path) in PRETRAINED else
+                    "copy or download it again")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
     try:
