@@ -24,7 +24,7 @@ def work(i):
 def terminate_when_running():
     while len(list(HERE.glob("worker*.pid"))) < 2:
         time.sleep(0.05)
-    os.kill(os.getpid(), signal.SIGTERM)  # what kill, timeout and schedulers send: the parent only
+    os.kill(os.getpid(), getattr(signal, sys.argv[2]))  # kill/timeout/schedulers, or a closed terminal: the parent
 
 if __name__ == "__main__":
     threading.Thread(target=terminate_when_running, daemon=True).start()
@@ -36,7 +36,8 @@ if __name__ == "__main__":
 """
 
 
-def test_f1_sigterm_stops_a_study_and_its_workers(tmp_path):
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])  # SIGHUP: campaign 25 N2 (the terminal closed)
+def test_f1_sigterm_stops_a_study_and_its_workers(tmp_path, signame):
     """Campaign 24 F1 (hang): SIGTERM killed only the parent of `seco-lab study bias --jobs 2`; its workers, reparented
     to init, kept writing cells into the folder after the command had exited, then blocked for ever."""
     import time
@@ -44,7 +45,7 @@ def test_f1_sigterm_stops_a_study_and_its_workers(tmp_path):
     script = tmp_path / "sigterm.py"
     script.write_text(_SIGTERM_SCRIPT)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path), signame], capture_output=True, text=True,
                           timeout=180, env=env, start_new_session=True)
     pids = [int(p.read_text()) for p in tmp_path.glob("worker*.pid")]
     try:

@@ -39,7 +39,7 @@ class Terminated(KeyboardInterrupt):
 
 @contextmanager
 def terminate_as_interrupt():
-    """Within: SIGTERM raises :class:`Terminated` in the main thread (off it, nothing is changed)."""
+    """Within: SIGTERM or SIGHUP raises :class:`Terminated` in the main thread (off it, nothing is changed)."""
     import signal
     import threading
 
@@ -50,11 +50,14 @@ def terminate_as_interrupt():
     def handler(signum, frame):
         raise Terminated()
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    # SIGTERM (kill, timeout, schedulers) and SIGHUP (the terminal closed; campaign 25 N2)
+    stops = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    previous = {s: signal.signal(s, handler) for s in stops}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 #: for tests of resuming: SIGKILL the study's process group once this many cells are done in this session
