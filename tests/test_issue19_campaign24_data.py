@@ -8,23 +8,12 @@ import textwrap
 import warnings
 
 import pytest
+from test_corpus_bounds import ByteTokenizer  # the stand-in tokenizer of the corpus tests
 
 from seco_lab.data.token_corpus import TokenCorpus
 from seco_lab.integrations.packing import pack_dataset
 
 ENGLISH = "The quick brown fox jumps over the lazy dog, and then it rests in the shade. " * 60
-
-
-class ByteTokenizer:
-    """A tokenizer stand-in: one token per UTF-8 byte, end-of-sequence 256."""
-
-    eos_token_id = 256
-
-    def encode(self, text):
-        return list(text.encode())
-
-    def __len__(self):
-        return 257
 
 
 class CharTokenizer:
