@@ -23,6 +23,7 @@ import difflib
 import json
 import os
 import re
+import shlex
 import sys
 import time
 import traceback
@@ -403,6 +404,9 @@ def seal_main(argv: list[str]) -> int:
     ap.add_argument("folders", nargs="+", metavar="FOLDER", help="a results folder (e.g. reports/bias_study)")
     a = ap.parse_args(argv)
     for folder in a.folders:
+        if Path(folder).is_symlink() and Path(folder).is_dir():  # seal writes into a folder it is named, not via links
+            ap.error(f"{folder} is a link to the folder {Path(folder).resolve()}: seal the folder itself "
+                     f"(seco-lab seal {shlex.quote(str(Path(folder).resolve()))})")
         if not Path(folder).is_dir() or Path(folder).is_symlink():
             ap.error(f"{folder} is not a folder: name the results folder a report reads (its --results)")
     for folder in a.folders:

@@ -551,6 +551,21 @@ def _is_results_record(path: Path) -> bool:
 RECORDED_BESIDE = r"[^/]+\.(md|png)|\.gitignore"
 
 
+#: a results name that is not UTF-8 (Latin-1 from an old tool or archive): a checksum file, UTF-8 text, cannot
+#: record it, so neither seal nor a study can vouch for it (campaign 25 N4)
+_NOT_UTF8_NAME = ("{folder}: the results file {name!r} is not named in UTF-8, which a checksum file (UTF-8 text) "
+                  "cannot record; rename it in UTF-8 or move it away")
+
+
+def _utf8_name(name: str) -> bool:
+    """Whether the file name ``name`` (as Python decodes it: undecodable bytes as surrogates) is UTF-8."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _sealable_entries(folder: Path) -> None:
     """Refuse, before anything is written, a results name seal cannot record as a regular file: a FIFO, device,
     folder or link by a results file's name, or a name with a line break or trailing space (a checksum line
@@ -558,6 +573,9 @@ def _sealable_entries(folder: Path) -> None:
     for p in sorted(folder.iterdir()):
         if not re.fullmatch(RESULT_FILE, p.name, re.DOTALL):
             continue
+        if not _utf8_name(p.name):
+            raise ChecksumError(_NOT_UTF8_NAME.format(folder=folder, name=os.fsencode(p.name))
+                                + ", then seal; nothing was written")
         if "\n" in p.name or "\r" in p.name or p.name != p.name.rstrip():
             raise ChecksumError(f"{folder}: the results file {p.name!r} is named with a line break or a trailing "
                                 "space, which a checksum line cannot hold; rename it or move it away, then seal; "
@@ -741,6 +759,9 @@ def verify_checksums(folder: str | Path, produce: str, skip: tuple[str, ...] = (
                                 f"after it was written, and a report without it would leave out what it held; restore "
                                 f"it, rerun {produce}; if you removed it on purpose, {vouch}")
         for p in results:
+            if not _utf8_name(p.name):
+                raise ChecksumError(_NOT_UTF8_NAME.format(folder=sub, name=os.fsencode(p.name))
+                                    + f"; then {vouch}")
             if p.name not in sums:
                 raise ChecksumError(f"{p} is not recorded in {sub / CHECKSUMS}: seco-lab did not write it there "
                                     f"(copied in, or renamed?); remove it, rerun {produce}, or {vouch}")

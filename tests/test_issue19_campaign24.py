@@ -87,11 +87,13 @@ def test_f1_the_study_command_says_terminated_and_exits_143(tmp_path, capsys, mo
     assert "terminated; the cells finished so far are stored in" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("kind", ["train-compare", "audit"])
-def test_f2_a_report_of_other_results_beside_a_committed_one_leaves_its_figures_alone(tmp_path, capsys, kind):
+@pytest.mark.parametrize("kind, stem", [("train-compare", "other"), ("audit", "other"), ("audit", "report")])
+def test_f2_a_report_of_other_results_beside_a_committed_one_leaves_its_figures_alone(tmp_path, capsys, kind, stem):
     """Campaign 24 F2 (silent-wrong): `report bias --results q --out reports/quick_bias.md` redrew the figures of the
     committed bias_study.md (figures/bias_study/*.png): it showed a k = 32 figure beside k = 128 tables.  Figures
-    go to figures/<the report's name>, the committed report's own name keeping its folder."""
+    go to figures/<the report's name>, the committed report's own name keeping its folder.  Campaign 25 N6: an
+    audit report named ``report.md`` (the name of the report inside an audit's own folder) beside the committed
+    audit.md still drew into audit.md's figure."""
     import shutil
 
     from seco_lab.cli import main
@@ -112,12 +114,12 @@ def test_f2_a_report_of_other_results_beside_a_committed_one_leaves_its_figures_
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
-        assert main(["report", kind, "--results", str(reports / results), "--out", "reports/other.md"]) == 0
+        assert main(["report", kind, "--results", str(reports / results), "--out", f"reports/{stem}.md"]) == 0
     finally:
         os.chdir(cwd)
     assert (reports / fig).read_bytes() == before  # the committed report's figure untouched
-    text = (reports / "other.md").read_text()
-    drawn = sorted(p.relative_to(reports).as_posix() for p in (reports / "figures" / "other").glob("*.png"))
+    text = (reports / f"{stem}.md").read_text()
+    drawn = sorted(p.relative_to(reports).as_posix() for p in (reports / "figures" / stem).glob("*.png"))
     assert drawn and all(f"({name})" in text for name in drawn)
 
 

@@ -208,10 +208,20 @@ def _exactness(ex: dict | None) -> list[str]:
             f"decomposition (P = k − 1) vs dense {ex['full_strata_sum_vs_dense']:.1e}. " + verdict]
 
 
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
 def _profile(results: Path, out_md: Path, root: Path, cfg: dict) -> list[str]:
     strata = _read(results / "strata.csv")
     notes: list[str] = []
-    fig_dir = figure_folder(out_md, ("audit", "report"), "")  # audit.md's (and an audit folder's report.md's)
+    # the bare figures/ folder is audit.md's, and that of the report.md an audit folder holds -- ``report`` is the
+    # audit's own name only there: any other report.md (beside a committed audit.md) gets its own (campaign 25 N6)
+    own = ("audit", "report") if _same_folder(out_md.parent, results) else ("audit",)
+    fig_dir = figure_folder(out_md, own, "")
     fig = profile_figure(results, fig_dir, root, cfg, notes)
     md = ["## The strata profile\n"]
     if fig:

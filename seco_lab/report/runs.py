@@ -18,10 +18,21 @@ from ..studies.registry import check_run_dirs
 from ..training.run_dir import read_config, read_metrics
 from .figures import save_figure
 
-__all__ = ["LABEL_KEYS", "LOSSES", "distinct_names", "plot_run", "plot_runs", "run_label", "runs_figure"]
+__all__ = ["LABEL_KEYS", "LOSSES", "MAX_RUNS", "distinct_names", "literal", "plot_run", "plot_runs", "run_label",
+           "runs_figure"]
 
 LOSSES = ("loss", "far_loss", "eval_loss", "eval_far_loss")
 LABEL_KEYS = ("mode", "data", "seq_len", "chunk_size")
+#: the runs one figure tells apart: 10 colours, times 4 line styles (and eval markers) past the first 10
+_LINE_STYLES = ("-", "--", ":", "-.")
+_EVAL_MARKERS = ("o", "s", "^", "D")
+MAX_RUNS = 10 * len(_LINE_STYLES)
+
+
+def literal(text: str) -> str:
+    """``text`` as matplotlib draws it literally: a ``$`` escaped (two of them, as in a folder ``$x^2$``, would
+    otherwise be drawn as mathtext: campaign 25 N1)."""
+    return str(text).replace("$", r"\$")
 
 
 def run_label(run_dir) -> str:
@@ -95,7 +106,7 @@ def run_figure(run_dir) -> Figure:
     ax.plot(*_series(rows, "eval_loss"), "o-", ms=3, label="eval loss")
     if any("eval_far_loss" in r for r in rows):
         ax.plot(*_series(rows, "eval_far_loss"), "s-", ms=3, label="eval far-token loss")
-    ax.set_title(run_label(run_dir), fontsize=9)
+    ax.set_title(literal(run_label(run_dir)), fontsize=9)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (nats / token)")
     ax.legend(fontsize=8)
@@ -112,7 +123,7 @@ def distinct_names(run_dirs) -> list[str]:
     """Each run's name in a legend: its folder's name, or as many trailing path parts as tell it from the others
     (``a/r`` and ``b/r``, not ``r`` twice: campaign 24 F10); the whole resolved path where nothing shorter does."""
     paths = [Path(os.path.abspath(d)).parts for d in run_dirs]
-    for n in range(1, max(len(p) for p in paths) + 1):
+    for n in range(1, max((len(p) for p in paths), default=0) + 1):
         names = ["/".join(p[-n:]) for p in paths]
         if len(set(names)) == len(names):
             return names
@@ -120,19 +131,31 @@ def distinct_names(run_dirs) -> list[str]:
 
 
 def runs_figure(run_dirs) -> Figure:
-    """One line per run for the train loss, markers of the same colour for its eval loss."""
-    fig = Figure(figsize=(8, 4.8), layout="constrained")
+    """One line per run for the train loss, markers of the same colour for its eval loss.  Every run has its own
+    colour and line style (10 colours, then the next line style: at most :data:`MAX_RUNS` runs) and a legend entry
+    that reads as its folder's name -- handed to the legend explicitly, since matplotlib leaves out a label that
+    starts with ``_`` (a folder ``_base``), with ``$`` escaped (campaign 25 N1)."""
+    run_dirs = list(run_dirs)
+    if not run_dirs:
+        raise ValueError("runs_figure: no run folder given; name at least one RUN_DIR")
+    if len(run_dirs) > MAX_RUNS:
+        raise ValueError(f"{len(run_dirs)} runs in one figure: at most {MAX_RUNS} can be told apart (10 colours x "
+                         f"{len(_LINE_STYLES)} line styles); plot them in groups of at most {MAX_RUNS}")
+    many = len(run_dirs) > 10  # the legend beside the axes, not over the curves
+    fig = Figure(figsize=(13 if many else 8, max(4.8, 1.5 + 0.14 * len(run_dirs))), layout="constrained")
     ax = fig.add_subplot()
     names = distinct_names(run_dirs)
+    handles, labels = [], []
     for i, d in enumerate(run_dirs):
-        rows, color = plotted_metrics(d), f"C{i % 10}"
-        label = f"{names[i]}: {run_label(d)}"
-        ax.plot(*_series(rows, "loss"), lw=1, color=color, label=label)
+        rows, color, style = plotted_metrics(d), f"C{i % 10}", _LINE_STYLES[i // 10]
+        (line,) = ax.plot(*_series(rows, "loss"), lw=1, color=color, linestyle=style)
+        handles.append(line)
+        labels.append(literal(f"{names[i]}: {run_label(d)}"))
         if any("eval_loss" in r for r in rows):
-            ax.plot(*_series(rows, "eval_loss"), "o", ms=3, color=color)
+            ax.plot(*_series(rows, "eval_loss"), _EVAL_MARKERS[i // 10], ms=3, color=color)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("train loss (line) / eval loss (dots), nats / token")
-    ax.legend(fontsize=7)
+    ax.legend(handles, labels, fontsize=7, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1)} if many else {}))
     return fig
 
 
