@@ -42,7 +42,7 @@ __all__ = ["MAX_WEIGHT_ENTRIES", "MEMORY_GUARD_BYTES", "RECOMPUTE_CHECKS", "Chun
            "as_bool", "as_float", "as_int", "as_token_matrix", "ceil_div", "check_seed", "guard_memory",
            "check_budget", "check_chunk_size", "check_max_hops", "check_model", "check_recomputed", "check_rng",
            "check_key_value_task", "check_subset", "check_threads", "checked_batch", "checked_chunk", "recompute_check",
-           "MAX_THREADS"]
+           "MAX_THREADS", "first_non_finite"]
 
 
 def as_int(value, what: str, minimum: int | None = None) -> int:
@@ -385,3 +385,25 @@ def check_key_value_task(seq_len: int, vocab_size: int, n_pairs: int) -> int:
     if seq_len < 8 * n_pairs:
         raise ValueError(f"seq_len={seq_len} is too short for {n_pairs} key-value pair(s) (need >= {8 * n_pairs})")
     return n_keys
+
+
+def first_non_finite(state) -> str | None:
+    """The name of the first floating-point tensor in ``state`` that holds a NaN or an infinity, or None: ``state``
+    is a model's state dict (``{name: tensor}``), a list of ``(name, tensor)``, or an optimizer's state dict (its
+    tensors named ``optimizer state of parameter i (exp_avg)``).  A sharded tensor (DTensor) is checked by this
+    rank's shard.  A NaN or inf makes a tensor's sum non-finite, so a finite sum clears it (far faster than
+    ``isfinite`` on every element); a sum that overflows (half precision) is settled by ``isfinite``."""
+    import torch
+
+    if isinstance(state, dict) and isinstance(state.get("state"), dict) and "param_groups" in state:
+        state = [(f"optimizer state of parameter {i} ({key})", t) for i, per in state["state"].items()
+                 if isinstance(per, dict) for key, t in per.items()]
+    items = state.items() if isinstance(state, dict) else state if isinstance(state, (list, tuple)) else ()
+    for item in items:  # anything else in a damaged file is left to loading it, which names it
+        name, t = item if isinstance(item, tuple) and len(item) == 2 else (None, None)
+        if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()) or t.device.type == "meta":
+            continue
+        local = t.to_local() if hasattr(t, "to_local") else t
+        if not bool(torch.isfinite(local.sum())) and not bool(torch.isfinite(local).all()):
+            return str(name)
+    return None

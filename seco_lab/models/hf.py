@@ -26,12 +26,14 @@ import os
 import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import HF_ARCHITECTURE_DEFAULTS
+from ..core.checks import first_non_finite
 from ..core.protocol import ChunkCache, ChunkOutput
 
 __all__ = ["ARCHITECTURES", "HFChunkModel", "add_lora", "build_hf_model", "config_record", "exact_float64",
@@ -298,6 +300,127 @@ def check_hf_overrides(architecture: str, overrides: dict) -> None:
         raise ValueError(f"--hf-override {overrides}: {str(e).splitlines()[-1].strip()}") from None
 
 
+#: the text config's fields that are sizes or counts, checked >= 1 in a checkpoint's config.json (a negative one fails
+#: deep inside torch, 0 layers builds a model that trains without them)
+CHECKPOINT_SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                          "num_attention_heads", "num_key_value_heads", "head_dim")
+RESAVE = "re-save it with save_pretrained or copy it again"
+
+
+def load_errors() -> tuple[type[Exception], ...]:
+    """What transformers raises for a checkpoint it cannot build: a damaged safetensors header (SafetensorError), a
+    config its validators refuse (huggingface_hub's StrictDataclassError), a tensor of negative size or weights that
+    do not fit the config (RuntimeError), and its own ValueError / TypeError.  OSError (no permission, a missing or
+    non-JSON file) is left out: transformers' and the OS's messages name the file already; so is
+    ``torch.OutOfMemoryError`` (a RuntimeError), which :func:`is_load_error` tells apart."""
+    errors: list[type[Exception]] = [RuntimeError, ValueError, TypeError]
+    try:
+        from safetensors import SafetensorError
+
+        errors.append(SafetensorError)
+    except ImportError:  # pragma: no cover - safetensors comes with transformers
+        pass
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+
+        errors.append(StrictDataclassError)
+    except ImportError:  # pragma: no cover - older huggingface_hub: transformers validated with ValueError
+        pass
+    return tuple(errors)
+
+
+def is_load_error(e: BaseException) -> bool:
+    """``e`` is one of :func:`load_errors` (a fault of the files read), not running out of memory."""
+    return isinstance(e, load_errors()) and not isinstance(e, torch.OutOfMemoryError)
+
+
+def load_error_reason(e: BaseException) -> str:
+    """One line of what went wrong: the validator's own error for a StrictDataclassError (its message is a
+    header and that error), else the first line of the message, with the exception's class."""
+    inner = e.__cause__ if type(e).__name__.startswith("StrictDataclass") and e.__cause__ is not None else e
+    if "ignore_mismatched_sizes" in str(inner):  # transformers' pointer to the load report it logged
+        return "the weights' shapes differ from the config's: transformers' load report above lists them"
+    lines = [line.strip() for line in str(inner).splitlines() if line.strip()]
+    text = f"{type(inner).__name__}: {lines[0]}" if lines else type(inner).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _check_checkpoint_config(transformers, folder: Path) -> None:
+    """config.json loads, passes transformers' validators, and its sizes are integers >= 1."""
+    where = folder / "config.json"
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except load_errors() as e:
+        if not is_load_error(e):
+            raise
+        raise ValueError(f"{where} is not a valid model config ({load_error_reason(e)}): fix that field or "
+                         f"{RESAVE}") from None
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    for key in CHECKPOINT_SIZE_FIELDS:
+        value = getattr(text, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ValueError(f"{where}: {key} is {value}, but it is a size or count and must be an integer >= 1: "
+                             f"the config is damaged; fix it or {RESAVE}")
+
+
+def _damaged_weights_file(folder: Path) -> Path | None:
+    """The first safetensors file of ``folder`` whose header does not parse (None when all do)."""
+    from safetensors import SafetensorError, safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except (SafetensorError, OSError):
+            return path
+    return None
+
+
+def _weights_file(folder: Path, name: str) -> Path:
+    """The file of a checkpoint folder that holds the tensor ``name`` (as far as the folder says; else the folder)."""
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        try:
+            weight_map = json.loads((folder / index).read_text()).get("weight_map", {})
+        except (OSError, ValueError, AttributeError):
+            continue
+        hit = weight_map.get(name) or next((f for n, f in weight_map.items() if name.endswith("." + n)), None)
+        if hit:
+            return folder / hit
+    return next((folder / f for f in ("model.safetensors", "pytorch_model.bin") if (folder / f).is_file()), folder)
+
+
+def check_finite_weights(model: nn.Module, folder: Path) -> None:
+    """Refuse a loaded checkpoint with a NaN or infinite weight (parameters and stored buffers): training would
+    only report a NaN loss at its first step."""
+    name = first_non_finite(model.state_dict())
+    if name is not None:
+        raise ValueError(f"{_weights_file(folder, name)} holds non-finite weights ({name}): the checkpoint is "
+                         f"damaged (or was saved from a diverged model); {RESAVE}")
+
+
+def load_checkpoint(folder: str | os.PathLike, attn_implementation: str = "sdpa") -> nn.Module:
+    """A causal LM from a local checkpoint folder (nothing is downloaded).  A damaged or inconsistent folder -- a
+    truncated or empty weights file, a config transformers' validators refuse or with impossible sizes, weights
+    that do not fit the config, NaN weights -- is refused in one line (ValueError) naming the file, not with a
+    traceback from safetensors, torch or transformers."""
+    transformers = _require_transformers()
+    folder = Path(folder)
+    _check_checkpoint_config(transformers, folder)
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation=attn_implementation,
+                                                                  local_files_only=True)
+    except load_errors() as e:
+        if not is_load_error(e):
+            raise
+        damaged = _damaged_weights_file(folder) if type(e).__name__ == "SafetensorError" else None
+        if damaged is not None:
+            raise ValueError(f"{damaged} is damaged or truncated ({load_error_reason(e)}); {RESAVE}") from None
+        raise ValueError(f"{folder} does not load as a causal LM ({load_error_reason(e)}): the checkpoint is damaged "
+                         f"or its weights do not fit its config.json; {RESAVE}") from None
+    check_finite_weights(model, folder)
+    return model
+
+
 def build_hf_model(name_or_path: str, overrides: dict | None = None, attn_implementation: str = "sdpa",
                    dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
     """A causal LM: a named architecture with random weights (``llama``, ``qwen2``) or a local checkpoint
@@ -317,14 +440,11 @@ def build_hf_model(name_or_path: str, overrides: dict | None = None, attn_implem
         config._attn_implementation = attn_implementation
         model = transformers.AutoModelForCausalLM.from_config(config)
     else:
-        from pathlib import Path
-
         if not Path(name_or_path).is_dir():
             raise ValueError(f"{name_or_path!r} is neither a known architecture ({', '.join(ARCHITECTURES)}) nor a "
                              "local checkpoint directory (nothing is downloaded; pretrained models: "
                              "seco_lab.models.pretrained.build_causal_lm)")
-        model = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, attn_implementation=attn_implementation,
-                                                                  local_files_only=True)
+        model = load_checkpoint(name_or_path, attn_implementation)
     model = model.to(dtype)
     return exact_float64(model) if dtype == torch.float64 else model
 

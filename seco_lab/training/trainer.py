@@ -40,6 +40,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from ..config import DTYPES, MODES, RunControl, TrainConfig, parse_device
+from ..core.checks import first_non_finite
 from ..core.engine import forward_loss
 from ..data.sources import Batch
 from .builders import build_data, build_model, check_gather_policy, load_into  # noqa: F401 (load_into: re-export)
@@ -345,8 +346,14 @@ class Trainer:
         if not (math.isfinite(loss) and math.isfinite(gnorm)):
             what = "loss" if not math.isfinite(loss) else "gradient norm"
             value = loss if what == "loss" else gnorm
+            advice = "lower --lr, or train in --dtype float32/float64"
+            bad = first_non_finite([(n, p.detach()) for n, p in self.model.named_parameters()])
+            if bad is not None:  # no learning rate mends weights that are NaN before the step
+                advice = (f"the model's weights were already non-finite before this step ({bad}): the model was "
+                          "given or loaded so (start from finite weights), or an earlier step overflowed them "
+                          "(train in --dtype float32/float64)")
             raise NonFiniteLoss(f"{what} is {value} at step {self.step + 1}; stopped without applying it (the "
-                                f"last checkpoint stays); lower --lr, or train in --dtype float32/float64")
+                                f"last checkpoint stays); {advice}")
         return gnorm
 
     def forward_loss(self, tokens, targets) -> torch.Tensor:
