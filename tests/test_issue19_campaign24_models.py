@@ -16,7 +16,7 @@ from seco_lab.models import pretrained
 
 def _tiny_gguf(path):
     """A small well-formed GGUF file (one float tensor) written with the ``gguf`` package."""
-    gguf = pytest.importorskip("gguf")
+    import gguf
     import numpy as np
 
     w = gguf.GGUFWriter(str(path), "llama")
@@ -54,7 +54,6 @@ LOADERS = {
 
 @pytest.mark.parametrize("loader", sorted(LOADERS))
 def test_a_damaged_gguf_file_is_refused_in_one_line_before_transformers_reads_it(tmp_path, monkeypatch, loader):
-    pytest.importorskip("transformers")
     import transformers
 
     def never(*a, **k):  # pragma: no cover - reached only without the check
@@ -75,7 +74,6 @@ def test_a_damaged_gguf_file_is_refused_in_one_line_before_transformers_reads_it
 
 
 def test_a_damaged_gguf_file_is_one_cli_error_line(tmp_path, capsys, monkeypatch):
-    pytest.importorskip("transformers")
     from seco_lab.cli import main
 
     monkeypatch.setenv("SECO_LAB_CACHE", str(tmp_path / "cache"))
@@ -91,7 +89,6 @@ def test_a_damaged_gguf_file_is_one_cli_error_line(tmp_path, capsys, monkeypatch
 
 
 def test_a_well_formed_gguf_file_passes_the_check(tmp_path):
-    pytest.importorskip("gguf")
     path = tmp_path / "good.gguf"
     _tiny_gguf(path)
     pretrained.check_gguf_file(path)  # no error
@@ -112,8 +109,6 @@ def test_a_gguf_path_that_is_not_a_regular_file_is_refused_in_one_line(tmp_path)
 
 
 def test_seco_trainer_refuses_torch_compile_up_front(tmp_path):
-    pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
     from trainer_case import make_trainer
 
     from seco_lab.integrations.transformers import SeCOArguments

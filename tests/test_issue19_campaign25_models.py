@@ -7,10 +7,7 @@ import json
 import shutil
 
 import pytest
-
-pytest.importorskip("transformers")
-
-from test_issue19_campaign24_models import _tiny_gguf  # noqa: E402
+from test_issue19_campaign24_models import _tiny_gguf
 
 from seco_lab.models import pretrained  # noqa: E402
 from seco_lab.models.hf import build_hf_model  # noqa: E402
