@@ -43,7 +43,8 @@ _HELD_LOCKS: dict[Path, IO] = {}  # study folders this process has locked (a rer
 
 __all__ = ["COMPRESSED", "CONFIG_MAX_BYTES", "RECORD_MAX_BYTES", "TABLE_MAX_BYTES", "DefinitionMismatch", "StudyFolder",
            "StudyFolderError", "atomic_write", "atomic_write_csv", "atomic_write_json", "check_study_out",
-           "check_table_content", "checked_file", "clear_stale", "holds_nul", "open_decompressed", "quoted_names",
+           "check_table_content", "escaped_text", "checked_file", "clear_stale", "holds_nul", "open_decompressed",
+           "quoted_names",
            "FIGURE_MARK_KEY", "FIGURE_MARK_VALUE", "PNG_SIGNATURE", "check_image_target", "check_parent_folder",
            "is_generated_png", "extra_fields", "file_sha256", "fingerprint", "lacking_files", "protected_paths",
            "read_csv", "read_json", "read_checked_bytes", "software_versions", "study_owner", "too_deep", "TEMP_TAG",
@@ -369,6 +370,20 @@ def extra_fields(df) -> str | None:
     return f"rows hold more fields than the header's {len(df.columns)} (the extra first fields became an index)"
 
 
+def escaped_text(text: str) -> str:
+    """``text`` as UTF-8 can hold it: a name that is not UTF-8 (its bytes decoded by Python as surrogates, e.g. a
+    Latin-1 folder ``r\xe9s``) spelled with the bytes' escapes, ``r\\xe9s`` -- not refused halfway through writing a
+    report or drawing a legend (campaign 26)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    escapable = all("\udc80" <= c <= "\udcff" for c in text if "\ud800" <= c <= "\udfff")
+    raw = text.encode("utf-8", "surrogateescape" if escapable else "backslashreplace")
+    return raw.decode("utf-8", "backslashreplace")
+
+
 def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[bytes]], object]) -> Path:
     """Write ``content`` (text, bytes, or a function that writes to a binary file object) to ``path``
     through a temporary file, ``fsync`` and a rename: readers never see half a file."""
@@ -381,7 +396,7 @@ def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[bytes]], 
             if callable(content):
                 content(f)
             else:
-                f.write(content.encode() if isinstance(content, str) else content)
+                f.write(escaped_text(content).encode() if isinstance(content, str) else content)
             f.flush()
             os.fsync(f.fileno())
         if path.name != CHECKSUMS and (path.parent / CHECKSUMS).is_file():

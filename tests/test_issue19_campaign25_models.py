@@ -55,6 +55,14 @@ DAMAGES = {
     "MD07-heads-do-not-divide": (_set_config(hidden_size=30), "config.json", "not a multiple of the number of"),
     "zero-layers": (_set_config(num_hidden_layers=0), "config.json", "num_hidden_layers is 0"),
     "weights-do-not-fit-config": (_set_config(hidden_size=64), "", "does not load as a causal LM"),
+    # campaign 26 (MD32, MD33, MD40, MD42): tracebacks, or a NaN loss at the first evaluation
+    "zero-heads": (_set_config(num_attention_heads=0), "config.json", "is not a valid model config"),
+    "unknown-activation": (_set_config(hidden_act="nonsense"), "", "KeyError: 'nonsense'"),
+    "zero-rope-theta": (_set_config(rope_parameters={"rope_theta": 0.0, "rope_type": "default"}), "config.json",
+                        "rope_theta is 0.0, but it must be > 0"),
+    "negative-rope-theta": (_set_config(rope_parameters={"rope_theta": -5.0, "rope_type": "default"}),
+                            "config.json", "rope_theta is -5.0"),
+    "negative-norm-eps": (_set_config(rms_norm_eps=-1.0), "config.json", "rms_norm_eps is -1.0, but it must be >= 0"),
 }
 
 

@@ -132,3 +132,27 @@ def test_first_non_finite_names_the_first_bad_tensor_and_skips_integers():
     opt = {"state": {0: {"step": torch.tensor(2.0), "exp_avg_sq": torch.tensor([float("nan")])}}, "param_groups": []}
     assert first_non_finite(opt) == "optimizer state of parameter 0 (exp_avg_sq)"
     assert first_non_finite(None) is None and first_non_finite(torch.zeros(3)) is None  # damaged entries: not here
+
+
+def test_a_nan_validation_loss_is_one_message_saying_what_is_at_fault(r2, tmp_path, capsys):
+    """Campaign 26 (MD32): a model that gives NaN at the first evaluation (step 0: a checkpoint with a zero rope base)
+    ended in a raw FloatingPointError traceback from the engine; at a later evaluation too.  Before any step the
+    model, not the training, is at fault; later the weights are checked as for a training step."""
+    run = copy_run(r2, tmp_path / "r")
+    cfg = experiment_from_record(read_experiment(run), str(run))
+    t = Trainer(replace(cfg, steps=3), RunControl(run_dir=str(run), resume=True, device="cpu", progress=False))
+    t.prepare()
+    with torch.no_grad():
+        dict(t.model.named_parameters())[TENSOR].fill_(float("nan"))
+    with pytest.raises(NonFiniteLoss, match="the validation loss is nan at step 2") as err:
+        t.evaluate()
+    assert f"already non-finite before this step ({TENSOR})" in str(err.value)
+    fresh = tmp_path / "fresh"
+    t = Trainer(replace(cfg, steps=3), RunControl(run_dir=str(fresh), device="cpu", progress=False))
+    t.prepare()
+    with torch.no_grad():
+        dict(t.model.named_parameters())[TENSOR].fill_(float("nan"))
+    with pytest.raises(NonFiniteLoss, match="the validation loss is nan at step 0") as err:
+        t.fit()
+    assert "before any training step" in str(err.value) and "nothing was trained" in str(err.value)
+    assert "lower --lr" not in str(err.value)

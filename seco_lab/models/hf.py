@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import warnings
 from collections.abc import Sequence
@@ -304,16 +305,19 @@ def check_hf_overrides(architecture: str, overrides: dict) -> None:
 #: deep inside torch, 0 layers builds a model that trains without them)
 CHECKPOINT_SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                           "num_attention_heads", "num_key_value_heads", "head_dim")
+#: the norm epsilons of a checkpoint's config.json, checked >= 0 (a negative one makes a NaN of every forward)
+CHECKPOINT_EPS_FIELDS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")
 RESAVE = "re-save it with save_pretrained or copy it again"
 
 
 def load_errors() -> tuple[type[Exception], ...]:
     """What transformers raises for a checkpoint it cannot build: a damaged safetensors header (SafetensorError), a
-    config its validators refuse (huggingface_hub's StrictDataclassError), a tensor of negative size or weights that
-    do not fit the config (RuntimeError), and its own ValueError / TypeError.  OSError (no permission, a missing or
+    config its validators refuse (huggingface_hub's StrictDataclassError; a ZeroDivisionError for 0 heads), a tensor
+    of negative size or weights that do not fit the config (RuntimeError), an unknown ``hidden_act`` (KeyError), and
+    its own ValueError / TypeError.  OSError (no permission, a missing or
     non-JSON file) is left out: transformers' and the OS's messages name the file already; so is
     ``torch.OutOfMemoryError`` (a RuntimeError), which :func:`is_load_error` tells apart."""
-    errors: list[type[Exception]] = [RuntimeError, ValueError, TypeError]
+    errors: list[type[Exception]] = [RuntimeError, ValueError, TypeError, KeyError, ArithmeticError]
     try:
         from safetensors import SafetensorError
 
@@ -361,6 +365,14 @@ def _check_checkpoint_config(transformers, folder: Path) -> None:
         if isinstance(value, int) and not isinstance(value, bool) and value < 1:
             raise ValueError(f"{where}: {key} is {value}, but it is a size or count and must be an integer >= 1: "
                              f"the config is damaged; fix it or {RESAVE}")
+    rope = getattr(text, "rope_parameters", None)
+    scales = {**({"rope_theta": rope.get("rope_theta")} if isinstance(rope, dict) else {}),
+              **{k: getattr(text, k) for k in ("rope_theta", *CHECKPOINT_EPS_FIELDS) if hasattr(text, k)}}
+    for key, value in scales.items():  # a zero rope base or a negative eps gives NaN in every forward
+        low = key == "rope_theta" and isinstance(value, (int, float)) and not value > 0
+        if low or (isinstance(value, (int, float)) and not (value >= 0 and math.isfinite(value))):
+            raise ValueError(f"{where}: {key} is {value}, but it must be {'> 0' if key == 'rope_theta' else '>= 0'} "
+                             f"and finite: the config is damaged; fix it or {RESAVE}")
 
 
 def _damaged_weights_file(folder: Path) -> Path | None:

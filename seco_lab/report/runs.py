@@ -13,7 +13,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from ..store import check_image_target, holds_nul
+from ..store import check_image_target, escaped_text, holds_nul
 from ..studies.registry import check_run_dirs
 from ..training.run_dir import read_config, read_metrics
 from .figures import save_figure
@@ -31,8 +31,9 @@ MAX_RUNS = 10 * len(_LINE_STYLES)
 
 def literal(text: str) -> str:
     """``text`` as matplotlib draws it literally: a ``$`` escaped (two of them, as in a folder ``$x^2$``, would
-    otherwise be drawn as mathtext: campaign 25 N1)."""
-    return str(text).replace("$", r"\$")
+    otherwise be drawn as mathtext: campaign 25 N1), and a name that is not UTF-8 (its bytes decoded as surrogates,
+    which the font renderer refuses: campaign 26) spelled with escapes, ``caf\\xe9``."""
+    return escaped_text(str(text)).replace("$", r"\$")
 
 
 def run_label(run_dir) -> str:

@@ -252,6 +252,11 @@ def check_report_target(out: Path, results: str | Path, name: str, option: str) 
         raise ValueError(f"{option} {out} is not a Markdown report file (the report is Markdown): pass a .md file, "
                          f"e.g. {example}")
     check_parent_folder(out, option)
+    try:
+        os.fsdecode(out).encode("utf-8")
+    except UnicodeEncodeError:  # its figures are linked by their path, in UTF-8 Markdown text
+        raise ValueError(f"{option} {os.fsencode(out)!r} is not named in UTF-8, which the report's links to its "
+                         "figures (UTF-8 text) cannot spell; name the report in UTF-8") from None
     if (out.exists() or out.is_symlink()) and not is_generated_report(out):
         raise ValueError(f"{option} {out} exists and is not a report seco-lab generated (no \"{GENERATED_MARK}\" "
                          "line): it is not written over (it could be a file of yours); pass another .md file, or "

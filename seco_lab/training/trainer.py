@@ -346,15 +346,18 @@ class Trainer:
         if not (math.isfinite(loss) and math.isfinite(gnorm)):
             what = "loss" if not math.isfinite(loss) else "gradient norm"
             value = loss if what == "loss" else gnorm
-            advice = "lower --lr, or train in --dtype float32/float64"
-            bad = first_non_finite([(n, p.detach()) for n, p in self.model.named_parameters()])
-            if bad is not None:  # no learning rate mends weights that are NaN before the step
-                advice = (f"the model's weights were already non-finite before this step ({bad}): the model was "
-                          "given or loaded so (start from finite weights), or an earlier step overflowed them "
-                          "(train in --dtype float32/float64)")
             raise NonFiniteLoss(f"{what} is {value} at step {self.step + 1}; stopped without applying it (the "
-                                f"last checkpoint stays); {advice}")
+                                f"last checkpoint stays); {self._non_finite_advice()}")
         return gnorm
+
+    def _non_finite_advice(self) -> str:
+        """What to do about a NaN/inf loss: not a lower --lr where the weights were NaN before the step."""
+        bad = first_non_finite([(n, p.detach()) for n, p in self.model.named_parameters()])
+        if bad is not None:  # no learning rate mends weights that are NaN before the step
+            return (f"the model's weights were already non-finite before this step ({bad}): the model was given or "
+                    "loaded so (start from finite weights), or an earlier step overflowed them (train in --dtype "
+                    "float32/float64)")
+        return "lower --lr, or train in --dtype float32/float64"
 
     def forward_loss(self, tokens, targets) -> torch.Tensor:
         return forward_loss(self.engine_model, tokens.to(self.device), targets.to(self.device), self.cfg.chunk_size)
@@ -381,6 +384,8 @@ class Trainer:
             dist.all_reduce(totals)
             totals = totals.cpu()
         out = {"eval_loss": float((totals[:, 0] / totals[:, 1]).mean())}
+        if not math.isfinite(out["eval_loss"]):
+            raise NonFiniteLoss(self._eval_failure(out["eval_loss"]))
         if far:
             has = totals[:, 3] > 0
             out["eval_far_loss"] = float((totals[has, 2] / totals[has, 3]).mean())
@@ -400,7 +405,22 @@ class Trainer:
             if self.parallel.collective:
                 self.forward_loss(tokens, fallback)
             return 0.0, 0
-        return float(self.forward_loss(tokens, targets)) * n, n
+        try:
+            return float(self.forward_loss(tokens, targets)) * n, n
+        except FloatingPointError as err:  # the engine refuses a NaN/inf forward: every rank joins the all-reduce
+            if self.parallel.gather == "chunk":  # the other ranks are gathering per chunk: this one cannot rejoin
+                raise NonFiniteLoss(self._eval_failure(float("nan"), f" on rank {self.rank}")) from err
+            return float("nan"), n
+
+    def _eval_failure(self, value: float, where: str = "") -> str:
+        """The message of a non-finite validation loss (:class:`NonFiniteLoss`)."""
+        if self.step == 0:  # before any step: the model as built or loaded, not the training, is at fault
+            advice = ("the model gives NaN/inf before any training step: its weights or its config are damaged "
+                      "(e.g. NaN weights, a zero or negative rope_theta or norm eps in the checkpoint's "
+                      "config.json); nothing was trained -- fix the model, then rerun with --overwrite")
+        else:
+            advice = f"the last checkpoint stays; {self._non_finite_advice()}"
+        return f"the validation loss is {value} at step {self.step}{where}; {advice}"
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict:
