@@ -107,15 +107,23 @@ def test_n7_a_sharded_checkpoint_with_non_finite_weights_is_refused_by_name(r2, 
     assert "lower --lr" not in err, err
 
 
-def test_n7_nan_weights_at_a_step_are_not_blamed_on_the_learning_rate(r2, tmp_path):
-    """Weights made NaN after loading (given so, or overflowed by an earlier step): the NaN loss that follows says
-    so, and does not send the user to --lr."""
-    run = copy_run(r2, tmp_path / "r")
-    cfg = experiment_from_record(read_experiment(run), str(run))
-    t = Trainer(replace(cfg, steps=3), RunControl(run_dir=str(run), resume=True, device="cpu", progress=False))
+def _trainer_with_nan_weights(r2, run, resume=True):
+    """A prepared trainer of r2's experiment, resumed from a copy of r2 (or, ``resume=False``, a fresh run in
+    ``run``), whose tensor TENSOR is then made NaN."""
+    cfg = experiment_from_record(read_experiment(r2), str(r2))
+    if resume:
+        copy_run(r2, run)
+    t = Trainer(replace(cfg, steps=3), RunControl(run_dir=str(run), resume=resume, device="cpu", progress=False))
     t.prepare()
     with torch.no_grad():
         dict(t.model.named_parameters())[TENSOR].fill_(float("nan"))
+    return t
+
+
+def test_n7_nan_weights_at_a_step_are_not_blamed_on_the_learning_rate(r2, tmp_path):
+    """Weights made NaN after loading (given so, or overflowed by an earlier step): the NaN loss that follows says
+    so, and does not send the user to --lr."""
+    t = _trainer_with_nan_weights(r2, tmp_path / "r")
     with pytest.raises(NonFiniteLoss, match="loss is nan at step 3") as err:
         t.fit()
     assert f"the model's weights were already non-finite before this step ({TENSOR})" in str(err.value)
@@ -138,20 +146,11 @@ def test_a_nan_validation_loss_is_one_message_saying_what_is_at_fault(r2, tmp_pa
     """Campaign 26 (MD32): a model that gives NaN at the first evaluation (step 0: a checkpoint with a zero rope base)
     ended in a raw FloatingPointError traceback from the engine; at a later evaluation too.  Before any step the
     model, not the training, is at fault; later the weights are checked as for a training step."""
-    run = copy_run(r2, tmp_path / "r")
-    cfg = experiment_from_record(read_experiment(run), str(run))
-    t = Trainer(replace(cfg, steps=3), RunControl(run_dir=str(run), resume=True, device="cpu", progress=False))
-    t.prepare()
-    with torch.no_grad():
-        dict(t.model.named_parameters())[TENSOR].fill_(float("nan"))
+    t = _trainer_with_nan_weights(r2, tmp_path / "r")
     with pytest.raises(NonFiniteLoss, match="the validation loss is nan at step 2") as err:
         t.evaluate()
     assert f"already non-finite before this step ({TENSOR})" in str(err.value)
-    fresh = tmp_path / "fresh"
-    t = Trainer(replace(cfg, steps=3), RunControl(run_dir=str(fresh), device="cpu", progress=False))
-    t.prepare()
-    with torch.no_grad():
-        dict(t.model.named_parameters())[TENSOR].fill_(float("nan"))
+    t = _trainer_with_nan_weights(r2, tmp_path / "fresh", resume=False)
     with pytest.raises(NonFiniteLoss, match="the validation loss is nan at step 0") as err:
         t.fit()
     assert "before any training step" in str(err.value) and "nothing was trained" in str(err.value)
