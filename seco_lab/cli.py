@@ -205,6 +205,11 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
     try:
         cfg = TrainConfig.from_dict(merged).validate()
     except ValueError as e:  # a setting of the file that the flags contradict: say where it comes from
+        if run.resume and str(e).startswith("warmup=") and "warmup" not in flags and "warmup" not in file:
+            # the warm-up is the run's own (a resume keeps it): the advice is about --steps (campaign 26 TA63)
+            raise UserError(f"--steps {merged.get('steps')}: the run in {run.run_dir} warms up for "
+                            f"{base.get('warmup')} steps (its config.json; a resume keeps that), so --steps must be "
+                            f"larger; to extend the run, pass --steps above the {base.get('steps')} it has") from None
         raise UserError(_name_file_settings(str(e), file, flags, source)) from None
     if run.stop_at is not None and run.stop_at > cfg.steps:
         raise UserError(f"stop_at={run.stop_at} must lie in [1, steps={cfg.steps}]")
@@ -309,6 +314,10 @@ def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
         last = trainer.fit()
     except (NonFiniteLoss, RunDirError) as e:  # a diverged run; a checkpoint that could not be written
         print(f"seco-lab train: error: {e}", file=sys.stderr)
+        return 1
+    except FloatingPointError as e:  # the engine refused a NaN/inf forward the trainer did not turn into a step
+        print(f"seco-lab train: error: at step {trainer.step + 1}: {e}; stopped (the last checkpoint stays); "
+              f"{trainer.non_finite_advice()}", file=sys.stderr)
         return 1
     except TrainingInterrupted as e:
         if lead:

@@ -572,13 +572,18 @@ _NOT_UTF8_NAME = ("{folder}: the results file {name!r} is not named in UTF-8, wh
                   "cannot record; rename it in UTF-8 or move it away")
 
 
-def _utf8_name(name: str) -> bool:
-    """Whether the file name ``name`` (as Python decodes it: undecodable bytes as surrogates) is UTF-8."""
+def _unrecordable(folder: Path, name: str) -> str | None:
+    """Why a checksum line cannot record the results name ``name`` of ``folder``, or None: not UTF-8 (as Python
+    decodes it: undecodable bytes as surrogates), a line break, or a leading or trailing space (sha256sum's ``HEX
+    NAME`` line does not keep them: campaign 26 P5)."""
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
-        return False
-    return True
+        return _NOT_UTF8_NAME.format(folder=folder, name=os.fsencode(name))
+    if "\n" in name or "\r" in name or name != name.strip():
+        return (f"{folder}: the results file {name!r} is named with a line break or a leading or trailing space, "
+                "which a checksum line cannot hold; rename it or move it away")
+    return None
 
 
 def _sealable_entries(folder: Path) -> None:
@@ -588,13 +593,8 @@ def _sealable_entries(folder: Path) -> None:
     for p in sorted(folder.iterdir()):
         if not re.fullmatch(RESULT_FILE, p.name, re.DOTALL):
             continue
-        if not _utf8_name(p.name):
-            raise ChecksumError(_NOT_UTF8_NAME.format(folder=folder, name=os.fsencode(p.name))
-                                + ", then seal; nothing was written")
-        if "\n" in p.name or "\r" in p.name or p.name != p.name.rstrip():
-            raise ChecksumError(f"{folder}: the results file {p.name!r} is named with a line break or a trailing "
-                                "space, which a checksum line cannot hold; rename it or move it away, then seal; "
-                                "nothing was written")
+        if _unrecordable(folder, p.name):
+            raise ChecksumError(f"{_unrecordable(folder, p.name)}, then seal; nothing was written")
         if p.is_symlink() or not p.is_file():
             what = ("a link" if p.is_symlink() else "a folder" if p.is_dir() else "not a regular file (a FIFO or "
                     "device)")
@@ -774,9 +774,8 @@ def verify_checksums(folder: str | Path, produce: str, skip: tuple[str, ...] = (
                                 f"after it was written, and a report without it would leave out what it held; restore "
                                 f"it, rerun {produce}; if you removed it on purpose, {vouch}")
         for p in results:
-            if not _utf8_name(p.name):
-                raise ChecksumError(_NOT_UTF8_NAME.format(folder=sub, name=os.fsencode(p.name))
-                                    + f"; then {vouch}")
+            if _unrecordable(sub, p.name):  # seal cannot vouch for it either: the remedy is its name
+                raise ChecksumError(f"{_unrecordable(sub, p.name)}; then {vouch}")
             if p.name not in sums:
                 raise ChecksumError(f"{p} is not recorded in {sub / CHECKSUMS}: seco-lab did not write it there "
                                     f"(copied in, or renamed?); remove it, rerun {produce}, or {vouch}")

@@ -57,7 +57,7 @@ DAMAGES = {
     "weights-do-not-fit-config": (_set_config(hidden_size=64), "", "does not load as a causal LM"),
     # campaign 26 (MD32, MD33, MD40, MD42): tracebacks, or a NaN loss at the first evaluation
     "zero-heads": (_set_config(num_attention_heads=0), "config.json", "is not a valid model config"),
-    "unknown-activation": (_set_config(hidden_act="nonsense"), "", "KeyError: 'nonsense'"),
+    "unknown-activation": (_set_config(hidden_act="nonsense"), "config.json", "hidden_act is 'nonsense'"),
     "zero-rope-theta": (_set_config(rope_parameters={"rope_theta": 0.0, "rope_type": "default"}), "config.json",
                         "rope_theta is 0.0, but it must be > 0"),
     "negative-rope-theta": (_set_config(rope_parameters={"rope_theta": -5.0, "rope_type": "default"}),

@@ -42,3 +42,36 @@ def test_a_report_of_results_in_a_folder_not_named_in_utf8_is_written(tmp_path, 
         main(["report", "bench", "--results", str(results), "--out", str(_latin1(tmp_path, b"b\xe9.md"))])
     err = capsys.readouterr().err
     assert "is not named in UTF-8" in err and "Traceback" not in err
+
+
+def test_p5_a_results_name_with_a_leading_space_is_refused_by_seal_and_report_alike(tmp_path, capsys, monkeypatch):
+    """P5: seal recorded ' lead.csv' in a line no reader could parse back; the report then called the checksum file
+    damaged and named seal, which refused its own file as "it may be yours"."""
+    from seco_lab import store
+
+    monkeypatch.delenv(store.NO_CHECKSUMS_ENV, raising=False)
+    folder = tmp_path / "b"
+    shutil.copytree(ROOT / "reports" / "bench", folder)
+    (folder / " lead.csv").write_text("a\n1\n")
+    before = (folder / store.CHECKSUMS).read_bytes()
+    assert main(["seal", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "' lead.csv' is named with a line break or a leading or trailing space" in err
+    assert "rename it or move it away, then seal; nothing was written" in err
+    assert (folder / store.CHECKSUMS).read_bytes() == before
+    assert main(["report", "bench", "--results", str(folder), "--out", str(tmp_path / "b.md")]) == 2
+    err = capsys.readouterr().err
+    assert "' lead.csv' is named with a line break or a leading or trailing space" in err and "damaged" not in err
+    (folder / " lead.csv").rename(folder / "lead.csv")  # the remedy it names works
+    assert main(["seal", str(folder)]) == 0
+
+
+def test_p8_runs_figure_refuses_a_single_path_and_names_a_missing_run(tmp_path):
+    """P8: ``runs_figure("run00")`` drew the runs r, u, n, 0, 0, and a missing folder was "holds no metrics yet"."""
+    from seco_lab.report.runs import runs_figure
+
+    (run,) = _runs(tmp_path, ["run00"])
+    with pytest.raises(TypeError, match="got the single path"):
+        runs_figure(str(run))
+    with pytest.raises(ValueError, match="not a run directory"):
+        runs_figure([tmp_path / "no_such_run"])

@@ -296,9 +296,12 @@ def check_hf_overrides(architecture: str, overrides: dict) -> None:
                          "hidden_size, num_hidden_layers, num_attention_heads, intermediate_size")
     check_hf_sizes({**ARCHITECTURES[architecture], **overrides}, overrides)
     try:
-        conf_cls(**{**ARCHITECTURES[architecture], **overrides})
+        config = conf_cls(**{**ARCHITECTURES[architecture], **overrides})
     except Exception as e:  # noqa: BLE001 -- transformers' validation errors share no base class
         raise ValueError(f"--hf-override {overrides}: {str(e).splitlines()[-1].strip()}") from None
+    problem = config_problem(config)
+    if problem:
+        raise ValueError(f"--hf-override {overrides}: {problem}")
 
 
 #: the text config's fields that are sizes or counts, checked >= 1 in a checkpoint's config.json (a negative one fails
@@ -359,20 +362,34 @@ def _check_checkpoint_config(transformers, folder: Path) -> None:
             raise
         raise ValueError(f"{where} is not a valid model config ({load_error_reason(e)}): fix that field or "
                          f"{RESAVE}") from None
+    problem = config_problem(config)
+    if problem:
+        raise ValueError(f"{where}: {problem}: the config is damaged; fix it or {RESAVE}")
+
+
+def config_problem(config) -> str | None:
+    """What makes a transformers config unusable although its validators pass, or None: a size or count below 1 (a
+    negative one fails deep inside torch, 0 layers builds a model that trains without them), a rope base <= 0 or a
+    negative norm eps (NaN in every forward), an activation transformers does not know (a KeyError when built)."""
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     for key in CHECKPOINT_SIZE_FIELDS:
         value = getattr(text, key, None)
         if isinstance(value, int) and not isinstance(value, bool) and value < 1:
-            raise ValueError(f"{where}: {key} is {value}, but it is a size or count and must be an integer >= 1: "
-                             f"the config is damaged; fix it or {RESAVE}")
+            return f"{key} is {value}, but it is a size or count and must be an integer >= 1"
     rope = getattr(text, "rope_parameters", None)
     scales = {**({"rope_theta": rope.get("rope_theta")} if isinstance(rope, dict) else {}),
               **{k: getattr(text, k) for k in ("rope_theta", *CHECKPOINT_EPS_FIELDS) if hasattr(text, k)}}
-    for key, value in scales.items():  # a zero rope base or a negative eps gives NaN in every forward
+    for key, value in scales.items():
         low = key == "rope_theta" and isinstance(value, (int, float)) and not value > 0
         if low or (isinstance(value, (int, float)) and not (value >= 0 and math.isfinite(value))):
-            raise ValueError(f"{where}: {key} is {value}, but it must be {'> 0' if key == 'rope_theta' else '>= 0'} "
-                             f"and finite: the config is damaged; fix it or {RESAVE}")
+            return f"{key} is {value}, but it must be {'> 0' if key == 'rope_theta' else '>= 0'} and finite"
+    act = getattr(text, "hidden_act", None)
+    if isinstance(act, str):
+        from transformers.activations import ACT2FN
+
+        if act not in ACT2FN:
+            return f"hidden_act is {act!r}, an activation transformers does not know (e.g. 'silu', 'gelu')"
+    return None
 
 
 def _damaged_weights_file(folder: Path) -> Path | None:

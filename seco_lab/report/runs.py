@@ -136,9 +136,13 @@ def runs_figure(run_dirs) -> Figure:
     colour and line style (10 colours, then the next line style: at most :data:`MAX_RUNS` runs) and a legend entry
     that reads as its folder's name -- handed to the legend explicitly, since matplotlib leaves out a label that
     starts with ``_`` (a folder ``_base``), with ``$`` escaped (campaign 25 N1)."""
+    if isinstance(run_dirs, (str, bytes, os.PathLike)):  # iterated, "run00" would be the runs r, u, n, 0, 0
+        raise TypeError(f"runs_figure takes a list of run folders, got the single path {run_dirs!r}: pass "
+                        f"[{run_dirs!r}]")
     run_dirs = list(run_dirs)
     if not run_dirs:
         raise ValueError("runs_figure: no run folder given; name at least one RUN_DIR")
+    check_run_dirs(run_dirs)  # a missing folder is named as such, not as a run without metrics
     if len(run_dirs) > MAX_RUNS:
         raise ValueError(f"{len(run_dirs)} runs in one figure: at most {MAX_RUNS} can be told apart (10 colours x "
                          f"{len(_LINE_STYLES)} line styles); plot them in groups of at most {MAX_RUNS}")
@@ -163,6 +167,5 @@ def runs_figure(run_dirs) -> Figure:
 def plot_runs(run_dirs, out) -> Path:
     out = Path(out)
     check_image_target(out)
-    check_run_dirs(run_dirs)  # a metrics.jsonl that is a FIFO, a device or a folder is named by plotted_metrics
-    save_figure(runs_figure(run_dirs), out)
+    save_figure(runs_figure(run_dirs), out)  # a metrics.jsonl that is a FIFO, a device or a folder: plotted_metrics
     return Path(out)

@@ -86,16 +86,50 @@ def _kill_hook(done: int) -> None:
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
+#: seconds between a worker's looks at its parent (:func:`_exit_with_parent`)
+PARENT_POLL_S = 0.5
+
+
+def _exit_with_parent(parent: int, poll: float = PARENT_POLL_S) -> None:
+    """A worker's watchdog thread: end the worker at once when ``parent`` (the study's process) is gone.  A parent
+    stopped by SIGKILL (``kill -9``, the OOM killer) runs no handler that could stop its workers, which otherwise
+    go on storing cells, then wait for ever (campaign 26 ST31b).  Gone: its pid no longer exists, or this
+    process's parent pid changed (it was re-parented to init or a subreaper).  ``os._exit``: no cleanup, like the
+    SIGTERM a live parent sends; the cell in flight is not stored (each cell's files are written atomically), and
+    none after it."""
+    import time
+
+    start = os.getppid()  # ``parent`` itself under spawn; a fork server under forkserver
+    while os.getppid() == start and _exists(parent):
+        time.sleep(poll)
+    os._exit(128 + 9)  # as if SIGKILLed with the parent
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. not ours to signal: it exists
+        pass
+    return True
+
+
 def _worker_init() -> None:
     """A worker's initializer: Ctrl-C is the parent's to handle (one message, not a traceback per worker); and
     tqdm's write lock is a thread lock, not its default multiprocessing one, whose semaphore a worker stopped on
-    Ctrl-C never releases (the "resource_tracker: ... leaked semaphore objects" warning at exit)."""
+    Ctrl-C never releases (the "resource_tracker: ... leaked semaphore objects" warning at exit).  A daemon thread
+    ends the worker once its parent is gone, however the parent ended (:func:`_exit_with_parent`)."""
+    import multiprocessing
     import signal
     import threading
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's terminate() ends a worker at once
     tqdm.set_lock(threading.RLock())
+    # the study's process, as multiprocessing recorded it: also right when it died before this worker got here
+    parent = getattr(multiprocessing.parent_process(), "pid", None) or os.getppid()
+    threading.Thread(target=_exit_with_parent, args=(parent,), name="seco-lab-parent-watchdog", daemon=True).start()
 
 
 @contextmanager

@@ -176,6 +176,45 @@ def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | Non
     bad = first_non_finite(state.get("model")) or first_non_finite(state.get("optimizer"))  # a .pt holds them
     if bad is not None:
         raise RunDirError(_non_finite_message(name, bad))
+    problem = optimizer_state_problem(state.get("optimizer"), cfg, expected)
+    if problem:
+        raise RunDirError(_optimizer_message(name, problem))
+
+
+def optimizer_state_problem(opt, cfg: TrainConfig, step: int) -> str | None:
+    """What is wrong with a checkpoint's AdamW state that would quietly change the run (campaign 26 P2, P7): none at
+    all after a step (a slim or edited checkpoint: the moments would restart from zero, and the run differ from one
+    never stopped), a negative second moment (its square root is NaN), or hyperparameters other than the run's
+    (``load_state_dict`` restores the checkpoint's betas and weight decay over the config's).  The learning rate
+    is not checked: the schedule sets it at every step."""
+    if not isinstance(opt, dict) or not isinstance(opt.get("state"), dict):
+        return None  # what a damaged file holds instead is named when it is loaded
+    problem = None
+    if step > 0 and not opt["state"] and isinstance(opt.get("param_groups"), list) and any(
+            isinstance(g, dict) and g.get("params") for g in opt["param_groups"]):
+        problem = "holds no optimizer state (AdamW's moments: a slim or edited checkpoint)"
+    for i, per in opt["state"].items():
+        sq = per.get("exp_avg_sq") if isinstance(per, dict) else None
+        sq = sq.to_local() if hasattr(sq, "to_local") else sq  # a sharded tensor: this rank's shard
+        if isinstance(sq, torch.Tensor) and sq.is_floating_point() and bool((sq < 0).any()):
+            problem = problem or f"holds a negative second moment (exp_avg_sq of parameter {i}), which no AdamW writes"
+    want = {"betas": [float(b) for b in cfg.betas], "weight_decay": float(cfg.weight_decay)}
+    for g in opt.get("param_groups") if isinstance(opt.get("param_groups"), list) else []:
+        got = {k: (list(g[k]) if k == "betas" and isinstance(g[k], (list, tuple)) else g[k])
+               for k in want if isinstance(g, dict) and k in g}
+        for k, v in got.items():
+            if v != want[k]:
+                problem = problem or f"records AdamW {k} {v}, not the run's {want[k]}"
+        eps = g.get("eps") if isinstance(g, dict) else None
+        if isinstance(eps, float) and not (math.isfinite(eps) and eps > 0):
+            problem = problem or f"records AdamW eps {eps}, which must be finite and > 0"
+    return problem
+
+
+def _optimizer_message(name: str, problem: str) -> str:
+    return (f"--resume: checkpoint {name} {problem}: resuming from it would not continue the run; it is damaged or "
+            "was edited -- resume from an earlier checkpoint (move this one out of the run's checkpoints folder and "
+            "delete checkpoints/latest) or start a new --run-dir")
 
 
 def load_newest_checkpoint(run_dir: RunDir, model, optimizer, cfg: TrainConfig,
@@ -194,6 +233,10 @@ def load_newest_checkpoint(run_dir: RunDir, model, optimizer, cfg: TrainConfig,
         bad = _on_any_rank(first_non_finite(model.state_dict()) or first_non_finite(optimizer.state_dict()))
         if bad is not None:
             raise RunDirError(_non_finite_message(sharded[0].name, bad))
+        step = int(sharded[0].name.split("_")[1].split(".")[0])
+        problem = _on_any_rank(optimizer_state_problem(optimizer.state_dict(), cfg, step))
+        if problem is not None:
+            raise RunDirError(_optimizer_message(sharded[0].name, problem))
         return extra
     # load_state_dict moves the tensors to the model's device
     return run_dir.load_checkpoint(map_location="cpu", check=check)

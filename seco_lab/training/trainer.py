@@ -347,10 +347,10 @@ class Trainer:
             what = "loss" if not math.isfinite(loss) else "gradient norm"
             value = loss if what == "loss" else gnorm
             raise NonFiniteLoss(f"{what} is {value} at step {self.step + 1}; stopped without applying it (the "
-                                f"last checkpoint stays); {self._non_finite_advice()}")
+                                f"last checkpoint stays); {self.non_finite_advice()}")
         return gnorm
 
-    def _non_finite_advice(self) -> str:
+    def non_finite_advice(self) -> str:
         """What to do about a NaN/inf loss: not a lower --lr where the weights were NaN before the step."""
         bad = first_non_finite([(n, p.detach()) for n, p in self.model.named_parameters()])
         if bad is not None:  # no learning rate mends weights that are NaN before the step
@@ -419,7 +419,7 @@ class Trainer:
                       "(e.g. NaN weights, a zero or negative rope_theta or norm eps in the checkpoint's "
                       "config.json); nothing was trained -- fix the model, then rerun with --overwrite")
         else:
-            advice = f"the last checkpoint stays; {self._non_finite_advice()}"
+            advice = f"the last checkpoint stays; {self.non_finite_advice()}"
         return f"the validation loss is {value} at step {self.step}{where}; {advice}"
 
     # ------------------------------------------------------------------ loop
