@@ -186,12 +186,14 @@ def test_text_training_via_cli_and_plot_of_several_runs(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_ctrl_c_and_sigterm_checkpoint_plot_and_exit_non_zero(tmp_path, signum, status):
     run = tmp_path / "int"
+    # SIGHUP as a terminal sends it: not ignored, even where the suite itself runs under nohup
     proc = subprocess.Popen([sys.executable, "-m", "seco_lab.cli", "train", "--run-dir", str(run), *SMALL,
                              "--steps", "100000", "--ckpt-every", "100000", "--eval-every", "100000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     metrics = run / "metrics.jsonl"
     # the step-0 evaluation is logged after the handlers are installed: from then on a signal is caught,
     # whatever the machine's load (the signal then lands in some step >= 1, which the run finishes)

@@ -27,6 +27,7 @@ def terminate_when_running():
     os.kill(os.getpid(), getattr(signal, sys.argv[2]))  # kill/timeout/schedulers, or a closed terminal: the parent
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as under a terminal, also where the suite itself runs under nohup
     threading.Thread(target=terminate_when_running, daemon=True).start()
     try:
         with terminate_as_interrupt():

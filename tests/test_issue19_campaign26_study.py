@@ -58,3 +58,32 @@ def test_st31b_sigkill_to_the_study_ends_its_workers(tmp_path):
             os.killpg(sid, signal.SIGKILL)  # the survivors of a failure: the study's workers, nothing else
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def test_sighup_stops_a_run_or_a_study_unless_it_was_started_under_nohup():
+    """SG20: SIGHUP (the terminal closed) killed `train` without its checkpoint-and-stop; it is a stop signal now,
+    as for a study (campaign 25 N2) -- except where the process was started with SIGHUP ignored (`nohup`), which
+    the user chose so that the run outlives the terminal: kept, for a run and a study alike."""
+    import signal
+
+    from seco_lab.studies.runner import terminate_as_interrupt
+    from seco_lab.training.launch import catch_stop_signals
+
+    before = signal.getsignal(signal.SIGHUP)
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        restore = catch_stop_signals(lambda signum: None)
+        assert callable(signal.getsignal(signal.SIGHUP))  # caught
+        restore()
+        with terminate_as_interrupt():
+            assert callable(signal.getsignal(signal.SIGHUP))
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
+        restore = catch_stop_signals(lambda signum: None)
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert callable(signal.getsignal(signal.SIGTERM))
+        restore()
+        with terminate_as_interrupt():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)

@@ -35,17 +35,32 @@ from .grads import GradDict, grads_in_isolation, named_grads
 from .protocol import ChunkCache, ChunkModel, flat_cache, unflat_cache
 
 __all__ = ["ChunkedBatch", "accumulate_into", "backward_sweep", "cache_leaves", "checked_batch", "dense_grad",
-           "forward_loss", "hop_relay", "hop_sweep", "pass1_span", "relay_sweep", "seco_grad", "seco_step", "trainable"]
+           "forward_loss", "hop_relay", "hop_sweep", "pass1_span", "relay_sweep", "require_autograd", "seco_grad",
+           "seco_step", "trainable"]
 
 Relay = Callable[[Hashable, int, int], "tuple[Hashable, float] | None"]
 Collect = Callable[[Hashable, int, Sequence[torch.Tensor]], None]
 prepare = checked_batch  # the name before checks.checked_batch; for code written against it
 
 
+def require_autograd(what: str) -> None:
+    """Refuse a gradient computation under ``torch.inference_mode()``.  There no graph is recorded and
+    ``torch.enable_grad()`` cannot turn it back on, so the sweeps would find no graph to backpropagate and
+    return the right loss with an all-zero gradient.  ``torch.no_grad()`` is fine: the engine turns gradients
+    on where it builds a graph (the chunk rebuilds), and pass 1 runs without one anyway."""
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError(f"{what} computes gradients with autograd, but it was called under "
+                           "torch.inference_mode(), where autograd records nothing and every gradient would come "
+                           f"out zero: call {what} outside the inference_mode block (torch.no_grad() is fine; "
+                           "for the loss alone use forward_loss, which works in inference mode)")
+
+
 def trainable(model) -> list[tuple[str, torch.nn.Parameter]]:
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not params:
-        raise ValueError("no parameter of the model requires grad")
+        raise ValueError("no parameter of the model requires grad (all frozen), so there is no gradient to compute: "
+                         "unfreeze the ones to differentiate (p.requires_grad_(True), or model.requires_grad_() "
+                         "for all)")
     return params
 
 
@@ -234,6 +249,7 @@ def backward_sweep(model: ChunkModel, batch: ChunkedBatch, leaves: Sequence[Chun
     ``kept``: chunk outputs pass 1 built with a graph (:func:`cache_leaves` ``keep``), used instead of
     rebuilding those chunks (and removed from the dict once backpropagated).
     """
+    require_autograd("backward_sweep")
     order = sorted(set(int(j) for j in visit), reverse=True)
     constant = _constant_relay(order, direct_label, relay)
     if constant is not None:
@@ -365,6 +381,7 @@ def relay_sweep(
     as they are instead of rebuilt (each removed from the dict once used).
     Returns the summed token loss of the visited chunks (detached).
     """
+    require_autograd("relay_sweep")
     order = sorted(set(int(j) for j in visit), reverse=True)
     visited, params = set(order), list(params)
     loss_sum = 0.0
@@ -406,6 +423,7 @@ def dense_grad(model: ChunkModel, tokens, targets, ignore_index: int = -100) -> 
 
     Returns (loss, grads) with loss = sum of token losses / number of targets.
     """
+    require_autograd("dense_grad")
     batch = checked_batch(model, tokens, targets, None, ignore_index)
     params = trainable(model)
     with torch.enable_grad():
@@ -425,6 +443,7 @@ def truncated_grad(
     chunk backpropagated once, no pass 1, no cache gradient).  Equal to the 0-hop stratum of
     :func:`seco_lab.estimators.spaco.hop_strata` up to rounding (tested).
     """
+    require_autograd("truncated_grad")
     batch = prepare(model, tokens, targets, chunk_size, ignore_index)
     params = trainable(model)
     tensors = [p for _, p in params]
@@ -463,6 +482,7 @@ def seco_grad(
     ``.grad`` of the parameters is left as it was: the sweep accumulates into fresh
     ``.grad`` tensors, which are handed back (no copy) and the previous ones restored.
     """
+    require_autograd("seco_grad")
     batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     params = trainable(model)
     loss, grads = grads_in_isolation([p for _, p in params], lambda: _seco_into_grad(model, batch,
@@ -481,6 +501,7 @@ def _seco_into_grad(model: ChunkModel, batch: ChunkedBatch, params: Sequence[tor
 def seco_step(model: ChunkModel, tokens, targets, chunk_size: int, ignore_index: int = -100, scale: float = 1.0):
     """SeCO as a training step: accumulate ``scale`` times the exact gradient straight into
     ``.grad`` of trainable parameters (frozen ones stay untouched) and return the loss."""
+    require_autograd("seco_step")
     scale = as_float(scale, "scale")  # NaN or inf would be written into every .grad
     batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     tensors = [p for _, p in trainable(model)]

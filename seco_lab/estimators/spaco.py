@@ -27,7 +27,15 @@ import numpy as np
 import torch
 
 from ..core.checks import as_bool, as_float, as_int, check_budget, check_max_hops, check_subset, guard_memory
-from ..core.engine import accumulate_into, backward_sweep, cache_leaves, checked_batch, hop_sweep, trainable
+from ..core.engine import (
+    accumulate_into,
+    backward_sweep,
+    cache_leaves,
+    checked_batch,
+    hop_sweep,
+    require_autograd,
+    trainable,
+)
 from ..core.grads import GradDict, flatten, named_grads
 from .schemes import Scheme, get_scheme
 
@@ -64,6 +72,7 @@ def spaco_grad(
     rounding (tested).  Default: the model's ``keep_graphs`` attribute, 0 where it has none.  On a CPU it was
     measured 1.19x slower than rebuilding (docs/cost.md, "SpaCO: graphs kept from pass 1").
     """
+    require_autograd("spaco_grad")
     batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     scheme = get_scheme(scheme)
     k, t = check_budget(batch.num_chunks, budget)
@@ -174,6 +183,7 @@ def hop_strata(
     more stratum of the same sweep (the chains of more than P hops; see :func:`strata_sweep`).
     Both flags must be True or False (``force="no"`` is refused, not read as True).
     """
+    require_autograd("hop_strata")
     force, remainder = as_bool(force, "force"), as_bool(remainder, "remainder")
     batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     k = batch.num_chunks
@@ -276,6 +286,7 @@ def chain_basis(model, tokens, targets, chunk_size: int, max_hops: int, ignore_i
     (2^k - 1 at P = k-1), each a gradient-sized vector: N times the gradient's bytes above
     :data:`~seco_lab.core.checks.MEMORY_GUARD_BYTES` is refused unless ``force`` (True or False).
     """
+    require_autograd("chain_basis")
     force = as_bool(force, "force")
     batch = checked_batch(model, tokens, targets, chunk_size, ignore_index)
     k = batch.num_chunks

@@ -50,8 +50,11 @@ def terminate_as_interrupt():
     def handler(signum, frame):
         raise Terminated()
 
-    # SIGTERM (kill, timeout, schedulers) and SIGHUP (the terminal closed; campaign 25 N2)
-    stops = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    # SIGTERM (kill, timeout, schedulers) and SIGHUP (the terminal closed; campaign 25 N2), not a SIGHUP the study
+    # was started to ignore (``nohup``: campaign 26)
+    hup = getattr(signal, "SIGHUP", None)
+    stops = [s for s in (signal.SIGTERM, hup)
+             if s is not None and not (s == hup and signal.getsignal(s) == signal.SIG_IGN)]
     previous = {s: signal.signal(s, handler) for s in stops}
     try:
         yield

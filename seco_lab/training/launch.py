@@ -24,10 +24,20 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["STOP_SIGNALS", "catch_stop_signals", "init_distributed_from_env", "leave_process_group",
+__all__ = ["STOP_SIGNALS", "catch_stop_signals", "stop_signals", "init_distributed_from_env", "leave_process_group",
            "leaving_process_group"]
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: what stops a run at the end of its step, with a checkpoint: Ctrl-C, SIGTERM (kill, timeout, schedulers) and SIGHUP
+#: (the terminal or SSH session closed: campaign 26 SG20) -- unless the process was started with SIGHUP ignored
+#: (``nohup``), which is kept (:func:`catch_stop_signals`)
+STOP_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
+
+
+def stop_signals() -> list[int]:
+    """:data:`STOP_SIGNALS` less SIGHUP where it is ignored (``nohup``: the user asked the run to outlive the
+    terminal)."""
+    hup = getattr(signal, "SIGHUP", None)
+    return [s for s in STOP_SIGNALS if not (s == hup and signal.getsignal(s) == signal.SIG_IGN)]
 
 
 def init_distributed_from_env() -> bool:
@@ -69,14 +79,14 @@ def leaving_process_group():
 
 
 def catch_stop_signals(on_stop: Callable[[int], None]) -> Callable[[], None]:
-    """Turn the first SIGINT or SIGTERM into ``on_stop(signum)``; later ones are ignored while the trainer
-    finishes the step and its checkpoint (a second Ctrl-C must not tear a checkpoint half-written or end the
-    process in a traceback), with one line on stderr the first time.  SIGQUIT (Ctrl-\\) and SIGKILL still end
-    the process at once.  Returns the function that puts the previous handlers back.  Off the main thread,
-    where Python cannot install signal handlers, nothing is caught."""
+    """Turn the first SIGINT, SIGTERM or SIGHUP (:func:`stop_signals`) into ``on_stop(signum)``; later ones are
+    ignored while the trainer finishes the step and its checkpoint (a second Ctrl-C must not tear a checkpoint
+    half-written or end the process in a traceback), with one line on stderr the first time.  SIGQUIT (Ctrl-\\)
+    and SIGKILL still end the process at once.  Returns the function that puts the previous handlers back.  Off
+    the main thread, where Python cannot install signal handlers, nothing is caught."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    previous = {s: signal.getsignal(s) for s in stop_signals()}
     caught: list[int] = []
 
     def handler(signum, frame):
@@ -88,7 +98,7 @@ def catch_stop_signals(on_stop: Callable[[int], None]) -> Callable[[], None]:
                          f"and its checkpoint -- Ctrl-\\ or kill -9 {os.getpid()} ends it at once, losing "
                          "them\n").encode())
 
-    for s in STOP_SIGNALS:
+    for s in previous:
         signal.signal(s, handler)
 
     def restore():

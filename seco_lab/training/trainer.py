@@ -24,8 +24,9 @@ Resuming: every checkpoint carries the experiment's fingerprint (a hash of the T
 its schedule length) and its step, both checked on load (``torch.load(weights_only=True)``: a checkpoint
 holds tensors and plain values only).  Extending a run (``--resume`` with a larger ``--steps``) keeps the
 schedule it had -- past its end the lr stays at ``min_lr_ratio * lr`` -- unless ``--rewarm`` asks for a new
-warm-up + cosine cycle over the added steps (:func:`seco_lab.training.step.schedule_factor`).  SIGINT and SIGTERM
-finish the step, checkpoint and raise :class:`TrainingInterrupted`; ``keep_checkpoints`` keeps the newest N.
+warm-up + cosine cycle over the added steps (:func:`seco_lab.training.step.schedule_factor`).  SIGINT, SIGTERM and
+SIGHUP (not under nohup) finish the step, checkpoint and raise :class:`TrainingInterrupted`; ``keep_checkpoints``
+keeps the newest N.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class NonFiniteLoss(RuntimeError):
 
 
 class TrainingInterrupted(RuntimeError):
-    """Stopped by SIGINT or SIGTERM after checkpointing; ``step`` is the step saved, ``signum`` the signal."""
+    """Stopped by SIGINT, SIGTERM or SIGHUP after checkpointing; ``step`` is the step saved, ``signum`` the signal."""
 
     def __init__(self, step: int, signum: int = signal.SIGINT):
         super().__init__(f"interrupted ({signal.Signals(signum).name}) at step {step}")
@@ -424,7 +425,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict:
-        """Train to ``stop_at`` or ``steps``.  SIGINT or SIGTERM finishes the step, checkpoints and
+        """Train to ``stop_at`` or ``steps``.  SIGINT, SIGTERM or SIGHUP finishes the step, checkpoints and
         raises :class:`TrainingInterrupted`; a non-finite loss raises :class:`NonFiniteLoss`."""
         c = self.cfg
         self.prepare()
@@ -473,7 +474,7 @@ class Trainer:
             self._history.append((rec["step"], record_digest(rec)))
 
     def _request_stop(self, signum: int) -> None:
-        """A SIGINT or SIGTERM arrived: stop after this step (every rank: the step's statistics carry it)."""
+        """A SIGINT, SIGTERM or SIGHUP arrived: stop after this step (every rank: the step's statistics carry it)."""
         self._stop_requested = True
         self._stop_signal = signum
 

@@ -137,7 +137,30 @@ def _tokenizer(model: str):
         return pretrained.load_tokenizer(model)
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model, local_files_only=True)
+    try:
+        return AutoTokenizer.from_pretrained(model, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(_no_tokenizer(model, e)) from None
+
+
+#: the files a Hugging Face tokenizer is saved as (``tokenizer.save_pretrained``), one of which a folder needs
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "merges.txt", "spiece.model", "sentencepiece.bpe.model")
+
+
+def _no_tokenizer(model: str, error: Exception) -> str:
+    """Why the checkpoint folder ``model`` gave no tokenizer, and what to do: the audit tokenizes its texts with the
+    model's own tokenizer, saved beside the weights (transformers' own words -- e.g. install sentencepiece to
+    convert a slow tokenizer -- do not help when the folder holds none)."""
+    folder = Path(model).expanduser()
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        reason = f"it has no {', '.join(TOKENIZER_FILES[:3])} or the like"
+    else:
+        text = str(error).strip()
+        reason = text.splitlines()[0][:200] if text else type(error).__name__
+    return (f"model {model}: the checkpoint folder holds no tokenizer that loads offline ({reason}); the audit "
+            "tokenizes its texts with the model's own tokenizer: save it beside the weights "
+            f"(tokenizer.save_pretrained({model!r}))")
 
 
 @lru_cache(maxsize=64)
