@@ -43,6 +43,16 @@ def _rewrite_weights(change):
     return damage
 
 
+def _drop_tensor(name):
+    def damage(folder):
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(folder / "model.safetensors")
+        del weights[name]
+        save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return damage
+
+
 # name -> (damage, the file the message names, what it says)
 DAMAGES = {
     "MD02-truncated": (_rewrite_weights(lambda b: b[:5000]), "model.safetensors", "is damaged or truncated"),
@@ -63,6 +73,9 @@ DAMAGES = {
     "negative-rope-theta": (_set_config(rope_parameters={"rope_theta": -5.0, "rope_type": "default"}),
                             "config.json", "rope_theta is -5.0"),
     "negative-norm-eps": (_set_config(rms_norm_eps=-1.0), "config.json", "rms_norm_eps is -1.0, but it must be >= 0"),
+    # campaign 26 MD28: one tensor missing, which transformers initialised at random (only its load report said so)
+    "missing-tensor": (_drop_tensor("model.norm.weight"), "model.safetensors",
+                       "lacks 1 weight(s) the model needs (model.norm.weight)"),
 }
 
 

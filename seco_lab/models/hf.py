@@ -436,8 +436,8 @@ def load_checkpoint(folder: str | os.PathLike, attn_implementation: str = "sdpa"
     folder = Path(folder)
     _check_checkpoint_config(transformers, folder)
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation=attn_implementation,
-                                                                  local_files_only=True)
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            str(folder), attn_implementation=attn_implementation, local_files_only=True, output_loading_info=True)
     except load_errors() as e:
         if not is_load_error(e):
             raise
@@ -446,6 +446,12 @@ def load_checkpoint(folder: str | os.PathLike, attn_implementation: str = "sdpa"
             raise ValueError(f"{damaged} is damaged or truncated ({load_error_reason(e)}); {RESAVE}") from None
         raise ValueError(f"{folder} does not load as a causal LM ({load_error_reason(e)}): the checkpoint is damaged "
                          f"or its weights do not fit its config.json; {RESAVE}") from None
+    missing = sorted(info.get("missing_keys") or ()) if isinstance(info, dict) else []
+    if missing:  # transformers initialises them at random: the model would be partly the checkpoint's, partly not
+        raise ValueError(f"{_weights_file(folder, missing[0])} lacks {len(missing)} weight(s) the model needs "
+                         f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): transformers would "
+                         f"initialise them at random, so the model would not be the checkpoint's; the checkpoint is "
+                         f"incomplete -- {RESAVE}")
     check_finite_weights(model, folder)
     return model
 
