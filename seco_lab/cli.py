@@ -205,7 +205,7 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
     try:
         cfg = TrainConfig.from_dict(merged).validate()
     except ValueError as e:  # a setting of the file that the flags contradict: say where it comes from
-        if run.resume and str(e).startswith("warmup=") and "warmup" not in flags and "warmup" not in file:
+        if run.resume and str(e).startswith("warmup=") and merged.get("warmup") == base.get("warmup"):
             # the warm-up is the run's own (a resume keeps it): the advice is about --steps (campaign 26 TA63)
             raise UserError(f"--steps {merged.get('steps')}: the run in {run.run_dir} warms up for "
                             f"{base.get('warmup')} steps (its config.json; a resume keeps that), so --steps must be "
@@ -312,7 +312,8 @@ def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
     first, began = trainer.step, time.perf_counter()
     try:
         last = trainer.fit()
-    except (NonFiniteLoss, RunDirError) as e:  # a diverged run; a checkpoint that could not be written
+    except (NonFiniteLoss, RunDirError, ValueError) as e:  # a diverged run; a checkpoint that could not be written;
+        # a check of the model at its first forward (dropout active in a checkpoint's config: campaign 27 H20)
         print(f"seco-lab train: error: {e}", file=sys.stderr)
         return 1
     except FloatingPointError as e:  # the engine refused a NaN/inf forward the trainer did not turn into a step

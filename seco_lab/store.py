@@ -580,7 +580,7 @@ def _unrecordable(folder: Path, name: str) -> str | None:
         name.encode("utf-8")
     except UnicodeEncodeError:
         return _NOT_UTF8_NAME.format(folder=folder, name=os.fsencode(name))
-    if "\n" in name or "\r" in name or name != name.strip():
+    if name.splitlines() != [name] or name != name.strip():  # \v, \f, U+2028 ... end a line as well (campaign 27)
         return (f"{folder}: the results file {name!r} is named with a line break or a leading or trailing space, "
                 "which a checksum line cannot hold; rename it or move it away")
     return None

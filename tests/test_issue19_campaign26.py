@@ -44,7 +44,9 @@ def test_a_report_of_results_in_a_folder_not_named_in_utf8_is_written(tmp_path, 
     assert "is not named in UTF-8" in err and "Traceback" not in err
 
 
-def test_p5_a_results_name_with_a_leading_space_is_refused_by_seal_and_report_alike(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("name", [" lead.csv", "vt\vx.csv", "ls\u2028x.csv"])  # \v, U+2028: campaign 27 Q2
+def test_p5_a_results_name_with_a_leading_space_is_refused_by_seal_and_report_alike(tmp_path, capsys, monkeypatch,
+                                                                                     name):
     """P5: seal recorded ' lead.csv' in a line no reader could parse back; the report then called the checksum file
     damaged and named seal, which refused its own file as "it may be yours"."""
     from seco_lab import store
@@ -52,17 +54,17 @@ def test_p5_a_results_name_with_a_leading_space_is_refused_by_seal_and_report_al
     monkeypatch.delenv(store.NO_CHECKSUMS_ENV, raising=False)
     folder = tmp_path / "b"
     shutil.copytree(ROOT / "reports" / "bench", folder)
-    (folder / " lead.csv").write_text("a\n1\n")
+    (folder / name).write_text("a\n1\n")
     before = (folder / store.CHECKSUMS).read_bytes()
     assert main(["seal", str(folder)]) == 2
     err = capsys.readouterr().err
-    assert "' lead.csv' is named with a line break or a leading or trailing space" in err
+    assert f"{name!r} is named with a line break or a leading or trailing space" in err
     assert "rename it or move it away, then seal; nothing was written" in err
     assert (folder / store.CHECKSUMS).read_bytes() == before
     assert main(["report", "bench", "--results", str(folder), "--out", str(tmp_path / "b.md")]) == 2
     err = capsys.readouterr().err
-    assert "' lead.csv' is named with a line break or a leading or trailing space" in err and "damaged" not in err
-    (folder / " lead.csv").rename(folder / "lead.csv")  # the remedy it names works
+    assert f"{name!r} is named with a line break or a leading or trailing space" in err and "damaged" not in err
+    (folder / name).rename(folder / "lead.csv")  # the remedy it names works
     assert main(["seal", str(folder)]) == 0
 
 

@@ -35,6 +35,20 @@ def _slim(opt):
     opt["state"].clear()
 
 
+def _state(key, value):
+    def change(opt):
+        opt["state"][3][key] = value(opt["state"][3])
+    return change
+
+
+def _drop_one(opt):
+    del opt["state"][3]
+
+
+def _reversed_params(opt):
+    opt["param_groups"][0]["params"].reverse()
+
+
 @pytest.mark.parametrize("change, says", [
     (_group("betas", (float("nan"), 0.95)), "records AdamW betas [nan, 0.95], not the run's [0.9, 0.95]"),
     (_group("weight_decay", float("nan")), "records AdamW weight_decay nan, not the run's 0.0"),
@@ -42,7 +56,16 @@ def _slim(opt):
     (_group("eps", 0.0), "records AdamW eps 0.0, which must be finite and > 0"),
     (_negative_second_moment, "holds a negative second moment (exp_avg_sq of parameter 3)"),
     (_slim, "holds no optimizer state (AdamW's moments: a slim or edited checkpoint)"),
-], ids=["nan-betas", "nan-weight-decay", "other-betas", "zero-eps", "negative-exp-avg-sq", "slim"])
+    # campaign 27 (K01, K02, K10, K12-K14, K16): raw tracebacks from torch's adam, or a quietly other update
+    (_group("amsgrad", True), "records AdamW amsgrad True, not the run's False"),
+    (_group("maximize", True), "records AdamW maximize True, not the run's False"),
+    (_state("exp_avg", lambda per: torch.zeros(3)), "holds exp_avg of parameter 3 with shape (3,)"),
+    (_state("step", lambda per: torch.tensor(-5.0)), "records AdamW's step counter -5.0 for parameter 3"),
+    (_state("step", lambda per: torch.tensor(0.0)), "records AdamW's step counter 0.0 for parameter 3"),
+    (_drop_one, "holds no optimizer state for parameter 3"),
+    (_reversed_params, "lists the optimizer's parameters in another order or number"),
+], ids=["nan-betas", "nan-weight-decay", "other-betas", "zero-eps", "negative-exp-avg-sq", "slim", "amsgrad",
+        "maximize", "exp-avg-shape", "negative-step", "zero-step", "one-state-dropped", "params-reversed"])
 def test_p2_p7_a_checkpoint_whose_adamw_state_would_change_the_run_is_refused(r2, tmp_path, capsys, change, says):
     """P2 (TR33, TR38, TR45, TR47): NaN betas or weight decay, or a negative second moment, made the weights NaN at
     the first resumed step and ended in a raw FloatingPointError traceback, every retry alike.  P7 (TR39): a
@@ -99,6 +122,20 @@ def test_ta63_a_resume_with_steps_within_the_runs_warm_up_names_steps_not_warmup
     run = tmp_path / "r"
     assert main(["train", *FAST, "--warmup", "1", "--run-dir", str(run)]) == 0  # the last --warmup counts
     capsys.readouterr()
-    assert main(["train", "--steps", "1", "--run-dir", str(run), "--resume", "--no-progress"]) == 2
+    for again in ([], ["--warmup", "1"]):  # the run's own warm-up named again (campaign 27 TA63r): the same
+        assert main(["train", "--steps", "1", "--run-dir", str(run), "--resume", "--no-progress", *again]) == 2
+        err = capsys.readouterr().err
+        assert "--steps 1: the run in" in err and "warms up for 1 steps" in err and "lower --warmup" not in err, err
+
+
+def test_h20_a_checkpoint_config_with_dropout_is_one_line(intact, tmp_path, capsys):  # noqa: F811
+    """Campaign 27 H20: attention_dropout 0.5 in a checkpoint folder's config.json ended in a raw traceback of the
+    engine's determinism check at the step-0 evaluation (the --hf-override route was already one line)."""
+    folder = tmp_path / "ck"
+    shutil.copytree(intact, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.5}))
+    rc = main(["train", "--hf-model", str(folder), "--steps", "1", "--seq-len", "32", "--chunk-size", "8",
+               "--batch-size", "1", "--warmup", "0", "--no-progress", "--run-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err
-    assert "--steps 1: the run in" in err and "warms up for 1 steps" in err and "lower --warmup" not in err, err
+    assert rc == 1 and "Traceback" not in err and "dropout" in err, err

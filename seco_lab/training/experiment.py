@@ -128,7 +128,7 @@ def _non_finite_message(name: str, tensor: str) -> str:
 
 
 def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | None = None,
-                     saved: TrainConfig | None = None) -> None:
+                     saved: TrainConfig | None = None, fresh: dict | None = None) -> None:
     """Refuse the checkpoint ``name`` (its ``state``) when it is of another experiment than ``cfg``, its
     step is not the step its name says, (``run_id``: the run folder's) it was written by another run,
     (``saved``: the run's record) it was trained on another learning-rate schedule than the run's record says
@@ -176,17 +176,18 @@ def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | Non
     bad = first_non_finite(state.get("model")) or first_non_finite(state.get("optimizer"))  # a .pt holds them
     if bad is not None:
         raise RunDirError(_non_finite_message(name, bad))
-    problem = optimizer_state_problem(state.get("optimizer"), cfg, expected)
+    problem = optimizer_state_problem(state.get("optimizer"), cfg, expected, fresh)
     if problem:
         raise RunDirError(_optimizer_message(name, problem))
 
 
-def optimizer_state_problem(opt, cfg: TrainConfig, step: int) -> str | None:
+def optimizer_state_problem(opt, cfg: TrainConfig, step: int, fresh: dict | None = None) -> str | None:
     """What is wrong with a checkpoint's AdamW state that would quietly change the run (campaign 26 P2, P7): none at
     all after a step (a slim or edited checkpoint: the moments would restart from zero, and the run differ from one
     never stopped), a negative second moment (its square root is NaN), or hyperparameters other than the run's
-    (``load_state_dict`` restores the checkpoint's betas and weight decay over the config's).  The learning rate
-    is not checked: the schedule sets it at every step."""
+    (``load_state_dict`` restores the checkpoint's betas and weight decay over the config's); with ``fresh``
+    (:func:`fresh_optimizer_state`) also anything else that departs from the run's own optimizer.  The learning
+    rate is not checked: the schedule sets it at every step."""
     if not isinstance(opt, dict) or not isinstance(opt.get("state"), dict):
         return None  # what a damaged file holds instead is named when it is loaded
     problem = None
@@ -208,7 +209,55 @@ def optimizer_state_problem(opt, cfg: TrainConfig, step: int) -> str | None:
         eps = g.get("eps") if isinstance(g, dict) else None
         if isinstance(eps, float) and not (math.isfinite(eps) and eps > 0):
             problem = problem or f"records AdamW eps {eps}, which must be finite and > 0"
-    return problem
+    return problem or (_differs_from_fresh(opt, fresh, step) if fresh is not None else None)
+
+
+#: param-group entries the schedule sets at every step: a checkpoint's may differ from a fresh optimizer's
+_SCHEDULED = ("params", "lr", "initial_lr")
+
+
+def fresh_optimizer_state(optimizer) -> dict:
+    """What a checkpoint's AdamW state is checked against (:func:`optimizer_state_problem`): this run's optimizer,
+    before anything is loaded into it -- its param groups (every flag: amsgrad, maximize, ...) and each parameter's
+    shape, by the ids ``state_dict`` gives them."""
+    groups = optimizer.state_dict()["param_groups"]
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    return {"param_groups": groups, "shapes": {i: tuple(p.shape) for i, p in enumerate(params)}}
+
+
+def _differs_from_fresh(opt: dict, fresh: dict, step: int) -> str | None:
+    """How a checkpoint's AdamW state departs from what this run's optimizer would have written by ``step``
+    (campaign 27): other flags (amsgrad, maximize: the update itself changes), parameters in another order or
+    number, moments of another shape, a parameter without state, a step counter that is not the step's."""
+    groups, ref = opt.get("param_groups"), fresh["param_groups"]
+    if not isinstance(groups, list) or len(groups) != len(ref) or not all(isinstance(g, dict) for g in groups):
+        return f"holds {len(groups) if isinstance(groups, list) else 'no'} parameter group(s), not the run's {len(ref)}"
+    for g, r in zip(groups, ref, strict=True):
+        if list(g.get("params", ())) != list(r["params"]):
+            return "lists the optimizer's parameters in another order or number than this model's"
+        for k in sorted(set(g) & set(r) - set(_SCHEDULED)):
+            got, want = (list(v) if isinstance(v, tuple) else v for v in (g[k], r[k]))
+            if got != want:
+                return f"records AdamW {k} {got}, not the run's {want}"
+    shapes = fresh["shapes"]
+    for i, shape in shapes.items():
+        per = opt["state"].get(i)
+        if per is None:
+            if step > 0:
+                return f"holds no optimizer state for parameter {i} (AdamW's moments: a slim or edited checkpoint)"
+            continue
+        if not isinstance(per, dict):
+            return f"holds optimizer state of parameter {i} that is not AdamW's"
+        for key, t in per.items():
+            if key != "step" and isinstance(t, torch.Tensor) and tuple(t.shape) != shape:
+                return f"holds {key} of parameter {i} with shape {tuple(t.shape)}, not the parameter's {shape}"
+        count = per.get("step")
+        if isinstance(count, torch.Tensor) and count.numel() == 1:
+            count = float(count)
+        if not isinstance(count, (int, float)) or not 0 < count <= step:
+            return (f"records AdamW's step counter {count} for parameter {i}, which after step {step} must lie in "
+                    f"[1, {step}] (the bias correction would restart or break)")
+    return None
 
 
 def _optimizer_message(name: str, problem: str) -> str:
@@ -224,8 +273,13 @@ def load_newest_checkpoint(run_dir: RunDir, model, optimizer, cfg: TrainConfig,
     sharded directory is read into ``model`` and ``optimizer`` here (resharded to this run's ranks) and its extras
     returned; a ``.pt`` file is returned whole.  None when ``run_dir`` holds no checkpoint."""
     run_dir.check_latest()
-    check = functools.partial(check_checkpoint, cfg=cfg, run_id=run_dir.resume_run_id(), saved=saved)
     sharded = sharded_checkpoint.newest(run_dir.checkpoints)
+    # a .pt checkpoint's AdamW state is checked against this run's optimizer as built -- not a sharded model's, whose
+    # parameters are shards (a replicated checkpoint is resharded into it)
+    plain = optimizer is not None and not any(hasattr(p, "to_local") for g in optimizer.param_groups
+                                              for p in g["params"])
+    fresh = fresh_optimizer_state(optimizer) if plain else None
+    check = functools.partial(check_checkpoint, cfg=cfg, run_id=run_dir.resume_run_id(), saved=saved, fresh=fresh)
     files = sorted(run_dir.checkpoints.glob("step_*.pt"))
     if sharded and (not files or sharded[0].name.split(".")[0] >= files[-1].name.split(".")[0]):
         extra = sharded_checkpoint.load(sharded[0], model, optimizer, check=check)
