@@ -7,7 +7,8 @@
 * :func:`check_checkpoint` -- refuses a checkpoint of another experiment, of another run (its run id), one
   renamed to another step, or one trained on another learning-rate schedule than the run's record up to its
   step (:func:`past_schedule`: a copy of the run extended otherwise, an edited ``steps``), or whose weights or
-  optimizer state hold a NaN or an infinity (:func:`first_non_finite`: damaged, or saved from a diverged run);
+  optimizer state hold a NaN or an infinity (:func:`first_non_finite`: damaged, or saved from a diverged run),
+  then (:func:`check_content_digest`) one whose content was changed after seco-lab wrote it;
   :func:`load_newest_checkpoint` -- the checkpoint a resumed run continues from (sharded or ``.pt``), checked;
   :func:`check_nothing_to_resume` -- refuses a resume with no checkpoint of a run that logged steps;
   :func:`check_metrics_history` -- refuses a ``metrics.jsonl`` whose steps repeat or go backwards;
@@ -36,11 +37,11 @@ from ..config import RunControl, TrainConfig, warn_once
 from ..core.checks import first_non_finite
 from . import sharded_checkpoint
 from .run_dir import RunDir, RunDirError, read_config, read_metrics, safe_load
-from .run_files import UnsafeCheckpoint, checkpoint_files, checkpoint_steps
+from .run_files import CONTENT_DIGEST, UnsafeCheckpoint, checkpoint_files, checkpoint_steps, content_digest
 
 __all__ = ["LATER_FIELDS", "RECORD_KEYS", "SCHEDULE_FIELDS", "check_complete_record", "check_corpus",
-           "carried_history", "check_metrics_history", "check_history", "corpus_digest", "history_digests",
-           "record_digest",
+           "carried_history", "check_content_digest", "check_metrics_history", "check_history", "corpus_digest",
+           "history_digests", "record_digest",
            "check_step_record", "step_record",
            "metrics_gap", "past_schedule", "schedule_cycles",
            "warn_metrics_gap", "check_checkpoint", "check_nothing_to_resume",
@@ -179,6 +180,24 @@ def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | Non
     problem = optimizer_state_problem(state.get("optimizer"), cfg, expected, fresh)
     if problem:
         raise RunDirError(_optimizer_message(name, problem))
+    if name.endswith(".pt"):  # a sharded checkpoint's extras carry no digest: DCP's own files hold the tensors
+        check_content_digest(state, name)
+
+
+def check_content_digest(state: dict, name: str) -> None:
+    """Refuse checkpoint ``name`` whose content is not what seco-lab wrote (:func:`content_digest`, which every
+    ``.pt`` checkpoint carries): a weight, a moment, a step counter, an RNG state or a record edited, or the file
+    re-saved from an edited load, would continue another run than the one stopped, without a word.  Checked after
+    every specific check (those name what is wrong); checkpoints written before they carried a digest pass."""
+    recorded = state.get(CONTENT_DIGEST)
+    if recorded is None:
+        return
+    if recorded != content_digest(state):
+        raise RunDirError(f"--resume: checkpoint {name} was changed after seco-lab wrote it (its content no longer "
+                          "matches the digest it carries: it was edited, or re-saved from an edited load), so it "
+                          "would not continue the run that was stopped; put the file seco-lab wrote back, resume "
+                          f"from an earlier checkpoint (move {name} out of the run's checkpoints folder and delete "
+                          "checkpoints/latest), or start a new --run-dir")
 
 
 def optimizer_state_problem(opt, cfg: TrainConfig, step: int, fresh: dict | None = None) -> str | None:

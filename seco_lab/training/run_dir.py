@@ -58,8 +58,10 @@ from .run_checks import run_contents as _contents
 from .run_files import (  # noqa: F401 (re-export)
     CHECKPOINT_FILE,
     CHECKPOINT_KEYS,
+    CONTENT_DIGEST,
     checkpoint_run_ids,
     checkpoint_steps,
+    content_digest,
     read_config,
     read_metrics,
     run_file,
@@ -165,6 +167,7 @@ class RunDir:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, state: dict) -> Path:
         try:
+            state = {**state, CONTENT_DIGEST: content_digest(state)}  # an edit is told (check_content_digest)
             out = atomic_write(self.checkpoints / f"step_{state['step']:06d}.pt", lambda f: torch.save(state, f))
             atomic_write(self.checkpoints / "latest", out.name)
         except (OSError, RuntimeError) as e:  # disk full (torch reports it as a RuntimeError), a folder in the way

@@ -1,8 +1,13 @@
 """Reading a run's files: a checkpoint loaded safely (:func:`safe_load`), ``config.json``, ``metrics.jsonl`` (a
-torn last line dropped) and the steps with a checkpoint."""
+torn last line dropped) and the steps with a checkpoint.
+
+A ``.pt`` checkpoint carries the digest of its own content (:func:`content_digest`: SHA-256 over every value, each
+tensor's dtype, shape and bytes), so that a file edited or re-saved after seco-lab wrote it is told from the one it
+wrote (:func:`seco_lab.training.experiment.check_content_digest`)."""
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 import re
 import warnings
@@ -14,12 +19,48 @@ import torch
 from ..store import CONFIG_MAX_BYTES, TABLE_MAX_BYTES, DuplicateKeyError, checked_file, loads_json, read_json
 from .run_checks import RUN_RECORD_KEYS, RunDirError, checkpoint_steps
 
-__all__ = ["CHECKPOINT_FILE", "CHECKPOINT_KEYS", "UnsafeCheckpoint", "checkpoint_files", "checkpoint_run_ids",
+__all__ = ["CHECKPOINT_FILE", "CHECKPOINT_KEYS", "CONTENT_DIGEST", "UnsafeCheckpoint", "content_digest",
+           "checkpoint_files", "checkpoint_run_ids",
            "checkpoint_steps", "read_config", "read_metrics", "run_file",
            "safe_load"]
 
 CHECKPOINT_KEYS = ("step", "model", "optimizer", "scheduler", "torch_rng", "numpy_rng")
 CHECKPOINT_FILE = re.compile(r"step_(\d+)\.pt")
+#: the key under which a ``.pt`` checkpoint carries :func:`content_digest` of the rest of it
+CONTENT_DIGEST = "content_digest"
+
+
+def content_digest(state: dict) -> str:
+    """SHA-256 of a checkpoint's values but :data:`CONTENT_DIGEST` (hex): dict entries in the order of their keys'
+    ``repr``, lists and tuples in order, each tensor's dtype, shape and bytes, every other value's type and
+    ``repr`` (a safe load holds nothing else).  The same before saving and after a load on the CPU."""
+    h = hashlib.sha256()
+    _digest_into(h, {k: v for k, v in state.items() if k != CONTENT_DIGEST})
+    return h.hexdigest()
+
+
+def _digest_into(h, x) -> None:
+    import numpy as np
+
+    if isinstance(x, torch.Tensor):
+        t = x.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(x, np.ndarray):  # the numpy RNG state of checkpoints written before it was a tensor
+        h.update(f"A{x.dtype}{x.shape};".encode())
+        h.update(np.ascontiguousarray(x).tobytes())
+    elif isinstance(x, dict):
+        h.update(f"D{len(x)};".encode())
+        for k in sorted(x, key=repr):
+            _digest_into(h, k)
+            _digest_into(h, x[k])
+    elif isinstance(x, (list, tuple)):
+        h.update(f"{'L' if isinstance(x, list) else 'U'}{len(x)};".encode())
+        for v in x:
+            _digest_into(h, v)
+    else:
+        h.update(f"{type(x).__name__}:{x!r};".encode())
 
 
 class UnsafeCheckpoint(RunDirError):
