@@ -85,3 +85,54 @@ def test_a_checkpoint_written_before_the_digest_resumes_as_the_run_would(r2, tmp
     keys = ("loss", "grad_norm", "far_loss", "eval_loss", "eval_far_loss")  # not the timings
     a, b = ([[r[k] for k in keys] for r in read_metrics(run) if r["step"] == 3] for run in (intact, old))
     assert a and a == b
+
+
+def test_a_checkpoint_without_its_config_is_named_as_such(r2, tmp_path, capsys):
+    """Campaign 28 (review): the config removed from a checkpoint was refused as 'trained on another learning-rate
+    schedule ... (warm-up + cosine cycles None)', blaming the schedule."""
+    run = copy_run(r2, tmp_path / "r")
+    _edit(run, lambda s: s.pop("config"))
+    rc, err = _resume(run, capsys)
+    assert rc == 2, err
+    assert "--resume: checkpoint step_000002.pt records no experiment config" in err, err
+    assert "schedule" not in err.split("config")[0] and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_run_dir_going_up_out_of_a_missing_folder_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """Campaign 28 (T29): `--run-dir x/../../../` was refused as the filesystem root only after `x` was made."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", *FAST, "--run-dir", "x/../../../"]) == 2
+    assert "goes up ('..') out of x, which is not an existing folder" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "runs").mkdir()
+    assert main(["train", *FAST, "--run-dir", "runs/../r"]) == 0  # up out of a folder that exists: allowed
+    assert (tmp_path / "r" / "config.json").is_file()
+
+
+def _without_digest(change):
+    def edit(state):
+        state.pop(CONTENT_DIGEST)  # as a checkpoint written before checkpoints carried one
+        change(state)
+    return edit
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda s: s.__setitem__("step", "2"), "holds step '2', not the integer 2"),
+    (lambda s: s.__setitem__("step", 2.0), "holds step 2.0, not the integer 2"),
+    (lambda s: s.__setitem__("optimizer", []), "the optimizer state in"),
+    (lambda s: s.__setitem__("torch_rng", torch.zeros(10, dtype=torch.uint8)),
+     "holds a scheduler or random-number-generator state that cannot be restored"),
+    (lambda s: s.__setitem__("numpy_rng", {"name": "MT19937"}),
+     "holds a scheduler or random-number-generator state that cannot be restored"),
+    (lambda s: s.__setitem__("scheduler", [1, 2]),
+     "holds a scheduler or random-number-generator state that cannot be restored"),
+], ids=["step-str", "step-float", "optimizer-list", "torch-rng-short", "numpy-rng-partial", "scheduler-list"])
+def test_a_checkpoint_without_a_digest_with_unusable_values_is_one_line(r2, tmp_path, capsys, change, says):
+    """Campaign 28 (K_step-field-str, K_optimizer-list, K_rng-garbage): raw TypeError / RuntimeError tracebacks
+    from a checkpoint's step, optimizer or RNG state of the wrong kind -- now refused by the digest, and by name
+    for a checkpoint that carries none."""
+    run = copy_run(r2, tmp_path / "r")
+    _edit(run, _without_digest(change))
+    rc, err = _resume(run, capsys)
+    assert rc == 2, err
+    assert says in err and len(err.strip().splitlines()) == 1, err

@@ -138,7 +138,12 @@ def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | Non
     A refusal stops the resume: it does not fall back to an earlier checkpoint, as an unreadable file does --
     the file reads well, and the steps after an earlier one would be trained again without a word."""
     expected = int(name.split("_")[1].split(".")[0])
-    if int(state.get("step", -1)) != expected:
+    step = state.get("step")
+    if type(step) is not int:  # a bool, a float or a str is no step seco-lab wrote
+        raise RunDirError(f"--resume: checkpoint {name} holds step {step!r}, not the integer {expected}: it was "
+                          "edited or is not a seco-lab checkpoint; resume from an earlier checkpoint (move it out of "
+                          "the run's checkpoints folder and delete checkpoints/latest) or start a new --run-dir")
+    if step != expected:
         raise RunDirError(f"--resume: checkpoint {name} holds step {state.get('step')}, not {expected}; it was "
                           "renamed or copied from elsewhere")
     config = state.get("config")
@@ -166,7 +171,11 @@ def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | Non
                           "runs' histories; put this run's checkpoints back or start a new --run-dir")
     if saved is not None:
         step = int(state["step"])
-        theirs = past_schedule(config, step) if isinstance(config, dict) else None
+        if not isinstance(config, dict):
+            raise RunDirError(f"--resume: checkpoint {name} records no experiment config (every checkpoint seco-lab "
+                              "writes has one), so the schedule it was trained on is unknown: it was edited or "
+                              "copied from elsewhere; put this run's checkpoints back or start a new --run-dir")
+        theirs = past_schedule(config, step)
         ours = past_schedule(saved.to_dict(), step)
         if theirs != ours:
             raise RunDirError(f"--resume: checkpoint {name} was trained on another learning-rate schedule up to its "

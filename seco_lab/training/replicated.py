@@ -76,7 +76,7 @@ class ReplicatedModel:
         load_into(self.root, state["model"], where)
         try:
             optimizer.load_state_dict(state["optimizer"])
-        except (ValueError, KeyError, RuntimeError) as e:
+        except (ValueError, KeyError, RuntimeError, TypeError, AttributeError, IndexError) as e:
             raise RunDirError(f"--resume: the optimizer state in {where} does not fit this model "
                               f"({str(e).splitlines()[0]})") from None
 

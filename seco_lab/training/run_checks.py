@@ -140,6 +140,10 @@ def check_replaceable(path: Path) -> None:
 def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
     """Everything that can be checked without creating anything; raise :class:`RunDirError`."""
     path = check_path_given(path)
+    for i, part in enumerate(path.parts):  # "x/.." of a missing x: mkdir would make x, then find the folder above
+        if part == ".." and not Path(*path.parts[:i] or ".").is_dir():
+            raise RunDirError(f"run directory {path} goes up ('..') out of {Path(*path.parts[:i])}, which is not an "
+                              "existing folder; name the run directory without going through it")
     if path.is_symlink() and not path.exists():
         raise RunDirError(f"run directory {path} is a symbolic link to {os.readlink(path)}, which does not exist; "
                           "point it at a folder, or choose another --run-dir")

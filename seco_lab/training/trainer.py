@@ -216,9 +216,17 @@ class Trainer:
                                   f"nothing would be trained; pass a --stop-at above {state['step']} or drop it")
             if "model" in state:  # a replicated .pt checkpoint; a sharded one is already loaded
                 self.parallel.load_whole_state(state, self.opt, self.run_dir.checkpoints)
-            self.sched.load_state_dict(state["scheduler"])
-            torch.set_rng_state(state["torch_rng"])
-            set_numpy_rng_state(state["numpy_rng"])
+            try:
+                self.sched.load_state_dict(state["scheduler"])
+                torch.set_rng_state(state["torch_rng"])
+                set_numpy_rng_state(state["numpy_rng"])
+            except (TypeError, ValueError, KeyError, RuntimeError, AttributeError, IndexError) as e:
+                raise RunDirError(f"--resume: the checkpoint of step {state['step']} in {self.run_dir.checkpoints} "
+                                  "holds a scheduler or random-number-generator state that cannot be restored "
+                                  f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}): it is "
+                                  "damaged or was edited; resume from an earlier checkpoint (move it out of the "
+                                  "checkpoints folder and delete checkpoints/latest) or start a new --run-dir"
+                                  ) from None
             self.step = int(state["step"])
         self._continue_schedule(saved)
         check_metrics_history(self.run_dir, self.step, records)
