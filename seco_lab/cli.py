@@ -423,7 +423,9 @@ def seal_main(argv: list[str]) -> int:
         try:
             written = seal(folder)
         except (OSError, ValueError) as e:  # no permission, a full disk, a damaged file in the way
-            print(f"seco-lab seal: error: {folder}: {e.strerror if isinstance(e, OSError) and e.strerror else e}"
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            where = "" if why.startswith(str(folder)) else f"{folder}: "  # named once ("b: b: ..." in campaign 28)
+            print(f"seco-lab seal: error: {where}{why}"
                   f"{f' ({e.filename})' if isinstance(e, OSError) and e.filename else ''}", file=sys.stderr)
             return 2
         print(f"sealed {folder}: {len(written)} checksum file(s) ({', '.join(str(p) for p in written[:3])}"

@@ -59,6 +59,7 @@ def test_p5_a_results_name_with_a_leading_space_is_refused_by_seal_and_report_al
     assert main(["seal", str(folder)]) == 2
     err = capsys.readouterr().err
     assert f"{name!r} is named with a line break or a leading or trailing space" in err
+    assert f"seco-lab seal: error: {folder}: the results file" in err  # the folder named once (campaign 28)
     assert "rename it or move it away, then seal; nothing was written" in err
     assert (folder / store.CHECKSUMS).read_bytes() == before
     assert main(["report", "bench", "--results", str(folder), "--out", str(tmp_path / "b.md")]) == 2

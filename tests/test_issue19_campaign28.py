@@ -136,3 +136,26 @@ def test_a_checkpoint_without_a_digest_with_unusable_values_is_one_line(r2, tmp_
     rc, err = _resume(run, capsys)
     assert rc == 2, err
     assert says in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("draws", -5, "draws is -5, but it must be an integer >= 1"),
+    ("ci_level", 1.5, "ci_level is 1.5, but it must lie in (0, 1)"),
+    ("seeds", [0, -1, 2], "seeds is [0, -1, 2], but seeds are integers >= 0"),
+    ("draws", 5000, "its definition has digest"),  # in range, but not what the study ran with
+])
+def test_a_bias_study_json_edited_by_hand_is_refused_by_the_report(tmp_path, capsys, field, value, says):
+    """Campaign 28 (RP03): `draws` -5 in a sealed study.json was reported as "Each cell draws N = -5 sets"."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    folder = tmp_path / "b"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "reports/bias_study", folder)
+    study = json.loads((folder / "study.json").read_text())
+    study["config"][field] = value
+    (folder / "study.json").write_text(json.dumps(study))
+    assert main(["report", "bias", "--results", str(folder), "--out", str(tmp_path / "o.md")]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o.md").exists()

@@ -19,6 +19,7 @@ from ..studies.bias.definition import (
     PAPER,
     PAPER_CAPPED_2,
     RESULT_COLUMNS,
+    STUDY_FORMAT,
     StudyConfig,
 )
 from ..studies.bias.driver import SORT_KEYS  # the columns that identify a row of each table
@@ -84,6 +85,11 @@ def load_bias(folder: Path) -> BiasStudy:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise MissingResultsError(f"{folder}/study.json has no readable study definition ({type(e).__name__}: {e}): "
                                   f"rerun {PRODUCE_BIAS}") from None
+    if meta.get("study_format") == STUDY_FORMAT and meta.get("digest") != cfg.digest():
+        raise MissingResultsError(f"{folder}/study.json: its definition has digest {cfg.digest()}, but the study "
+                                  f"recorded {meta.get('digest')!r} when it ran: the record was edited, so its numbers "
+                                  f"(draws, seeds, grid) are not the ones the results were computed with; restore "
+                                  f"it, or rerun {PRODUCE_BIAS}")
 
     def read(name, columns, nan_allowed=None):
         return read_results_csv(folder / name, columns, PRODUCE_BIAS, nan_allowed=nan_allowed,

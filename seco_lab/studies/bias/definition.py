@@ -158,7 +158,33 @@ class StudyConfig:
         d["paper_cells"] = tuple(tuple(c) for c in d["paper_cells"])
         d["budgets"] = {int(k): tuple(v) for k, v in d["budgets"].items()}
         d["schemes"] = tuple(SchemeVariant(**s) for s in d["schemes"])
-        return cls(**d)
+        cfg = cls(**d)
+        cfg.check()
+        return cfg
+
+    def check(self) -> None:
+        """Refuse a definition no study runs (a ``study.json`` edited by hand: its numbers would be reported as the
+        study's): counts and sizes must be integers >= 1, budgets lie in [1, k], the interval level in (0, 1)."""
+        def count(name, v):
+            if type(v) is not int or v < 1:
+                raise ValueError(f"{name} is {v!r}, but it must be an integer >= 1")
+        for name in ("draws", "batches", "chunk_size", "max_enumerated_subsets", "engine_check_draws", "paper_draws",
+                     "paper_batches"):
+            count(name, getattr(self, name))
+        for name in ("depths", "chunk_counts", "paper_budgets"):
+            for v in getattr(self, name):
+                count(f"an entry of {name}", v)
+        for name in ("seeds", "paper_seeds"):
+            if any(type(v) is not int or v < 0 for v in getattr(self, name)):
+                raise ValueError(f"{name} is {list(getattr(self, name))!r}, but seeds are integers >= 0")
+        for k, ts in self.budgets.items():
+            if any(type(t) is not int or not 1 <= t <= k for t in ts):
+                raise ValueError(f"budgets of k={k} are {list(ts)!r}, but each must be an integer in [1, {k}]")
+        for L, k in self.paper_cells:
+            count("an L of paper_cells", L)
+            count("a k of paper_cells", k)
+        if not (isinstance(self.ci_level, float) and 0 < self.ci_level < 1):
+            raise ValueError(f"ci_level is {self.ci_level!r}, but it must lie in (0, 1)")
 
     def digest(self) -> str:
         """Hash of the definition and of ``STUDY_FORMAT``: equal digests mean resumable results."""
