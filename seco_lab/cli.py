@@ -19,6 +19,7 @@ data parallelism, with ``--shard fsdp`` for sharded (FSDP2) training.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import os
@@ -47,7 +48,7 @@ from .config import (
 from .field_types import unwrap_optional
 from .models.tiny_config import TinyConfig
 from .store import DuplicateKeyError, check_image_target, loads_json
-from .studies.registry import STUDIES, check_run_dirs, path_arg, report_main, study_main
+from .studies.registry import STUDIES, check_run_dirs, file_arg, report_main, study_main
 from .training.memory_estimate import check_fits_in_memory
 from .training.run_checks import check_usable
 
@@ -133,7 +134,7 @@ def train_parser(sub) -> argparse.ArgumentParser:
     p._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-(\d+\.?\d*|\.\d+)[eE][-+]?\d+$|^-(inf|nan)$",
                                             re.IGNORECASE)
     groups = {g: p.add_argument_group(g) for g in GROUPS}
-    groups["run control"].add_argument("--config", type=path_arg, metavar="FILE",
+    groups["run control"].add_argument("--config", type=file_arg("run.toml"), metavar="FILE",
                                        help="JSON or TOML file of TrainConfig fields (a [model] table for the model)")
     tiny_defaults = _defaults(TinyConfig)
     for f in fields(TinyConfig):
@@ -205,6 +206,12 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
     try:
         cfg = TrainConfig.from_dict(merged).validate()
     except ValueError as e:  # a setting of the file that the flags contradict: say where it comes from
+        changed = [f"{k} ({base[k]!r} -> {merged[k]!r})" for k in merged
+                   if k in base and k not in ("steps", "lr_cycles", "model") and merged[k] != base[k]]
+        if run.resume and changed:  # the resume refuses the change anyway: say that, not how to mend it (c29 S11)
+            raise UserError(f"--resume: the config differs from the run in {run.run_dir} in: {', '.join(changed)}; "
+                            "a resume keeps the run's settings (only --steps may grow): drop the changed flags or "
+                            "start a new --run-dir") from None
         if run.resume and str(e).startswith("warmup=") and merged.get("warmup") == base.get("warmup"):
             # the warm-up is the run's own (a resume keeps it): the advice is about --steps (campaign 26 TA63)
             raise UserError(f"--steps {merged.get('steps')}: the run in {run.run_dir} warms up for "
@@ -356,8 +363,11 @@ def end_summary(run_dir: str, first: int, step: int, steps: int, last: dict, sec
             + (f"curve in {Path(run_dir) / 'loss.png'}" if drawn else "no curve drawn (see the warning above)"))
 
 
-def fail(command: str, e: Exception) -> int:
-    msg = e if not isinstance(e, OSError) or not e.strerror else f"{e.filename}: {e.strerror}"
+def fail(command: str, e: Exception, path=None) -> int:
+    """A one-line error; an OSError names its file, or ``path`` (what the command was writing) when the error
+    carries none (a full disk: campaign 29 S10 printed "None: File too large")."""
+    where = e.filename if isinstance(e, OSError) and e.filename is not None else path
+    msg = e if not isinstance(e, OSError) or not e.strerror else f"{where}: {e.strerror}" if where else e.strerror
     print(f"seco-lab {command}: error: {msg}", file=sys.stderr)
     return 2
 
@@ -365,7 +375,8 @@ def fail(command: str, e: Exception) -> int:
 def plot_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="seco-lab plot", description="Draw several runs' loss curves on one figure.")
     ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)")
-    ap.add_argument("--out", type=path_arg, default=Path("runs_loss.png"), help="output image (default: runs_loss.png)")
+    ap.add_argument("--out", type=file_arg("runs_loss.png"), default=Path("runs_loss.png"),
+                    help="output image (default: runs_loss.png)")
     ns = ap.parse_args(argv)  # before matplotlib and pandas are imported: --help and usage errors answer at once
     try:
         check_image_target(ns.out)
@@ -377,7 +388,7 @@ def plot_main(argv: list[str]) -> int:
     try:
         out = plot_runs(ns.run_dirs, ns.out)
     except (ValueError, OSError) as e:
-        return fail("plot", e)
+        return fail("plot", e, ns.out)
     print(out)
     return 0
 
@@ -386,12 +397,52 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"seco-lab: warning: {message}\n"
 
 
+class StdoutClosed(Exception):
+    """Whoever read the command's standard output has gone (``seco-lab ... | head -1`` ended early).  Not an
+    OSError, so that no handler of the command takes it for its own files (campaign 28: "cannot write the results
+    to b: Broken pipe")."""
+
+
+class _GuardedStdout:
+    """``sys.stdout`` while a command runs: a write or flush into a closed pipe raises :class:`StdoutClosed`."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise StdoutClosed from None
+
+    def flush(self):
+        try:
+            return self._stream.flush()
+        except BrokenPipeError:
+            raise StdoutClosed from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def main(argv=None) -> int:
     """The ``seco-lab`` command.  A stored file nested past Python's recursion limit (JSON or TOML of
-    200,000 brackets) is a one-line error in every command, wherever it is read."""
+    200,000 brackets) is a one-line error in every command, wherever it is read.  When the reader of its output
+    goes away (a pipe to ``head``), the command ends quietly with status 141, as a Unix tool killed by SIGPIPE does;
+    what it wrote before stands (every result is written atomically)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    stdout = sys.stdout
+    if not isinstance(stdout, _GuardedStdout) and stdout is not None:
+        sys.stdout = _GuardedStdout(stdout)
     try:
-        return _dispatch(argv)
+        rc = _dispatch(argv)
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a closed pipe is told here, not in the interpreter's own flush at exit
+        return rc
+    except StdoutClosed:
+        with contextlib.suppress(OSError, ValueError):  # the rest of the buffered output goes nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
+        return 141
     except RecursionError as e:
         if not _raised_by_a_parser(e):  # our own recursion bug: a traceback, not a story about a file
             raise
@@ -400,6 +451,8 @@ def main(argv=None) -> int:
               "to read (past Python's recursion limit); it is not a file seco-lab wrote -- check the paths given",
               file=sys.stderr)
         return 2
+    finally:
+        sys.stdout = stdout
 
 
 def seal_main(argv: list[str]) -> int:

@@ -138,4 +138,5 @@ def test_h20_a_checkpoint_config_with_dropout_is_one_line(intact, tmp_path, caps
     rc = main(["train", "--hf-model", str(folder), "--steps", "1", "--seq-len", "32", "--chunk-size", "8",
                "--batch-size", "1", "--warmup", "0", "--no-progress", "--run-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err
-    assert rc == 1 and "Traceback" not in err and "dropout" in err, err
+    assert rc == 2 and "Traceback" not in err and "sets dropout (attention_dropout=0.5)" in err, err
+    assert not (tmp_path / "r").exists()  # campaign 28 (H02b): refused before the run folder is made

@@ -74,11 +74,21 @@ def test_the_digest_is_of_the_content_saved_and_names_any_change(r2):
         assert content_digest(edited) != state[CONTENT_DIGEST]
 
 
+def _as_an_older_run(run):
+    """The run folder as a seco-lab before checkpoint digests left it: its marker without ``digests``."""
+    import json
+
+    marker = json.loads((run / ".seco-lab-run").read_text())
+    marker.pop("digests")
+    (run / ".seco-lab-run").write_text(json.dumps(marker) + "\n")
+
+
 def test_a_checkpoint_written_before_the_digest_resumes_as_the_run_would(r2, tmp_path, capsys):
-    """A checkpoint without a digest (written by an earlier version) is not refused, and continues the run exactly:
-    step 3 equals the resume of the intact copy."""
+    """A checkpoint without a digest in a run folder older than digests (its marker does not promise them) is not
+    refused, and continues the run exactly: step 3 equals the resume of the intact copy."""
     intact, old = copy_run(r2, tmp_path / "intact"), copy_run(r2, tmp_path / "old")
     _edit(old, lambda s: s.pop(CONTENT_DIGEST))
+    _as_an_older_run(old)
     for run in (intact, old):
         capsys.readouterr()
         assert main(["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume"]) == 0
@@ -116,6 +126,26 @@ def _without_digest(change):
     return edit
 
 
+@pytest.mark.parametrize("digest", ["drop", None, 5, "0" * 64])
+def test_an_edited_checkpoint_whose_digest_was_removed_is_refused(r2, tmp_path, capsys, digest):
+    """Campaign 29 S1: the same edits with `content_digest` deleted (or None) resumed as a "pre-digest" checkpoint.
+    A run's marker says its checkpoints carry digests; then a missing, None or other digest is refused."""
+    run = copy_run(r2, tmp_path / "r")
+
+    def change(state):
+        _scale_moment(state)
+        if digest == "drop":
+            state.pop(CONTENT_DIGEST)
+        else:
+            state[CONTENT_DIGEST] = digest
+    _edit(run, change)
+    rc, err = _resume(run, capsys)
+    assert rc == 2, err
+    says = "carries no content digest, which every checkpoint of this run has" if digest in ("drop", None) else \
+        "was changed after seco-lab wrote it"
+    assert f"--resume: checkpoint step_000002.pt {says}" in err and len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.parametrize("change, says", [
     (lambda s: s.__setitem__("step", "2"), "holds step '2', not the integer 2"),
     (lambda s: s.__setitem__("step", 2.0), "holds step 2.0, not the integer 2"),
@@ -133,6 +163,7 @@ def test_a_checkpoint_without_a_digest_with_unusable_values_is_one_line(r2, tmp_
     for a checkpoint that carries none."""
     run = copy_run(r2, tmp_path / "r")
     _edit(run, _without_digest(change))
+    _as_an_older_run(run)
     rc, err = _resume(run, capsys)
     assert rc == 2, err
     assert says in err and len(err.strip().splitlines()) == 1, err
@@ -143,6 +174,11 @@ def test_a_checkpoint_without_a_digest_with_unusable_values_is_one_line(r2, tmp_
     ("ci_level", 1.5, "ci_level is 1.5, but it must lie in (0, 1)"),
     ("seeds", [0, -1, 2], "seeds is [0, -1, 2], but seeds are integers >= 0"),
     ("draws", 5000, "its definition has digest"),  # in range, but not what the study ran with
+    # campaign 29 S4, S5: the digest was checked only when study_format was exactly 4
+    ("study_format", None, "records study_format None, not a format of a bias study"),
+    ("study_format", "4", "records study_format '4', not a format of a bias study"),
+    ("study_format+draws", (3, 100_000), "or written by a seco-lab older than study format"),
+    ("study_format+ci_level", (3, 0.99), "its definition has digest"),
 ])
 def test_a_bias_study_json_edited_by_hand_is_refused_by_the_report(tmp_path, capsys, field, value, says):
     """Campaign 28 (RP03): `draws` -5 in a sealed study.json was reported as "Each cell draws N = -5 sets"."""
@@ -153,9 +189,274 @@ def test_a_bias_study_json_edited_by_hand_is_refused_by_the_report(tmp_path, cap
     folder = tmp_path / "b"
     shutil.copytree(Path(__file__).resolve().parents[1] / "reports/bias_study", folder)
     study = json.loads((folder / "study.json").read_text())
-    study["config"][field] = value
+    if field.startswith("study_format"):
+        if "+" in field:
+            study["study_format"], study["config"][field.split("+")[1]] = value
+        elif value is None:
+            del study["study_format"]
+        else:
+            study["study_format"] = value
+    else:
+        study["config"][field] = value
     (folder / "study.json").write_text(json.dumps(study))
     assert main(["report", "bias", "--results", str(folder), "--out", str(tmp_path / "o.md")]) == 2
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "o.md").exists()
+
+
+def _with_stdout_closed(args, cwd):
+    """Run ``python -m seco_lab.cli ARGS`` with its standard output a pipe whose reader has gone (``| head -0``)."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "seco_lab.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    return p.wait(timeout=600), err
+
+
+@pytest.mark.parametrize("command", ["seal", "report"])
+def test_a_closed_stdout_ends_the_command_quietly_after_its_work(tmp_path, command):
+    """Campaign 28 (Z21, Z23): `seal b | head -0` sealed, then ended in a raw BrokenPipeError traceback; `study bias
+    | head -1` wrote every result, then blamed the results folder ("cannot write the results to b: Broken pipe").
+    The work is done, the status is 141 (a Unix tool's SIGPIPE), and nothing is said."""
+    import shutil
+    from pathlib import Path
+
+    shutil.copytree(Path(__file__).resolve().parents[1] / "reports" / "bench", tmp_path / "b")
+    args = ["seal", "b"] if command == "seal" else ["report", "bench", "--results", "b", "--out", "o.md"]
+    rc, err = _with_stdout_closed(args, tmp_path)
+    assert rc == 141 and err == "", err
+    assert (tmp_path / ("b/checksums.sha256" if command == "seal" else "o.md")).is_file()
+
+
+def test_an_empty_file_option_names_a_file_not_the_current_folder(tmp_path, monkeypatch, capsys):
+    """Campaign 28 (Z04, Z15): `plot --out ''` advised "use . for the current directory", which was then refused as
+    a folder; a file option now asks for a file by example."""
+    monkeypatch.chdir(tmp_path)
+    for args, example in ((["plot", "r", "--out", ""], "runs_loss.png"),
+                          (["report", "bias", "--out", ""], "report.md"),
+                          (["train", "--config", ""], "run.toml")):
+        with pytest.raises(SystemExit):
+            main(args)
+        err = capsys.readouterr().err
+        assert f"is empty: name a file, e.g. {example}" in err and "use ." not in err, err
+
+
+@pytest.mark.parametrize("flag, values, says", [("--schemes", ["paper", "paper"], "schemes names 'paper' twice"),
+                                                ("--budgets", ["2", "4", "2"], "budgets names 2 twice")])
+def test_an_audit_naming_a_scheme_or_budget_twice_is_refused_up_front(tmp_path, capsys, flag, values, says):
+    """Campaign 28 (AV08): `audit --schemes paper paper` ran, and its cost unit was then reported 9 times as damaged
+    ("rows[3] and rows[2] are both the step spaco/paper/2/0 ... rerun the audit"), its sections left out."""
+    rc = main(["audit", "--quick", "--model", "tiny", "--params", "full", "--no-progress", "--out",
+               str(tmp_path / "a"), flag, *values])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{says}; name each once" in err, err
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_rerun_over_an_edited_bias_study_json_writes_the_true_definition(tmp_path, capsys):
+    """Campaign 28 (ST15): study.json's `draws` edited to -5 (its digest left alone), then the same study again:
+    "8 already done", and the edited record was kept and vouched for (the report then said "N = -5")."""
+    import json
+    from dataclasses import replace
+
+    from seco_lab.studies.bias.definition import QUICK
+    from seco_lab.studies.bias.driver import run_study
+
+    cfg = replace(QUICK, depths=(1,), chunk_counts=(4,), seeds=(0,), draws=100, paper_cells=())
+    run_study(cfg, tmp_path, progress=False)
+    path = tmp_path / "study.json"
+    record = json.loads(path.read_text())
+    record["config"]["draws"] = -5
+    path.write_text(json.dumps(record))
+    run_study(cfg, tmp_path, progress=False)
+    assert "1 already done, 0 to compute" in capsys.readouterr().out
+    assert json.loads(path.read_text())["config"]["draws"] == 100
+
+
+def test_a_resume_whose_checkpoint_folder_config_was_edited_is_refused(tmp_path, capsys):
+    """Campaign 28 (H35): `--hf-model DIR` run, then DIR/config.json's rms_norm_eps edited 1e-6 -> 0.1, then
+    --resume: rc 0 without a word, and the run went on as another model.  The model built now is checked against the
+    HF config the run recorded; the folder put back resumes."""
+    import json
+    import shutil
+
+    import transformers
+
+    folder = tmp_path / "ck"
+    config = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=4, vocab_size=256, intermediate_size=64,
+                                      max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    shutil.copy(folder / "config.json", tmp_path / "config.orig.json")
+    args = ["train", "--hf-model", str(folder), "--seq-len", "32", "--chunk-size", "8", "--batch-size", "1",
+            "--warmup", "0", "--ckpt-every", "1", "--eval-every", "1", "--eval-batches", "1", "--no-progress",
+            "--run-dir", str(tmp_path / "r")]
+    assert main([*args, "--steps", "1"]) == 0
+    edited = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**edited, "rms_norm_eps": 0.1}))
+    capsys.readouterr()
+    assert main([*args, "--steps", "2", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "now builds another model than the run" in err and "rms_norm_eps (1e-06 -> 0.1)" in err, err
+    assert "Traceback" not in err and sum("error" in line for line in err.splitlines()) == 1, err
+    shutil.copy(tmp_path / "config.orig.json", folder / "config.json")
+    assert main([*args, "--steps", "2", "--resume"]) == 0
+
+
+@pytest.mark.parametrize("sizes", [{"d_model": 2**40}, {"vocab_size": 10**12}])
+def test_a_tiny_transformer_larger_than_the_machine_is_refused_before_allocating(sizes):
+    """Campaign 28 (A68, A71): torch's allocator failed inside nn.Embedding ("can't allocate memory: you tried to
+    allocate 281474976710656 bytes"); the weights' size is now checked first, as the CLI's memory estimate does."""
+    from seco_lab import TinyConfig, TinyTransformer
+
+    with pytest.raises(MemoryError, match="needs .* GiB for its weights alone, more than this machine's"):
+        TinyTransformer(TinyConfig(**sizes))
+
+
+def test_num_parameters_is_the_models_count():
+    from seco_lab import TinyConfig, TinyTransformer
+
+    for cfg in (TinyConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=4, d_ff=32),
+                TinyConfig(vocab_size=40, d_model=24, n_layers=3, n_heads=6, n_kv_heads=2, d_ff=40,
+                           tie_embeddings=False)):
+        assert cfg.num_parameters == sum(p.numel() for p in TinyTransformer(cfg).parameters())
+
+
+@pytest.mark.parametrize("user_file", ["adapter/README.md", "adapter/adapter_model.safetensors",
+                                       "tensorboard/events.out.tfevents.mine"])
+def test_overwrite_keeps_user_files_in_folders_the_run_never_wrote(r2, tmp_path, capsys, user_file):
+    """Campaign 29 S2: `--overwrite` of a run that never used --lora or --tensorboard deleted a user's
+    adapter/README.md, adapter_model.safetensors or tensorboard events file (the names a run may write)."""
+    run = copy_run(r2, tmp_path / "r")
+    (run / user_file).parent.mkdir()
+    (run / user_file).write_text("mine\n")
+    assert main(["train", *FAST, "--run-dir", str(run), "--overwrite"]) == 2
+    assert f"holds files seco-lab did not write ({user_file.split('/')[0]})" in capsys.readouterr().err
+    assert (run / user_file).read_text() == "mine\n"
+
+
+def test_overwrite_replaces_an_optional_folder_the_run_wrote(r2, tmp_path, capsys):
+    """The folder a run did write (its marker names it: RunDir.note_written, called by the metric logger and the
+    adapter's save) is still its own to replace; the marker of a new run names none."""
+    import json
+
+    from seco_lab.training.run_dir import RunDir
+
+    run = copy_run(r2, tmp_path / "r")
+    assert "wrote" not in json.loads((run / ".seco-lab-run").read_text())
+    RunDir(run).note_written("tensorboard")
+    assert json.loads((run / ".seco-lab-run").read_text())["wrote"] == ["tensorboard"]
+    (run / "tensorboard").mkdir()
+    (run / "tensorboard" / "events.out.tfevents.1.host.2.0").write_bytes(b"x")
+    assert main(["train", *FAST, "--run-dir", str(run), "--overwrite"]) == 0
+    assert not (run / "tensorboard").exists()
+
+
+def _tiny_llama():
+    from seco_lab.models.hf import build_hf_model
+
+    return build_hf_model("llama", {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+                                    "num_key_value_heads": 4, "intermediate_size": 64, "vocab_size": 64,
+                                    "max_position_embeddings": 64})
+
+
+@pytest.mark.parametrize("kwargs, error, says", [
+    ({"targets": "q_proj"}, TypeError, "got the string 'q_proj' (use ['q_proj'])"),
+    ({"r": True}, TypeError, "LoRA rank r must be an integer, got True"),
+    ({"r": 2.5}, TypeError, "LoRA rank r must be an integer, got 2.5"),
+    ({"alpha": 0}, ValueError, "LoRA alpha must be > 0, got 0"),
+    ({"alpha": float("nan")}, ValueError, "LoRA alpha must be a finite number"),
+])
+def test_add_lora_checks_its_arguments(kwargs, error, says):
+    """Campaign 29 S6, S8: a string of targets was split into letters (peft's NoMatchingPeftModuleError), r=True /
+    2.5 reached torch's empty(), alpha=0 made every LoRA gradient exactly 0 without a word, alpha=nan failed later
+    blaming the weights or the norm eps."""
+    from seco_lab.models.hf import add_lora
+
+    with pytest.raises(error) as e:
+        add_lora(_tiny_llama(), **kwargs)
+    assert says in str(e.value)
+
+
+def test_build_hf_model_and_hfchunkmodel_refuse_arguments_of_the_wrong_kind():
+    """Campaign 29 S6 (C36), S8 (D12): overrides as a list of pairs ended in str.join's TypeError;
+    chunk_attention="no" switched the model to seco_sdpa as True does."""
+    from seco_lab.models.hf import HFChunkModel, build_hf_model
+
+    with pytest.raises(TypeError, match="overrides must be a dict of config field: value, got list"):
+        build_hf_model("llama", [("hidden_size", 32)])
+    model = _tiny_llama()
+    with pytest.raises(TypeError, match="chunk_attention must be"):
+        HFChunkModel(model, chunk_attention="no")
+    assert model.config._attn_implementation == "sdpa"  # left as it was
+
+
+def test_a_resume_with_another_warmup_is_told_that_a_resume_keeps_it(tmp_path, capsys):
+    """Campaign 29 S11: `--resume --steps 3 --warmup 5` on a warm-up-1 run advised "lower --warmup below --steps";
+    following it (--warmup 2) was refused as a config change.  The change itself is named first."""
+    run = tmp_path / "r"
+    assert main(["train", *FAST, "--warmup", "1", "--run-dir", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["train", *FAST, "--steps", "3", "--warmup", "5", "--resume", "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "the config differs from the run" in err and "warmup (1 -> 5)" in err and "lower --warmup" not in err, err
+
+
+def test_a_plot_that_cannot_write_names_its_file(r2, tmp_path, monkeypatch, capsys):
+    """Campaign 29 S10: a full disk during `plot` said "None: File too large" (a write error names no file)."""
+    import errno
+
+    from seco_lab.report import runs
+
+    def full(*args, **kwargs):
+        raise OSError(errno.EFBIG, "File too large")
+    monkeypatch.setattr(runs, "plot_runs", full)
+    assert main(["plot", str(r2), "--out", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'x.png'}: File too large" in err and "None" not in err, err
+
+
+def test_hop_strata_of_an_hf_model_cast_to_float64_after_loading_are_exact(tmp_path):
+    """Campaign 29 S9: a checkpoint loaded, then `.double()`: seco_grad matched dense to 2e-16 but hop strata were off
+    by ~3e-8 (transformers' RMSNorm computes in float32; the float64 formula was installed only by build_hf_model's
+    own dtype argument).  HFChunkModel installs it for any model it drives, effective whenever inputs are float64."""
+    import transformers
+
+    from seco_lab import dense_grad, hop_strata
+    from seco_lab.models.hf import HFChunkModel, build_hf_model
+
+    config = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=4, intermediate_size=64, vocab_size=64,
+                                      max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "ck")
+    model = HFChunkModel(build_hf_model(str(tmp_path / "ck"), attn_implementation="sdpa")).double()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 64, (2, 20), generator=g), torch.randint(0, 64, (2, 20), generator=g)
+    _, dense = dense_grad(model, x, y)
+    total = hop_strata(model, x, y, 5).total()
+    scale = max(float(v.abs().max()) for v in dense.values())
+    assert max(float((total[k] - dense[k]).abs().max()) for k in dense) / scale < 1e-12
+
+
+def test_an_audit_report_names_how_its_own_results_are_rerun(tmp_path):
+    """Campaign 29 S11: the report of a user's own audit said "rerun them with `make audit` (`seco-lab audit
+    --committed ...`)", the committed SmolLM2 study, not what made its numbers."""
+    import json
+    from pathlib import Path
+
+    from seco_lab.report.audit import PRODUCE, _produce
+    from seco_lab.studies.audit.config import COMMITTED, AuditConfig
+
+    committed = json.loads((Path(__file__).resolve().parents[1] / "reports/audit/k128/audit.json").read_text())
+    assert _produce(Path("reports/audit/k128"), committed["config"]) == PRODUCE
+    own = AuditConfig(model="tiny", params="full", dtype="float64", length=24, chunk_size=4, budgets=(2, 3),
+                      max_hops=1, mc_budgets=(2,), exact_length=16, exact_chunk_size=4).to_json()
+    text = _produce(tmp_path / "o", own)
+    assert "--committed" not in text and f"{tmp_path / 'o' / 'config.json'}" in text
+    assert _produce(tmp_path / "o", {**COMMITTED.to_json(), "threads": 7}) == PRODUCE  # threads: not the definition

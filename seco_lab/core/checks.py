@@ -39,7 +39,8 @@ if TYPE_CHECKING:  # torch is imported by the functions that need it: the CLI's 
     from .protocol import ChunkOutput
 
 __all__ = ["MAX_WEIGHT_ENTRIES", "MEMORY_GUARD_BYTES", "RECOMPUTE_CHECKS", "ChunkedBatch", "RecomputationError",
-           "as_bool", "as_float", "as_int", "as_token_matrix", "ceil_div", "check_seed", "guard_memory",
+           "host_memory_bytes", "as_bool", "as_float", "as_int", "as_token_matrix", "ceil_div", "check_seed",
+           "guard_memory",
            "check_budget", "check_chunk_size", "check_max_hops", "check_model", "check_recomputed", "check_rng",
            "check_key_value_task", "check_subset", "check_threads", "checked_batch", "checked_chunk", "recompute_check",
            "MAX_THREADS", "first_non_finite"]
@@ -149,6 +150,14 @@ def check_rng(generator) -> np.random.Generator:
 MEMORY_GUARD_BYTES = 8 << 30
 #: longest weight vector (entries p = 0..P) a scheme computes; past k - 1 every entry is 0
 MAX_WEIGHT_ENTRIES = 1 << 24
+
+
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def guard_memory(what: str, nbytes: float, detail: str, fix: str, force: bool | None = False) -> None:

@@ -34,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import HF_ARCHITECTURE_DEFAULTS
-from ..core.checks import first_non_finite
+from ..core.checks import as_bool, as_float, as_int, first_non_finite
 from ..core.protocol import ChunkCache, ChunkOutput
 
 __all__ = ["ARCHITECTURES", "HFChunkModel", "add_lora", "build_hf_model", "config_record", "exact_float64",
@@ -103,19 +103,23 @@ def chunkable_reason(config) -> str | None:
 
 
 def _rmsnorm_in_input_dtype(self, hidden_states):
+    if hidden_states.dtype != torch.float64:  # half and single precision: transformers' own (float32) formula
+        return type(self).forward(self, hidden_states)
     variance = hidden_states.pow(2).mean(-1, keepdim=True)
     return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
 
 def exact_float64(model: nn.Module) -> nn.Module:
-    """Make a float64 HF model compute its RMSNorms in float64.
+    """Make an HF model compute its RMSNorms in float64 whenever its activations are float64.
 
     transformers' Llama/Qwen2 RMSNorm casts its input to float32 (meant for half
     precision), which rounds every gradient passing through it to float32.  Dense
     and SeCO round the same total gradient and still agree, but hop strata and
     sparse estimates split the gradient into parts rounded separately (~1e-8
     relative).  This rebinds each RMSNorm's forward to the same formula without
-    the cast; parameters and names are unchanged.
+    the cast for float64 inputs (other dtypes keep transformers' forward); parameters
+    and names are unchanged.  :class:`HFChunkModel` applies it to every model it
+    drives, so a model cast with ``.double()`` after loading is exact too (campaign 29 S9).
     """
     import types
 
@@ -158,8 +162,10 @@ class HFChunkModel(nn.Module):
         if reason:
             raise ValueError(f"{type(model).__name__} cannot be driven chunk by chunk: {reason}")
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        exact_float64(base)  # float64 RMSNorms in float64, whenever the model is cast (before or after wrapping)
         from .hf_attention import CHUNK_ATTENTION
 
+        chunk_attention = as_bool(chunk_attention, "chunk_attention")  # "no" would read as True (campaign 29 S8)
         if chunk_attention and getattr(self.config, "_attn_implementation", None) == "sdpa":
             base.set_attn_implementation(CHUNK_ATTENTION)
         # seco_sdpa takes the prefix leaves and the own keys/values apart (no [prefix, own] concatenation)
@@ -464,6 +470,9 @@ def build_hf_model(name_or_path: str, overrides: dict | None = None, attn_implem
     if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
         raise ValueError(f"name_or_path must name an architecture ({', '.join(ARCHITECTURES)}) or a local checkpoint "
                          f"directory, got {name_or_path!r}")
+    if overrides is not None and not isinstance(overrides, dict):
+        raise TypeError(f"overrides must be a dict of config field: value, got {type(overrides).__name__} "
+                        f"{overrides!r:.80}")
     transformers = _require_transformers()
     if attn_implementation not in SUPPORTED_ATTENTION:
         raise ValueError(f"attention implementation {attn_implementation!r}: use one of {SUPPORTED_ATTENTION}")
@@ -539,6 +548,12 @@ def add_lora(model: nn.Module, r: int = 8, alpha: int = 16, targets=("q_proj", "
     only the adapter weights require grad."""
     from peft import LoraConfig, get_peft_model
 
+    if isinstance(targets, str):  # list("q_proj") would be six one-letter targets (campaign 29 S6)
+        raise TypeError(f"targets must be a list of module names, got the string {targets!r} (use [{targets!r}])")
+    r = as_int(r, "LoRA rank r", minimum=1)
+    alpha = as_float(alpha, "LoRA alpha")
+    if not alpha > 0:  # alpha 0 scales every adapter's output, and so its gradient, to 0 (campaign 29 S8)
+        raise ValueError(f"LoRA alpha must be > 0, got {alpha} (the adapters' scale is alpha / r)")
     check_lora_targets(model, targets)
     check_lora_rank(model, r, targets)
     cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=dropout, bias="none",

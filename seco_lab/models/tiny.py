@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..config import parse_device
-from ..core.checks import check_seed
+from ..core.checks import check_seed, host_memory_bytes
 from ..core.protocol import ChunkCache, ChunkOutput
 from .tiny_config import TinyConfig
 
@@ -117,6 +117,17 @@ class Block(nn.Module):
         return x, kv
 
 
+def _check_fits(config: TinyConfig, dtype: torch.dtype) -> None:
+    """Refuse, before allocating, weights larger than this machine's memory (built in float32, then cast): torch's
+    allocator would otherwise fail deep inside ``nn.Embedding`` (campaign 28, A68)."""
+    need = config.num_parameters * max(4, dtype.itemsize)
+    have = host_memory_bytes()
+    if have is not None and need > have:
+        raise MemoryError(f"a TinyTransformer of {config.num_parameters:,} parameters needs {need / 2**30:,.1f} GiB "
+                          f"for its weights alone, more than this machine's {have / 2**30:.1f} GiB: lower vocab_size, "
+                          "d_model, d_ff or n_layers")
+
+
 class TinyTransformer(nn.Module):
     """Llama-style decoder implementing the chunk-model protocol.
 
@@ -134,6 +145,7 @@ class TinyTransformer(nn.Module):
         if device is not None:
             device = parse_device(str(device))
         check_seed(seed)
+        _check_fits(config, dtype)
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))

@@ -60,3 +60,11 @@ class TinyConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def num_parameters(self) -> int:
+        """The model's parameter count: embeddings (and an untied head), per block the attention projections,
+        the gated MLP and two norm gains, and the final norm."""
+        hd, d = self.head_dim, self.d_model
+        block = d * (self.n_heads * hd) * 2 + 2 * d * (self.n_kv_heads * hd) + 3 * d * self.d_ff + 2 * d
+        return self.vocab_size * d * (1 if self.tie_embeddings else 2) + self.n_layers * block + d

@@ -152,6 +152,21 @@ def render(results: Path, out_md: Path, root: Path = Path(".")) -> list[str]:
             *_equal_compute(results, audit), *ASSUMPTIONS]
 
 
+def _produce(results: Path, cfg: dict) -> str:
+    """How to rerun what the report shows: the committed study's command for the committed settings; for any other
+    audit, the settings stored beside it (campaign 29 S11: a user's own audit was said to come from `--committed`)."""
+    from ..studies.audit.config import COMMITTED, AuditConfig
+
+    try:
+        committed = AuditConfig.from_json(cfg).digest() == COMMITTED.digest()  # the definition: threads aside
+    except (KeyError, TypeError, ValueError, AttributeError):
+        committed = False
+    if committed:
+        return PRODUCE
+    return (f"the `seco-lab audit` settings recorded in `{results / 'config.json'}` (`{results / 'audit.json'}` "
+            "names the command that last wrote them)")
+
+
 def _header(results: Path, out_md: Path, cfg: dict) -> list[str]:
     k = -(-cfg["length"] // cfg["chunk_size"])
     model = ("SmolLM2-135M-Instruct, Q4_1-dequantized GGUF weights, not the original float weights"
@@ -161,7 +176,7 @@ def _header(results: Path, out_md: Path, cfg: dict) -> list[str]:
     budgets = ", ".join(map(str, cfg["budgets"]))
     texts = ", ".join(f"`{t}`" for t in cfg["texts"])
     return ["# Audit: a chunk-wise gradient estimator on a real model\n",
-            generated_note("audit", results, out_md, PRODUCE),
+            generated_note("audit", results, out_md, _produce(results, cfg)),
             f"Model `{cfg['model']}` ({model}); gradient: {grad}; {cfg['dtype']}; {cfg['length']:,} tokens in chunks "
             f"of {cfg['chunk_size']} (k = {k}); budgets t ∈ {{{budgets}}}; hop strata g(p), p ≤ P = "
             f"{cfg['max_hops']}, plus the measured remainder g(>P) = g_SeCO − Σ_p g(p). Texts: {texts}. The formulas: "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,11 +87,18 @@ def load_bias(folder: Path) -> BiasStudy:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise MissingResultsError(f"{folder}/study.json has no readable study definition ({type(e).__name__}: {e}): "
                                   f"rerun {PRODUCE_BIAS}") from None
-    if meta.get("study_format") == STUDY_FORMAT and meta.get("digest") != cfg.digest():
-        raise MissingResultsError(f"{folder}/study.json: its definition has digest {cfg.digest()}, but the study "
-                                  f"recorded {meta.get('digest')!r} when it ran: the record was edited, so its numbers "
-                                  f"(draws, seeds, grid) are not the ones the results were computed with; restore "
-                                  f"it, or rerun {PRODUCE_BIAS}")
+    fmt = meta.get("study_format")
+    if type(fmt) is not int or not 1 <= fmt <= STUDY_FORMAT:  # campaign 29 S5: "4" raised a raw TypeError below
+        raise MissingResultsError(f"{folder}/study.json records study_format {fmt!r}, not a format of a bias study "
+                                  f"(an integer in [1, {STUDY_FORMAT}]): the record was edited or is damaged; rerun "
+                                  f"{PRODUCE_BIAS}")
+    digest = hashlib.sha256(json.dumps({"study_format": fmt, **cfg.to_json()}, sort_keys=True).encode()).hexdigest()
+    if meta.get("digest") != digest[:16]:  # StudyConfig.digest with the format recorded (campaign 29 S4: any format)
+        older = f" or written by a seco-lab older than study format {STUDY_FORMAT}," if fmt < STUDY_FORMAT else ""
+        raise MissingResultsError(f"{folder}/study.json: its definition has digest {digest[:16]}, but the study "
+                                  f"recorded {meta.get('digest')!r} when it ran: the record was edited,{older} so "
+                                  "its numbers (draws, seeds, grid, interval level) are not known to be the ones the "
+                                  f"results were computed with; restore it, or rerun {PRODUCE_BIAS}")
 
     def read(name, columns, nan_allowed=None):
         return read_results_csv(folder / name, columns, PRODUCE_BIAS, nan_allowed=nan_allowed,

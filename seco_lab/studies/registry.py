@@ -44,15 +44,25 @@ from pathlib import Path
 from ..store import check_parent_folder
 
 __all__ = ["ALIASES", "STUDIES", "DefaultsHelpFormatter", "Study", "build_report_parser", "build_study_parser",
-           "check_report_target", "path_arg", "register", "report_main", "resolve", "study_main"]
+           "check_report_target", "file_arg", "path_arg", "register", "report_main", "resolve", "study_main"]
 
 
 def path_arg(text: str) -> Path:
-    """An argparse ``type`` for a path option: an empty value is refused (``Path("")`` would silently mean the
+    """An argparse ``type`` for a folder option: an empty value is refused (``Path("")`` would silently mean the
     current directory, where a run or a report would then write)."""
     if not text.strip():
-        raise argparse.ArgumentTypeError("is empty: name a file or folder (use . for the current directory)")
+        raise argparse.ArgumentTypeError("is empty: name a folder (use . for the current directory)")
     return Path(text)
+
+
+def file_arg(example: str):
+    """An argparse ``type`` for a file option, refusing an empty value with an ``example`` name (campaign 28: the
+    folder advice "use ." led to a refusal of the folder)."""
+    def parse(text: str) -> Path:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"is empty: name a file, e.g. {example}")
+        return Path(text)
+    return parse
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -215,8 +225,8 @@ def build_report_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="report the --quick results (into their folder)")
     ap.add_argument("--results", type=path_arg, default=None, help="folder of stored results (default: " + ", ".join(
         f"{s.name}: {s.results}" for s in STUDIES.values()) + ")")
-    ap.add_argument("--out", type=path_arg, default=None, help="Markdown file to write (default: " + ", ".join(
-        f"{s.name}: {s.report_file}" for s in STUDIES.values()) + ")")
+    ap.add_argument("--out", type=file_arg("report.md"), default=None, help="Markdown file to write (default: "
+                    + ", ".join(f"{s.name}: {s.report_file}" for s in STUDIES.values()) + ")")
     return ap
 
 

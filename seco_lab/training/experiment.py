@@ -40,8 +40,8 @@ from .run_dir import RunDir, RunDirError, read_config, read_metrics, safe_load
 from .run_files import CONTENT_DIGEST, UnsafeCheckpoint, checkpoint_files, checkpoint_steps, content_digest
 
 __all__ = ["LATER_FIELDS", "RECORD_KEYS", "SCHEDULE_FIELDS", "check_complete_record", "check_corpus",
-           "carried_history", "check_content_digest", "check_metrics_history", "check_history", "corpus_digest",
-           "history_digests", "record_digest",
+           "carried_history", "check_content_digest", "check_metrics_history", "check_history", "check_model_record",
+           "corpus_digest", "history_digests", "record_digest",
            "check_step_record", "step_record",
            "metrics_gap", "past_schedule", "schedule_cycles",
            "warn_metrics_gap", "check_checkpoint", "check_nothing_to_resume",
@@ -83,6 +83,31 @@ def experiment_record(cfg: TrainConfig, model) -> dict:
 
         d["model"] = {"hf_model": cfg.hf_model, "config": config_record(model)}
     return d
+
+
+#: HF config entries that say nothing of the model a run trains (an upgrade of transformers changes the first)
+_NOT_THE_MODEL = frozenset({"transformers_version"})
+
+
+def check_model_record(record: dict, model, source: str) -> None:
+    """Refuse to resume an HF run whose model, built now from ``--hf-model`` (a checkpoint folder's
+    ``config.json``, or an architecture and its overrides), is not the one the run's ``record`` says it trained
+    (:func:`experiment_record`): an epsilon, a rope base or an activation edited in the folder's config between
+    the runs would continue the run as another model (campaign 28, H35).  Runs of the tiny transformer, and
+    records without the HF config, pass."""
+    theirs = record.get("model").get("config") if isinstance(record.get("model"), dict) else None
+    if record.get("hf_model") is None or not isinstance(theirs, dict):
+        return
+    from ..models.hf import config_record
+
+    ours = json.loads(json.dumps(config_record(model) or {}))  # as config.json holds it: lists, not tuples
+    differ = [k for k in sorted(set(ours) | set(theirs) - _NOT_THE_MODEL) if ours.get(k) != theirs.get(k)]
+    if differ:
+        shown = ", ".join(f"{k} ({theirs.get(k)!r} -> {ours.get(k)!r})" for k in differ[:4])
+        raise RunDirError(f"--resume: --hf-model {record['hf_model']} now builds another model than the run in "
+                          f"{source} trained: its config differs in {shown}{' ...' if len(differ) > 4 else ''}; "
+                          "restore the checkpoint folder's config.json as it was when the run started, or start a "
+                          "new --run-dir")
 
 
 def experiment_from_record(d: dict, source: str) -> TrainConfig:
@@ -129,7 +154,7 @@ def _non_finite_message(name: str, tensor: str) -> str:
 
 
 def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | None = None,
-                     saved: TrainConfig | None = None, fresh: dict | None = None) -> None:
+                     saved: TrainConfig | None = None, fresh: dict | None = None, digests: bool = False) -> None:
     """Refuse the checkpoint ``name`` (its ``state``) when it is of another experiment than ``cfg``, its
     step is not the step its name says, (``run_id``: the run folder's) it was written by another run,
     (``saved``: the run's record) it was trained on another learning-rate schedule than the run's record says
@@ -190,22 +215,28 @@ def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | Non
     if problem:
         raise RunDirError(_optimizer_message(name, problem))
     if name.endswith(".pt"):  # a sharded checkpoint's extras carry no digest: DCP's own files hold the tensors
-        check_content_digest(state, name)
+        check_content_digest(state, name, digests)
 
 
-def check_content_digest(state: dict, name: str) -> None:
+def check_content_digest(state: dict, name: str, required: bool = False) -> None:
     """Refuse checkpoint ``name`` whose content is not what seco-lab wrote (:func:`content_digest`, which every
     ``.pt`` checkpoint carries): a weight, a moment, a step counter, an RNG state or a record edited, or the file
     re-saved from an edited load, would continue another run than the one stopped, without a word.  Checked after
-    every specific check (those name what is wrong); checkpoints written before they carried a digest pass."""
+    every specific check (those name what is wrong).  A checkpoint without a digest passes only where it may be
+    older than digests: not when ``required`` (the run's marker says every checkpoint of the run carries one)."""
     recorded = state.get(CONTENT_DIGEST)
-    if recorded is None:
+    if recorded is None and not required and CONTENT_DIGEST not in state:
         return
+    if recorded is None:
+        raise RunDirError(f"--resume: checkpoint {name} carries no content digest, which every checkpoint of this run "
+                          "has (the run's marker says so): the digest was removed from an edited file; put the file "
+                          f"seco-lab wrote back, resume from an earlier checkpoint (move {name} out of the run's "
+                          "checkpoints folder and delete checkpoints/latest), or start a new --run-dir")
     if recorded != content_digest(state):
         raise RunDirError(f"--resume: checkpoint {name} was changed after seco-lab wrote it (its content no longer "
-                          "matches the digest it carries: it was edited, or re-saved from an edited load), so it "
-                          "would not continue the run that was stopped; put the file seco-lab wrote back, resume "
-                          f"from an earlier checkpoint (move {name} out of the run's checkpoints folder and delete "
+                          "matches the digest it carries: it was edited, or re-saved from an edited load); a resume "
+                          "continues only the state a run saved, so put the file seco-lab wrote back, resume from an "
+                          f"earlier checkpoint (move {name} out of the run's checkpoints folder and delete "
                           "checkpoints/latest), or start a new --run-dir")
 
 
@@ -307,7 +338,8 @@ def load_newest_checkpoint(run_dir: RunDir, model, optimizer, cfg: TrainConfig,
     plain = optimizer is not None and not any(hasattr(p, "to_local") for g in optimizer.param_groups
                                               for p in g["params"])
     fresh = fresh_optimizer_state(optimizer) if plain else None
-    check = functools.partial(check_checkpoint, cfg=cfg, run_id=run_dir.resume_run_id(), saved=saved, fresh=fresh)
+    check = functools.partial(check_checkpoint, cfg=cfg, run_id=run_dir.resume_run_id(), saved=saved, fresh=fresh,
+                              digests=run_dir.checkpoints_carry_digests())
     files = sorted(run_dir.checkpoints.glob("step_*.pt"))
     if sharded and (not files or sharded[0].name.split(".")[0] >= files[-1].name.split(".")[0]):
         extra = sharded_checkpoint.load(sharded[0], model, optimizer, check=check)

@@ -19,21 +19,12 @@ a run is refused when it alone exceeds the machine's physical memory.  The named
 
 from __future__ import annotations
 
-import os
-
 from ..config import HF_ARCHITECTURE_DEFAULTS
-from ..core.checks import PASS1_LOGITS_BYTES
+from ..core.checks import PASS1_LOGITS_BYTES, host_memory_bytes
 
 __all__ = ["host_memory_bytes", "training_memory_bytes", "check_fits_in_memory", "hf_parameter_count"]
 
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}
-
-
-def host_memory_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def training_memory_bytes(cfg) -> int:
@@ -44,11 +35,8 @@ def training_memory_bytes(cfg) -> int:
     total = 3 * cfg.batch_size * (n + 1) * 8
     if cfg.hf_model is None:
         m = cfg.model
-        hd = m.d_model // m.n_heads
-        d_kv = m.n_kv_heads * hd
-        block = m.d_model * (m.n_heads * hd) * 2 + 2 * m.d_model * d_kv + 3 * m.d_model * m.d_ff + 2 * m.d_model
-        params = m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2) + m.n_layers * block + m.d_model
-        total += 4 * params * b + 2 * m.n_layers * micro * n * d_kv * b + 3 * micro * c * m.vocab_size * b
+        d_kv = m.n_kv_heads * m.head_dim
+        total += 4 * m.num_parameters * b + 2 * m.n_layers * micro * n * d_kv * b + 3 * micro * c * m.vocab_size * b
         total += 16 * m.n_layers * micro * c * max(m.d_model, m.d_ff) * b
     elif cfg.hf_model in HF_ARCHITECTURE_DEFAULTS and _sizes_valid(cfg.hf_model, cfg.hf_overrides or {}):
         h = {**HF_ARCHITECTURE_DEFAULTS[cfg.hf_model], **(cfg.hf_overrides or {})}

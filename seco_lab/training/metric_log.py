@@ -17,6 +17,7 @@ class MetricLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
+            run_dir.note_written("tensorboard")  # before the folder is made: --overwrite may then remove it
             self.writer = SummaryWriter(str(run_dir.path / "tensorboard"))
 
     def log(self, record: dict) -> None:

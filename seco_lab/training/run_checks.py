@@ -13,7 +13,7 @@ from ..store import CONFIG_MAX_BYTES, protected_paths, read_json
 
 __all__ = ["CHECKPOINTS_TREE", "DCP_TREE", "FILE", "MARKER_NAME", "RUN_TREE", "RunDirError", "check_path_given",
            "checkpoint_steps", "orphan_checkpoints",
-           "check_replaceable", "check_usable", "foreign_entries", "is_run", "remove_own", "run_contents"]
+           "check_replaceable", "check_usable", "foreign_entries", "is_run", "remove_own", "run_contents", "run_tree"]
 
 MARKER_NAME = ".seco-lab-run"
 
@@ -30,6 +30,22 @@ RUN_TREE = {
     "tensorboard": {r"events\.out\.tfevents\..+": FILE},
     "adapter": {r"adapter_config\.json": FILE, r"adapter_model\.(safetensors|bin)": FILE, r"README\.md": FILE},
 }
+
+
+#: folders a run writes only with an option (--lora, --tensorboard): its own only where its marker names them
+OPTIONAL_FOLDERS = ("adapter", "tensorboard")
+
+
+def run_tree(path: Path) -> dict:
+    """:data:`RUN_TREE` of the run folder ``path``: the optional folders only where its marker records that the run
+    wrote them (:meth:`~seco_lab.training.run_dir.RunDir.note_written`): files a user put under ``adapter/`` or
+    ``tensorboard/`` of a run that never wrote there are not the run's to remove (campaign 29 S2)."""
+    try:
+        record = read_json(Path(path) / MARKER_NAME, "run marker", 4096)  # a FIFO or a folder is never read
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        record = None
+    wrote = record.get("wrote", []) if isinstance(record, dict) and isinstance(record.get("wrote"), list) else []
+    return {k: v for k, v in RUN_TREE.items() if k not in OPTIONAL_FOLDERS or k in wrote}
 
 
 class RunDirError(ValueError):
@@ -130,7 +146,7 @@ def check_replaceable(path: Path) -> None:
         raise RunDirError(f"--overwrite: {path} has no config.json, so its checkpoints ({orphans}) are the run's only "
                           "copy of the experiment and are left alone; continue it with --resume (config.json is "
                           f"rebuilt from the newest checkpoint), or delete {path / 'checkpoints'} yourself first")
-    foreign = foreign_entries(path, RUN_TREE)
+    foreign = foreign_entries(path, run_tree(path))
     if foreign:
         names = ", ".join(str(p.relative_to(path)) for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
         raise RunDirError(f"--overwrite: {path} holds files seco-lab did not write ({names}); move them out "

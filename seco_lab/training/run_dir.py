@@ -53,6 +53,7 @@ from .run_checks import (  # noqa: F401 (re-export: defined here before)
     foreign_entries,
     is_run,
     remove_own,
+    run_tree,
 )
 from .run_checks import run_contents as _contents
 from .run_files import (  # noqa: F401 (re-export)
@@ -73,8 +74,10 @@ __all__ = ["CHECKPOINT_KEYS", "DCP_TREE", "MARKER_NAME", "RUN_TREE", "RunDir", "
 
 
 def marker_text() -> str:
-    """The marker file of a new run folder: whose it is, and the run's identity (:attr:`RunDir.run_id`)."""
-    return json.dumps({"tool": "seco-lab", "run_id": secrets.token_hex(8)}) + "\n"
+    """The marker file of a new run folder: whose it is, the run's identity (:attr:`RunDir.run_id`), and that its
+    checkpoints carry a content digest (:meth:`RunDir.checkpoints_carry_digests`); :meth:`RunDir.note_written` adds
+    the optional folders the run writes (``adapter``, ``tensorboard``), which ``--overwrite`` may then remove."""
+    return json.dumps({"tool": "seco-lab", "run_id": secrets.token_hex(8), "digests": True}) + "\n"
 
 LATEST_MAX_BYTES = 4096  # ``latest`` holds one checkpoint name
 MARKER_MAX_BYTES = 4096  # the marker holds a few keys
@@ -138,7 +141,7 @@ class RunDir:
         self._lock_file = None
         self._lock()
         release_lock(old_lock)
-        left = remove_own(aside / name, RUN_TREE)
+        left = remove_own(aside / name, run_tree(aside / name))
         if left:
             warnings.warn(f"the replaced run's folder {aside / name} kept files seco-lab did not write: "
                           f"{', '.join(str(p) for p in left[:5])}", stacklevel=3)
@@ -277,6 +280,26 @@ class RunDir:
         if not isinstance(run_id, str) or not re.fullmatch(r"[0-9a-f]{16}", run_id):
             return None, f"its run id {str(run_id)[:40]!r} is not one this tool draws"
         return run_id, ""
+
+    def _marker_record(self) -> dict:
+        """The marker's JSON object when it is readable (:meth:`_read_marker`), else {}."""
+        if self._read_marker()[1]:
+            return {}
+        return loads_json((self.path / MARKER_NAME).read_text())
+
+    def checkpoints_carry_digests(self) -> bool:
+        """Whether the marker says every checkpoint of this run carries its content digest (a run made since
+        checkpoints do): a checkpoint without one is then an edited file, not an older one (campaign 29 S1)."""
+        return self._marker_record().get("digests") is True
+
+    def note_written(self, folder: str) -> None:
+        """Record in the marker that the run writes the optional ``folder`` (``adapter``, ``tensorboard``): only a
+        folder the marker names is the run's own to ``--overwrite`` (campaign 29 S2: a user's ``adapter/README.md``
+        in a run that never used --lora was deleted)."""
+        record = self._marker_record()
+        if record and folder not in record.get("wrote", []):
+            record["wrote"] = sorted({*record.get("wrote", []), folder})
+            atomic_write(self.path / MARKER_NAME, json.dumps(record) + "\n")
 
     def resume_run_id(self) -> str | None:
         """The run id a resumed run's checkpoint must carry: the marker's; when the marker is missing (deleted) or

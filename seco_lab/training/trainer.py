@@ -50,6 +50,7 @@ from .experiment import (
     check_corpus,
     check_history,
     check_metrics_history,
+    check_model_record,
     check_nothing_to_resume,
     check_step_record,
     config_differences,
@@ -196,11 +197,13 @@ class Trainer:
     def _resume(self) -> None:
         source = str(self.run_dir.config_path)
         recovered = not self.run_dir.config_path.is_file()  # deleted: the newest checkpoint's record is used
-        saved = experiment_from_record(read_experiment(self.run_dir.path), source)
+        record = read_experiment(self.run_dir.path)
+        saved = experiment_from_record(record, source)
         diff = config_differences(saved, self.cfg)
         if diff:
             raise RunDirError(f"--resume: the config differs from the run in {self.run_dir.path} in: "
                               + ", ".join(diff) + "; resume with the saved settings or start a new --run-dir")
+        check_model_record(record, self.model, source)
         state = load_newest_checkpoint(self.run_dir, self.model, self.opt, self.cfg, saved)
         if state is not None:
             check_corpus(state, self.data, self.cfg)
@@ -279,6 +282,7 @@ class Trainer:
         state = self.parallel.full_state_dict()  # sharded: collective; replicated: None (the model's own)
         if self.rank != 0:
             return None
+        self.run_dir.note_written("adapter")  # before peft writes it: --overwrite may then remove it
         return save_lora_adapter(self.model, self.run_dir.path / "adapter", self.cfg.hf_model, self.cfg.lora_targets,
                                  state)
 

@@ -100,6 +100,11 @@ class AuditConfig:
         unknown = sorted(set(self.stages) - set(STAGES))
         if unknown:
             raise ValueError(f"unknown stages {unknown}; stages: {', '.join(STAGES)}")
+        for name in ("budgets", "mc_budgets", "batch_sizes", "texts", "schemes", "stages", "lora_targets"):
+            values = tuple_or(getattr(self, name))
+            twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+            if twice is not None:  # campaign 28 (AV08): a scheme named twice made its cost unit's rows collide
+                raise ValueError(f"{name} names {twice!r} twice; name each once")
         unknown = sorted(set(self.schemes) - set(SCHEME_NAMES))
         if unknown:
             raise ValueError(f"unknown schemes {unknown}; schemes: {', '.join(SCHEME_NAMES)}")

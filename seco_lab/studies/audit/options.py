@@ -7,7 +7,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from ..registry import path_arg
+from ..registry import file_arg, path_arg
 from .config import COMMITTED, DEFAULT, QUICK, STAGES, AuditConfig
 
 __all__ = ["DEFAULT_OUT", "add_arguments", "build_parser", "check_args", "check_report_of", "check_drop_missing_units",
@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="a tiny random HF Llama, < 2 minutes (tests, first look)")
     ap.add_argument("--out", type=path_arg, default=None, help=f"results folder (default: ./{DEFAULT_OUT})")
     ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument("--report", type=path_arg, default=None, help="also write the Markdown report here")
+    ap.add_argument("--report", type=file_arg("report.md"), default=None, help="also write the Markdown report here")
     ap.add_argument("--tables-only", action="store_true",
                     help="rewrite the tables (and the report) of --out from its stored units; compute nothing")
     ap.add_argument("--drop-missing-units", action="store_true",

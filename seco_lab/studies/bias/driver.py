@@ -14,6 +14,7 @@ are gathered, sorted, into ``results.csv``, ``paper.csv`` (paper-settings cells)
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -192,7 +193,10 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, fresh: bool = False, p
         **summary,
         "chain_draws_per_second_per_worker": summary["draws_by_kind"][CHAIN] / chain_seconds if chain_seconds else None,
     })
-    if check.kept and old.get("status") == "complete":
+    # kept only when it records this very definition: a study.json edited by hand (its digest left as it was)
+    # is written anew, not vouched for again (campaign 28, ST15)
+    same = old.get("config") == json.loads(json.dumps(cfg.to_json()))
+    if check.kept and old.get("status") == "complete" and same:
         atomic_write(folder.manifest_path, stored_record)
     else:
         folder.write_manifest(manifest)
