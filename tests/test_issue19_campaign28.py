@@ -1,7 +1,9 @@
-"""Issue 19, after campaign 27 (Q3's neighbourhood): a training checkpoint edited in a way no specific check can name
--- a moment scaled, one parameter's step counter set back, a weight nudged, an RNG state changed -- resumed without
-a word and continued another run than the one stopped.  Every ``.pt`` checkpoint now carries the digest of its own
-content (``run_files.content_digest``), checked after the specific checks (``experiment.check_content_digest``)."""
+"""Issue 19, campaigns 28 and 29 (docs/hostile_campaign_28.md, docs/hostile_campaign_29.md).  The first group: a
+training checkpoint edited in a way no specific check can name -- a moment scaled, one parameter's step counter set
+back, a weight nudged, an RNG state changed -- resumed without a word and continued another run than the one stopped.
+Every ``.pt`` checkpoint now carries the digest of its own content (``run_files.content_digest``), checked after the
+specific checks (``experiment.check_content_digest``), and required where the run's marker says so.  Then each other
+finding of the two campaigns, each test failing on the commit its campaign probed."""
 
 from __future__ import annotations
 
