@@ -77,12 +77,18 @@ def test_the_digest_is_of_the_content_saved_and_names_any_change(r2):
 
 
 def _as_an_older_run(run):
-    """The run folder as a seco-lab before checkpoint digests left it: its marker without ``digests``."""
+    """The run folder as a seco-lab before checkpoint digests left it: its marker without ``digests``, and no
+    checkpoint carrying one."""
     import json
 
     marker = json.loads((run / ".seco-lab-run").read_text())
     marker.pop("digests")
     (run / ".seco-lab-run").write_text(json.dumps(marker) + "\n")
+    for path in sorted((run / "checkpoints").glob("step_*.pt")):
+        state = torch.load(path, weights_only=True)
+        if CONTENT_DIGEST in state:
+            state.pop(CONTENT_DIGEST)
+            torch.save(state, path)
 
 
 def test_a_checkpoint_written_before_the_digest_resumes_as_the_run_would(r2, tmp_path, capsys):
@@ -462,3 +468,53 @@ def test_an_audit_report_names_how_its_own_results_are_rerun(tmp_path):
     text = _produce(tmp_path / "o", own)
     assert "--committed" not in text and f"{tmp_path / 'o' / 'config.json'}" in text
     assert _produce(tmp_path / "o", {**COMMITTED.to_json(), "threads": 7}) == PRODUCE  # threads: not the definition
+
+
+def test_a_run_copied_without_its_marker_still_requires_digests(r2, tmp_path, capsys):
+    """Campaign 30 (K21): a run copied with `cp -r base/r/* r/` (no dot files: no marker) resumed once -- the marker
+    was written again without `digests` -- and then an edited checkpoint with its digest deleted resumed without a
+    word.  A checkpoint of an earlier step carrying a digest requires one of every later checkpoint, and a marker
+    written again says `digests` when every checkpoint carries one."""
+    import json
+
+    run = copy_run(r2, tmp_path / "r")
+    (run / ".seco-lab-run").unlink()
+    assert main(["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume"]) == 0
+    assert json.loads((run / ".seco-lab-run").read_text()).get("digests") is True
+    (run / ".seco-lab-run").unlink()  # and again: the earlier checkpoints' digests decide
+    path = run / "checkpoints" / "step_000003.pt"
+    state = torch.load(path, weights_only=True)
+    state["optimizer"]["state"][0]["exp_avg"].mul_(2.0)
+    state.pop(CONTENT_DIGEST)
+    torch.save(state, path)
+    capsys.readouterr()
+    assert main(["train", *FAST, "--steps", "4", "--run-dir", str(run), "--resume"]) == 2
+    assert "step_000003.pt carries no content digest" in capsys.readouterr().err
+
+
+def test_an_older_run_resumed_by_this_version_falls_back_to_its_digestless_checkpoint(r2, tmp_path, capsys):
+    """A run made before digests (no digest in its checkpoints, a marker without `digests`), resumed by this version
+    (its new checkpoint carries one), whose newest checkpoint is then damaged: the fallback to the older checkpoint
+    is not refused for lacking a digest (only a checkpoint of an earlier step than one with a digest must have
+    one)."""
+    run = copy_run(r2, tmp_path / "r")
+    _as_an_older_run(run)
+    assert main(["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume"]) == 0
+    (run / "checkpoints" / "step_000003.pt").write_bytes(b"damaged")
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="instead of damaged step_000003.pt"):
+        assert main(["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume"]) == 0
+
+
+
+@pytest.mark.parametrize("second", ["./t.txt", "link.txt", "code:t.txt"])
+def test_an_audit_naming_one_text_file_twice_is_refused(tmp_path, monkeypatch, capsys, second):
+    """Campaign 30 (AU04-AU06): `--texts t.txt ./t.txt` (or a link to it, or the file under another kind) passed the
+    repeat check by spelling and drew the file's windows twice as often as another text's."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.txt").write_text("some words of text. " * 400)
+    (tmp_path / "link.txt").symlink_to("t.txt")
+    rc = main(["audit", "--quick", "--model", "tiny", "--params", "full", "--no-progress", "--out", "o",
+               "--texts", "t.txt", second])
+    err = capsys.readouterr().err
+    assert rc == 2 and "twice" in err and "name each text once" in err, err

@@ -154,7 +154,7 @@ def _non_finite_message(name: str, tensor: str) -> str:
 
 
 def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | None = None,
-                     saved: TrainConfig | None = None, fresh: dict | None = None, digests: bool = False) -> None:
+                     saved: TrainConfig | None = None, fresh: dict | None = None, digests=False) -> None:
     """Refuse the checkpoint ``name`` (its ``state``) when it is of another experiment than ``cfg``, its
     step is not the step its name says, (``run_id``: the run folder's) it was written by another run,
     (``saved``: the run's record) it was trained on another learning-rate schedule than the run's record says
@@ -215,7 +215,7 @@ def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | Non
     if problem:
         raise RunDirError(_optimizer_message(name, problem))
     if name.endswith(".pt"):  # a sharded checkpoint's extras carry no digest: DCP's own files hold the tensors
-        check_content_digest(state, name, digests)
+        check_content_digest(state, name, digests(expected) if callable(digests) else bool(digests))
 
 
 def check_content_digest(state: dict, name: str, required: bool = False) -> None:
@@ -339,7 +339,7 @@ def load_newest_checkpoint(run_dir: RunDir, model, optimizer, cfg: TrainConfig,
                                               for p in g["params"])
     fresh = fresh_optimizer_state(optimizer) if plain else None
     check = functools.partial(check_checkpoint, cfg=cfg, run_id=run_dir.resume_run_id(), saved=saved, fresh=fresh,
-                              digests=run_dir.checkpoints_carry_digests())
+                              digests=run_dir.digest_required)
     files = sorted(run_dir.checkpoints.glob("step_*.pt"))
     if sharded and (not files or sharded[0].name.split(".")[0] >= files[-1].name.split(".")[0]):
         extra = sharded_checkpoint.load(sharded[0], model, optimizer, check=check)

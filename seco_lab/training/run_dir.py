@@ -60,6 +60,7 @@ from .run_files import (  # noqa: F401 (re-export)
     CHECKPOINT_FILE,
     CHECKPOINT_KEYS,
     CONTENT_DIGEST,
+    checkpoint_records,
     checkpoint_run_ids,
     checkpoint_steps,
     content_digest,
@@ -81,6 +82,10 @@ def marker_text() -> str:
 
 LATEST_MAX_BYTES = 4096  # ``latest`` holds one checkpoint name
 MARKER_MAX_BYTES = 4096  # the marker holds a few keys
+
+
+#: a checkpoint's name, file or sharded directory, and its step
+CHECKPOINT_STEP = re.compile(r"step_(\d+)\.(?:pt|dcp)")
 
 
 class RunDir:
@@ -287,10 +292,16 @@ class RunDir:
             return {}
         return loads_json((self.path / MARKER_NAME).read_text())
 
-    def checkpoints_carry_digests(self) -> bool:
-        """Whether the marker says every checkpoint of this run carries its content digest (a run made since
-        checkpoints do): a checkpoint without one is then an edited file, not an older one (campaign 29 S1)."""
-        return self._marker_record().get("digests") is True
+    def digest_required(self, step: int) -> bool:
+        """Whether the checkpoint of ``step`` must carry its content digest, so that one without it is an edited
+        file, not an older one (campaign 29 S1): the marker says every checkpoint of the run does (a run made since
+        checkpoints carry one), or -- the marker deleted, or the folder copied without its dot files -- a checkpoint
+        of an earlier step carries one (once a run writes digests, every later checkpoint has one)."""
+        if self._marker_record().get("digests") is True:
+            return True
+        records = checkpoint_records(self.path, CONTENT_DIGEST)
+        return any(v is not None and int(CHECKPOINT_STEP.match(name).group(1)) < step
+                   for name, v in records.items() if CHECKPOINT_STEP.match(name))
 
     def note_written(self, folder: str) -> None:
         """Record in the marker that the run writes the optional ``folder`` (``adapter``, ``tensorboard``): only a
@@ -326,7 +337,10 @@ class RunDir:
         """Write the marker again with ``run_id`` (:meth:`resume_run_id`, after the checkpoint it continues passed
         its checks) when it was deleted or predates run ids; a readable marker is left as it is."""
         if run_id is not None and self._read_marker()[1] in ("missing", "no id"):
-            atomic_write(self.path / MARKER_NAME, json.dumps({"tool": "seco-lab", "run_id": run_id}) + "\n")
+            every = checkpoint_records(self.path, CONTENT_DIGEST).values()  # all carry one: later ones will too
+            record = {"tool": "seco-lab", "run_id": run_id,
+                      **({"digests": True} if every and all(v is not None for v in every) else {})}
+            atomic_write(self.path / MARKER_NAME, json.dumps(record) + "\n")
 
     def load_checkpoint(self, map_location=None, check=None) -> dict | None:
         """The newest intact checkpoint (``latest`` first, then older steps), or None when there is none.

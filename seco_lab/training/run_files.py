@@ -20,7 +20,7 @@ from ..store import CONFIG_MAX_BYTES, TABLE_MAX_BYTES, DuplicateKeyError, checke
 from .run_checks import RUN_RECORD_KEYS, RunDirError, checkpoint_steps
 
 __all__ = ["CHECKPOINT_FILE", "CHECKPOINT_KEYS", "CONTENT_DIGEST", "UnsafeCheckpoint", "content_digest",
-           "checkpoint_files", "checkpoint_run_ids",
+           "checkpoint_files", "checkpoint_records", "checkpoint_run_ids",
            "checkpoint_steps", "read_config", "read_metrics", "run_file",
            "safe_load"]
 
@@ -111,19 +111,24 @@ def checkpoint_files(run_dir) -> list[tuple[str, Path]]:
     return out
 
 
-def checkpoint_run_ids(run_dir) -> dict[str, str | None]:
-    """``{checkpoint name: the run id it records}`` for every checkpoint of ``run_dir`` (tensors mapped, not
-    read), None for one that records none or cannot be read (a damaged checkpoint is reported when a resume
+def checkpoint_records(run_dir, key: str) -> dict[str, str | None]:
+    """``{checkpoint name: the string it records under key}`` for every checkpoint of ``run_dir`` (tensors mapped,
+    not read), None for one that records none or cannot be read (a damaged checkpoint is reported when a resume
     reaches it)."""
     out = {}
     for name, path in checkpoint_files(run_dir):
         try:
             state = safe_load(path, map_location="cpu", mmap=True)
-            run_id = state.get("run_id") if isinstance(state, dict) else None
-        except Exception:  # noqa: BLE001 -- damaged or foreign: it has no id to agree on
-            run_id = None
-        out[name] = run_id if isinstance(run_id, str) else None
+            value = state.get(key) if isinstance(state, dict) else None
+        except Exception:  # noqa: BLE001 -- damaged or foreign: it records nothing to agree on
+            value = None
+        out[name] = value if isinstance(value, str) else None
     return out
+
+
+def checkpoint_run_ids(run_dir) -> dict[str, str | None]:
+    """``{checkpoint name: the run id it records}`` (:func:`checkpoint_records`)."""
+    return checkpoint_records(run_dir, "run_id")
 
 
 def read_config(run_dir) -> dict:

@@ -85,7 +85,7 @@ def text_sources(cfg: AuditConfig) -> list[tuple[str, Path]]:
     """(kind, file) per text entry ``[KIND:]PATH``; a folder contributes its text files, sorted.  A FIFO,
     device or binary file named directly is refused (inside a folder it is skipped): reading a FIFO blocks,
     a device never ends, and bytes decoded with replacement characters are not the text a user meant."""
-    out = []
+    out, seen = [], {}
     for entry in cfg.texts:
         kind, _, path = entry.rpartition(":") if ":" in entry and not Path(entry).exists() else ("", "", entry)
         if not path.strip():
@@ -98,6 +98,11 @@ def text_sources(cfg: AuditConfig) -> list[tuple[str, Path]]:
         for f in files:
             why = None if root.is_file() else text_or_why(f, 1 << 20)[1]
             if why is None:
+                if f.resolve() in seen:  # t.txt and ./t.txt, a link, a folder and a file in it (campaign 30): its
+                    # windows would be drawn twice as often as another text's
+                    raise ValueError(f"texts name the file {f} twice ({seen[f.resolve()]!r} and {entry!r}); name "
+                                     "each text once")
+                seen[f.resolve()] = entry
                 out.append((kind or "text", f))
             else:  # said, never dropped without a word (campaign 24 AD22b)
                 skipped[why].append(f)
