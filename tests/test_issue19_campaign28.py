@@ -518,3 +518,40 @@ def test_an_audit_naming_one_text_file_twice_is_refused(tmp_path, monkeypatch, c
                "--texts", "t.txt", second])
     err = capsys.readouterr().err
     assert rc == 2 and "twice" in err and "name each text once" in err, err
+
+
+def test_campaign30_the_model_check_ignores_the_transformers_version_and_counts_integer_dropout(tmp_path, capsys):
+    """Campaign 30 T2: `set(ours) | set(theirs) - {...}` left transformers_version in (precedence), so an upgrade
+    refused every HF resume; T4: `attention_dropout: 1` (an int) passed the up-front dropout check."""
+    import json
+
+    from seco_lab.training import experiment
+
+    model = _tiny_llama()
+    from seco_lab.models.hf import HFChunkModel, config_record
+
+    chunk = HFChunkModel(model)
+    record = {"hf_model": "llama", "model": {"config": {**json.loads(json.dumps(config_record(chunk))),
+                                                          "transformers_version": "0.0.1"}}}
+    experiment.check_model_record(record, chunk, "r/config.json")  # no refusal
+    folder = tmp_path / "ck"
+    model.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "attention_dropout": 1}))
+    rc = main(["train", "--hf-model", str(folder), "--steps", "1", "--seq-len", "32", "--chunk-size", "8",
+               "--batch-size", "1", "--warmup", "0", "--no-progress", "--run-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "sets dropout (attention_dropout=1)" in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_campaign30_an_audit_text_and_its_hard_link_are_one_file(tmp_path, monkeypatch, capsys):
+    """Campaign 30 T5 (AU24): a hard link to a text passed as another text."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.txt").write_text("some words of text. " * 400)
+    os.link(tmp_path / "t.txt", tmp_path / "hard.txt")
+    rc = main(["audit", "--quick", "--model", "tiny", "--params", "full", "--no-progress", "--out", "o",
+               "--texts", "t.txt", "hard.txt"])
+    assert rc == 2 and "name each text once" in capsys.readouterr().err

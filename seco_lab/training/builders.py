@@ -88,9 +88,10 @@ def build_model(cfg: TrainConfig, vocab: int, device: torch.device):
     max_pos = getattr(hf.config, "max_position_embeddings", None)
     if max_pos is not None and max_pos < cfg.seq_len:
         raise ValueError(f"{cfg.hf_model} has max_position_embeddings {max_pos} < --seq-len {cfg.seq_len}")
-    dropouts = sorted({f"{k}={v}" for k, v in hf.config.to_dict().items() if "dropout" in k and isinstance(v, float)
-                       and v > 0} | {f"{name}.p={m.p}" for name, m in hf.named_modules()
-                                     if isinstance(m, torch.nn.Dropout) and m.p > 0})
+    config_dropouts = {f"{k}={v}" for k, v in hf.config.to_dict().items()
+                       if "dropout" in k and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0}
+    dropouts = sorted(config_dropouts | {f"{name}.p={m.p}" for name, m in hf.named_modules()
+                                         if isinstance(m, torch.nn.Dropout) and m.p > 0})
     if dropouts:  # campaign 27 Q5, 28: refused before the run folder is made, as --hf-override's dropout is
         raise ValueError(f"{cfg.hf_model} sets dropout ({', '.join(dropouts[:4])}): training runs chunk by chunk and "
                          "rebuilds each chunk's forward pass, which dropout would change (a wrong gradient); set the "

@@ -101,7 +101,7 @@ def check_model_record(record: dict, model, source: str) -> None:
     from ..models.hf import config_record
 
     ours = json.loads(json.dumps(config_record(model) or {}))  # as config.json holds it: lists, not tuples
-    differ = [k for k in sorted(set(ours) | set(theirs) - _NOT_THE_MODEL) if ours.get(k) != theirs.get(k)]
+    differ = [k for k in sorted((set(ours) | set(theirs)) - _NOT_THE_MODEL) if ours.get(k) != theirs.get(k)]
     if differ:
         shown = ", ".join(f"{k} ({theirs.get(k)!r} -> {ours.get(k)!r})" for k in differ[:4])
         raise RunDirError(f"--resume: --hf-model {record['hf_model']} now builds another model than the run in "

@@ -98,11 +98,12 @@ def text_sources(cfg: AuditConfig) -> list[tuple[str, Path]]:
         for f in files:
             why = None if root.is_file() else text_or_why(f, 1 << 20)[1]
             if why is None:
-                if f.resolve() in seen:  # t.txt and ./t.txt, a link, a folder and a file in it (campaign 30): its
-                    # windows would be drawn twice as often as another text's
-                    raise ValueError(f"texts name the file {f} twice ({seen[f.resolve()]!r} and {entry!r}); name "
-                                     "each text once")
-                seen[f.resolve()] = entry
+                key = (f.stat().st_dev, f.stat().st_ino)  # t.txt and ./t.txt, a link (hard too), a folder and a
+                # file in it (campaign 30): its windows would be drawn twice as often as another text's
+                if key in seen:
+                    raise ValueError(f"texts name the file {f} twice ({seen[key]!r} and {entry!r}); name each text "
+                                     "once")
+                seen[key] = entry
                 out.append((kind or "text", f))
             else:  # said, never dropped without a word (campaign 24 AD22b)
                 skipped[why].append(f)
