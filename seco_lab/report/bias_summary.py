@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,10 +90,10 @@ def load_bias(folder: Path) -> BiasStudy:
         raise MissingResultsError(f"{folder}/study.json records study_format {fmt!r}, not a format of a bias study "
                                   f"(an integer in [1, {STUDY_FORMAT}]): the record was edited or is damaged; rerun "
                                   f"{PRODUCE_BIAS}")
-    digest = hashlib.sha256(json.dumps({"study_format": fmt, **cfg.to_json()}, sort_keys=True).encode()).hexdigest()
-    if meta.get("digest") != digest[:16]:  # StudyConfig.digest with the format recorded (campaign 29 S4: any format)
+    digest = cfg.digest(fmt)
+    if meta.get("digest") != digest:  # with the format recorded (campaign 29 S4: any format)
         older = f" or written by a seco-lab older than study format {STUDY_FORMAT}," if fmt < STUDY_FORMAT else ""
-        raise MissingResultsError(f"{folder}/study.json: its definition has digest {digest[:16]}, but the study "
+        raise MissingResultsError(f"{folder}/study.json: its definition has digest {digest}, but the study "
                                   f"recorded {meta.get('digest')!r} when it ran: the record was edited,{older} so "
                                   "its numbers (draws, seeds, grid, interval level) are not known to be the ones the "
                                   f"results were computed with; restore it, or rerun {PRODUCE_BIAS}")

@@ -37,7 +37,14 @@ from ..config import RunControl, TrainConfig, warn_once
 from ..core.checks import first_non_finite
 from . import sharded_checkpoint
 from .run_dir import RunDir, RunDirError, read_config, read_metrics, safe_load
-from .run_files import CONTENT_DIGEST, UnsafeCheckpoint, checkpoint_files, checkpoint_steps, content_digest
+from .run_files import (
+    CONTENT_DIGEST,
+    UnsafeCheckpoint,
+    checkpoint_files,
+    checkpoint_step,
+    checkpoint_steps,
+    content_digest,
+)
 
 __all__ = ["LATER_FIELDS", "RECORD_KEYS", "SCHEDULE_FIELDS", "check_complete_record", "check_corpus",
            "carried_history", "check_content_digest", "check_metrics_history", "check_history", "check_model_record",
@@ -162,7 +169,7 @@ def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | Non
     checkpoint, which holds them) its weights or optimizer state are not finite (:func:`first_non_finite`).
     A refusal stops the resume: it does not fall back to an earlier checkpoint, as an unreadable file does --
     the file reads well, and the steps after an earlier one would be trained again without a word."""
-    expected = int(name.split("_")[1].split(".")[0])
+    expected = checkpoint_step(name)
     step = state.get("step")
     if type(step) is not int:  # a bool, a float or a str is no step seco-lab wrote
         raise RunDirError(f"--resume: checkpoint {name} holds step {step!r}, not the integer {expected}: it was "
@@ -223,15 +230,15 @@ def check_content_digest(state: dict, name: str, required: bool = False) -> None
     ``.pt`` checkpoint carries): a weight, a moment, a step counter, an RNG state or a record edited, or the file
     re-saved from an edited load, would continue another run than the one stopped, without a word.  Checked after
     every specific check (those name what is wrong).  A checkpoint without a digest passes only where it may be
-    older than digests: not when ``required`` (the run's marker says every checkpoint of the run carries one)."""
+    older than digests: not when ``required`` (:meth:`~seco_lab.training.run_dir.RunDir.digest_required`)."""
     recorded = state.get(CONTENT_DIGEST)
     if recorded is None and not required and CONTENT_DIGEST not in state:
         return
     if recorded is None:
         raise RunDirError(f"--resume: checkpoint {name} carries no content digest, which every checkpoint of this run "
-                          "has (the run's marker says so): the digest was removed from an edited file; put the file "
-                          f"seco-lab wrote back, resume from an earlier checkpoint (move {name} out of the run's "
-                          "checkpoints folder and delete checkpoints/latest), or start a new --run-dir")
+                          "has (its marker or an earlier checkpoint says so): the digest was removed from an edited "
+                          f"file; put the file seco-lab wrote back, resume from an earlier checkpoint (move {name} out "
+                          "of the run's checkpoints folder and delete checkpoints/latest), or start a new --run-dir")
     if recorded != content_digest(state):
         raise RunDirError(f"--resume: checkpoint {name} was changed after seco-lab wrote it (its content no longer "
                           "matches the digest it carries: it was edited, or re-saved from an edited load); a resume "
@@ -347,7 +354,7 @@ def load_newest_checkpoint(run_dir: RunDir, model, optimizer, cfg: TrainConfig,
         bad = _on_any_rank(first_non_finite(model.state_dict()) or first_non_finite(optimizer.state_dict()))
         if bad is not None:
             raise RunDirError(_non_finite_message(sharded[0].name, bad))
-        step = int(sharded[0].name.split("_")[1].split(".")[0])
+        step = checkpoint_step(sharded[0].name)
         problem = _on_any_rank(optimizer_state_problem(optimizer.state_dict(), cfg, step))
         if problem is not None:
             raise RunDirError(_optimizer_message(sharded[0].name, problem))

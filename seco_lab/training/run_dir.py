@@ -62,6 +62,7 @@ from .run_files import (  # noqa: F401 (re-export)
     CONTENT_DIGEST,
     checkpoint_records,
     checkpoint_run_ids,
+    checkpoint_step,
     checkpoint_steps,
     content_digest,
     read_config,
@@ -76,16 +77,12 @@ __all__ = ["CHECKPOINT_KEYS", "DCP_TREE", "MARKER_NAME", "RUN_TREE", "RunDir", "
 
 def marker_text() -> str:
     """The marker file of a new run folder: whose it is, the run's identity (:attr:`RunDir.run_id`), and that its
-    checkpoints carry a content digest (:meth:`RunDir.checkpoints_carry_digests`); :meth:`RunDir.note_written` adds
+    checkpoints carry a content digest (:meth:`RunDir.digest_required`); :meth:`RunDir.note_written` adds
     the optional folders the run writes (``adapter``, ``tensorboard``), which ``--overwrite`` may then remove."""
     return json.dumps({"tool": "seco-lab", "run_id": secrets.token_hex(8), "digests": True}) + "\n"
 
 LATEST_MAX_BYTES = 4096  # ``latest`` holds one checkpoint name
 MARKER_MAX_BYTES = 4096  # the marker holds a few keys
-
-
-#: a checkpoint's name, file or sharded directory, and its step
-CHECKPOINT_STEP = re.compile(r"step_(\d+)\.(?:pt|dcp)")
 
 
 class RunDir:
@@ -300,8 +297,7 @@ class RunDir:
         if self._marker_record().get("digests") is True:
             return True
         records = checkpoint_records(self.path, CONTENT_DIGEST)
-        return any(v is not None and int(CHECKPOINT_STEP.match(name).group(1)) < step
-                   for name, v in records.items() if CHECKPOINT_STEP.match(name))
+        return any(v is not None and checkpoint_step(name) < step for name, v in records.items())
 
     def note_written(self, folder: str) -> None:
         """Record in the marker that the run writes the optional ``folder`` (``adapter``, ``tensorboard``): only a

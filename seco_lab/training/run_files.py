@@ -20,7 +20,7 @@ from ..store import CONFIG_MAX_BYTES, TABLE_MAX_BYTES, DuplicateKeyError, checke
 from .run_checks import RUN_RECORD_KEYS, RunDirError, checkpoint_steps
 
 __all__ = ["CHECKPOINT_FILE", "CHECKPOINT_KEYS", "CONTENT_DIGEST", "UnsafeCheckpoint", "content_digest",
-           "checkpoint_files", "checkpoint_records", "checkpoint_run_ids",
+           "checkpoint_files", "checkpoint_records", "checkpoint_step", "checkpoint_run_ids",
            "checkpoint_steps", "read_config", "read_metrics", "run_file",
            "safe_load"]
 
@@ -28,6 +28,11 @@ CHECKPOINT_KEYS = ("step", "model", "optimizer", "scheduler", "torch_rng", "nump
 CHECKPOINT_FILE = re.compile(r"step_(\d+)\.pt")
 #: the key under which a ``.pt`` checkpoint carries :func:`content_digest` of the rest of it
 CONTENT_DIGEST = "content_digest"
+
+
+def checkpoint_step(name: str) -> int:
+    """The step of a checkpoint's name (``step_000004.pt``, ``step_000004.dcp``)."""
+    return int(name.split("_")[1].split(".")[0])
 
 
 def content_digest(state: dict) -> str:

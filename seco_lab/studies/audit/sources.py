@@ -98,7 +98,7 @@ def text_sources(cfg: AuditConfig) -> list[tuple[str, Path]]:
         for f in files:
             why = None if root.is_file() else text_or_why(f, 1 << 20)[1]
             if why is None:
-                key = (f.stat().st_dev, f.stat().st_ino)  # t.txt and ./t.txt, a link (hard too), a folder and a
+                key = (st := f.stat()).st_dev, st.st_ino  # t.txt and ./t.txt, a link (hard too), a folder and a
                 # file in it (campaign 30): its windows would be drawn twice as often as another text's
                 if key in seen:
                     raise ValueError(f"texts name the file {f} twice ({seen[key]!r} and {entry!r}); name each text "

@@ -186,9 +186,10 @@ class StudyConfig:
         if not (isinstance(self.ci_level, float) and 0 < self.ci_level < 1):
             raise ValueError(f"ci_level is {self.ci_level!r}, but it must lie in (0, 1)")
 
-    def digest(self) -> str:
-        """Hash of the definition and of ``STUDY_FORMAT``: equal digests mean resumable results."""
-        spec = {"study_format": STUDY_FORMAT, **self.to_json()}
+    def digest(self, study_format: int = STUDY_FORMAT) -> str:
+        """Hash of the definition and of the study format (this version's ``STUDY_FORMAT``, or the one a stored
+        ``study.json`` records): equal digests mean resumable results."""
+        spec = {"study_format": study_format, **self.to_json()}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
