@@ -312,10 +312,15 @@ def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
                   f" (metrics.jsonl's record of step {redone[0]}, logged after that checkpoint, is dropped: that "
                   "step is trained again)")
     if lead:
-        print(f"seco-lab train: {start}: {info['model']}, {info['parameters']:,} parameters "
-              f"({info['trainable']:,} trainable), {info['tokens_per_step']:,} tokens per step, "
-              f"k={info['num_chunks']} chunks, budget t={info['budget']}{'' if cfg.mode == 'spaco' else ' (all)'}, "
-              f"{cfg.mode} on {trainer.device}", flush=True)
+        try:
+            print(f"seco-lab train: {start}: {info['model']}, {info['parameters']:,} parameters "
+                  f"({info['trainable']:,} trainable), {info['tokens_per_step']:,} tokens per step, "
+                  f"k={info['num_chunks']} chunks, budget t={info['budget']}{'' if cfg.mode == 'spaco' else ' (all)'}"
+                  f", {cfg.mode} on {trainer.device}", flush=True)
+        except StdoutClosed:  # nothing trained yet: a folder this command made goes, so a retry is a first try
+            trainer.close()
+            trainer.run_dir.remove_unused()
+            raise
     first, began = trainer.step, time.perf_counter()
     try:
         last = trainer.fit()
@@ -403,8 +408,18 @@ class StdoutClosed(Exception):
     to b: Broken pipe")."""
 
 
+class StdoutFailed(StdoutClosed):
+    """A write to standard output failed for another reason (``seco-lab ... > /dev/full``: no space left): the
+    command stops with one line on standard error (campaign 30 T10)."""
+
+    def __init__(self, error: OSError):
+        super().__init__(error)
+        self.error = error
+
+
 class _GuardedStdout:
-    """``sys.stdout`` while a command runs: a write or flush into a closed pipe raises :class:`StdoutClosed`."""
+    """``sys.stdout`` while a command runs: a write or flush into a closed pipe raises :class:`StdoutClosed`, any
+    other error writing it :class:`StdoutFailed`."""
 
     def __init__(self, stream):
         self._stream = stream
@@ -414,12 +429,16 @@ class _GuardedStdout:
             return self._stream.write(text)
         except BrokenPipeError:
             raise StdoutClosed from None
+        except OSError as e:
+            raise StdoutFailed(e) from None
 
     def flush(self):
         try:
             return self._stream.flush()
         except BrokenPipeError:
             raise StdoutClosed from None
+        except OSError as e:
+            raise StdoutFailed(e) from None
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
@@ -439,6 +458,14 @@ def main(argv=None) -> int:
         if sys.stdout is not None:
             sys.stdout.flush()  # a closed pipe is told here, not in the interpreter's own flush at exit
         return rc
+    except StdoutFailed as e:
+        command = argv[0] if argv and not argv[0].startswith("-") else ""
+        reason = e.error.strerror or str(e.error) or type(e.error).__name__
+        print(f"seco-lab{' ' + command if command else ''}: error: cannot write to standard output ({reason}); "
+              "stopped there (the files it finished writing stand)", file=sys.stderr)
+        with contextlib.suppress(OSError, ValueError):  # the interpreter's flush at exit would fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
+        return 1
     except StdoutClosed:
         with contextlib.suppress(OSError, ValueError):  # the rest of the buffered output goes nowhere
             os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())

@@ -18,6 +18,7 @@ in a warning (or in the error, when too little text is left); :func:`skipped_not
 from __future__ import annotations
 
 import codecs
+import hashlib
 import sys
 import warnings
 import zlib
@@ -135,6 +136,7 @@ class TokenCorpus:
         streams: dict[str, list[int]] = {"train": [], "val": []}
         self.split_files: dict[str, list[str]] = {"train": [], "val": []}
         skipped: dict[str, list[Path]] = {BINARY: [], NOT_UTF8: []}
+        read = hashlib.sha256()  # the text read, before its tokenizer: tells a changed text from a changed tokenizer
         for name, path in files:
             split = "val" if held_out(name, holdout) else "train"
             if len(streams[split]) >= budget[split]:
@@ -148,6 +150,8 @@ class TokenCorpus:
                 skipped[why].append(path)
                 continue
             bytes_left -= len(text.encode())
+            read.update(f"{name}\0{len(text)}\0".encode())
+            read.update(text.encode())
             ids = encode_text(tokenizer, text)
             streams[split].extend(ids + ([eos] if eos is not None else []))
             self.split_files[split].append(name)
@@ -178,6 +182,7 @@ class TokenCorpus:
         pools = {split: torch.as_tensor(v[: len(v) // n * n].reshape(-1, n)) for split, v in streams.items()}
         self.train, self.val = pools["train"], pools["val"]
         self.seq_len, self.seed, self.holdout = seq_len, seed, holdout
+        self.text_digest = read.hexdigest()[:16]
         self.vocab_size = len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.vocab_size
 
     def batch(self, split: str, index: int, size: int) -> Batch:

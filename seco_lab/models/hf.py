@@ -34,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import HF_ARCHITECTURE_DEFAULTS
-from ..core.checks import as_bool, as_float, as_int, first_non_finite
+from ..core.checks import as_bool, as_float, as_int, check_seed, first_non_finite
 from ..core.protocol import ChunkCache, ChunkOutput
 
 __all__ = ["ARCHITECTURES", "HFChunkModel", "add_lora", "build_hf_model", "config_record", "exact_float64",
@@ -156,6 +156,10 @@ class HFChunkModel(nn.Module):
         if not isinstance(base, transformers.PreTrainedModel):
             raise TypeError(f"HFChunkModel drives a transformers causal LM (or its peft wrapper), got "
                             f"{type(model).__name__}; a TinyTransformer is a chunk model already: use it directly")
+        if base.get_output_embeddings() is None:  # a base model (LlamaModel) returns hidden states, no logits
+            raise TypeError(f"HFChunkModel drives a causal LM with an LM head, got {type(base).__name__}, which has "
+                            "none (it returns hidden states, not logits); pass its ...ForCausalLM class, e.g. "
+                            "transformers.AutoModelForCausalLM")
         self.model = model
         self.config = model.config
         reason = chunkable_reason(self.config)
@@ -473,8 +477,16 @@ def build_hf_model(name_or_path: str, overrides: dict | None = None, attn_implem
     if overrides is not None and not isinstance(overrides, dict):
         raise TypeError(f"overrides must be a dict of config field: value, got {type(overrides).__name__} "
                         f"{overrides!r:.80}")
+    bad_keys = [k for k in overrides or {} if not isinstance(k, str)]
+    if bad_keys:
+        raise TypeError(f"overrides must be a dict keyed by config field names (str), got the key {bad_keys[0]!r} "
+                        f"({type(bad_keys[0]).__name__})")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a torch floating dtype (torch.float32, torch.float64, torch.bfloat16, ...), "
+                        f"got {dtype!r} ({type(dtype).__name__})")
+    seed = check_seed(seed)  # 1.5 and True would build seed 1's weights
     transformers = _require_transformers()
-    if attn_implementation not in SUPPORTED_ATTENTION:
+    if not isinstance(attn_implementation, str) or attn_implementation not in SUPPORTED_ATTENTION:
         raise ValueError(f"attention implementation {attn_implementation!r}: use one of {SUPPORTED_ATTENTION}")
     torch.manual_seed(seed)
     if name_or_path in ARCHITECTURES:
@@ -542,18 +554,50 @@ def check_lora_targets(model: nn.Module, targets) -> None:
                          f"no module of the model; its linear layers are named {', '.join(linear)}")
 
 
+#: the LoRA initialisations add_lora takes besides True (A Kaiming-uniform, B zero) and False (both random)
+LORA_INITS = ("gaussian",)
+
+
+def lora_target_names(targets) -> list[str]:
+    """LoRA target module names as a list of non-empty strings: a string (peft would read it as a regular
+    expression; ``list('q_proj')`` would be six one-letter names), bytes, None or a list holding anything but
+    strings is refused."""
+    if isinstance(targets, str):  # campaign 29 S6
+        raise TypeError(f"targets must be a list of module names, got the string {targets!r} (use [{targets!r}])")
+    if isinstance(targets, (bytes, bytearray, dict)) or not isinstance(targets, (list, tuple, set, frozenset)):
+        raise TypeError(f"targets must be a list of module names (str), got {targets!r:.80} "
+                        f"({type(targets).__name__})")
+    targets = list(targets)
+    bad = [t for t in targets if not isinstance(t, str) or not t.strip()]
+    if not targets or bad:
+        raise ValueError(f"targets must be a non-empty list of module names (str), got {targets!r:.80}"
+                         + (f": {bad[0]!r} is not a name" if bad else ""))
+    return targets
+
+
 def add_lora(model: nn.Module, r: int = 8, alpha: int = 16, targets=("q_proj", "v_proj"), dropout: float = 0.0,
              init_lora_weights=True) -> nn.Module:
     """Wrap with peft LoRA adapters on ``targets`` (default: attention q and v, as in the paper);
     only the adapter weights require grad."""
     from peft import LoraConfig, get_peft_model
 
-    if isinstance(targets, str):  # list("q_proj") would be six one-letter targets (campaign 29 S6)
-        raise TypeError(f"targets must be a list of module names, got the string {targets!r} (use [{targets!r}])")
+    transformers = _require_transformers()
+    if not isinstance(model, transformers.PreTrainedModel):  # peft would fail deep inside, or wrap the wrong thing
+        wrapped = " (add LoRA first: HFChunkModel(add_lora(model)))" if isinstance(model, HFChunkModel) else ""
+        raise TypeError(f"add_lora wraps a transformers model (transformers.PreTrainedModel), got "
+                        f"{type(model).__name__}{wrapped}")
+    targets = lora_target_names(targets)
     r = as_int(r, "LoRA rank r", minimum=1)
     alpha = as_float(alpha, "LoRA alpha")
     if not alpha > 0:  # alpha 0 scales every adapter's output, and so its gradient, to 0 (campaign 29 S8)
         raise ValueError(f"LoRA alpha must be > 0, got {alpha} (the adapters' scale is alpha / r)")
+    dropout = as_float(dropout, "LoRA dropout", allowed="a number in [0, 1)")  # NaN would build no dropout
+    if not 0 <= dropout < 1:
+        raise ValueError(f"LoRA dropout must be a number in [0, 1), got {dropout}")
+    if not (isinstance(init_lora_weights, bool) or init_lora_weights in LORA_INITS):
+        raise ValueError(f"init_lora_weights must be True, False or one of {', '.join(map(repr, LORA_INITS))}, got "
+                         f"{init_lora_weights!r}; peft's other methods (pissa, olora, loftq, eva, corda, ...) change "
+                         "the base weights or need data: build those with peft.get_peft_model directly")
     check_lora_targets(model, targets)
     check_lora_rank(model, r, targets)
     cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=dropout, bias="none",

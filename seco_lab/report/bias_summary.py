@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +71,34 @@ class BiasStudy:
     paper: pd.DataFrame  # paper.csv, long: one metric of one scheme x paper-settings cell
 
 
+def check_run_totals(folder: Path, meta: dict, cfg: StudyConfig) -> None:
+    """The run totals ``study.json`` records beside its definition (the digest covers the definition only) agree
+    with it: ``total_draws`` and ``timing.draws_by_kind`` are the draws the definition makes, and
+    ``timing.compute_seconds`` is the sum of ``timing.worker_seconds_by_part`` -- an edit of one, sealed, is not
+    printed as the study's cost (campaign 30 T9)."""
+    expected, timing = cfg.draws_by_kind(), meta.get("timing")
+    total = sum(expected.values())
+    recorded = meta.get("total_draws")
+    by_kind = timing.get("draws_by_kind") if isinstance(timing, dict) else None
+    parts = timing.get("worker_seconds_by_part") if isinstance(timing, dict) else None
+    seconds = timing.get("compute_seconds") if isinstance(timing, dict) else None
+    problem = None
+    if type(recorded) is not int or recorded != total:
+        problem = f"total_draws {recorded!r}, while its definition makes {total:,} draws"
+    elif not isinstance(by_kind, dict) or by_kind != expected:
+        problem = f"draws by kind {by_kind!r:.80}, while its definition makes {expected}"
+    elif (not isinstance(parts, dict) or not all(type(v) in (int, float) and math.isfinite(v) and v >= 0
+                                                 for v in parts.values())
+          or type(seconds) not in (int, float) or not math.isclose(seconds, sum(parts.values()), rel_tol=1e-9,
+                                                                    abs_tol=1e-9)):
+        problem = (f"compute_seconds {seconds!r}, not the sum of its worker seconds by part "
+                   f"({'unreadable' if not isinstance(parts, dict) else repr(parts)[:80]})")
+    if problem:
+        raise MissingResultsError(f"{folder}/study.json records {problem}: the record was edited or is damaged, so "
+                                  f"the run it reports is not the one that made the results; restore it, or rerun "
+                                  f"{PRODUCE_BIAS} (a complete study's rerun keeps its tables)")
+
+
 def load_bias(folder: Path) -> BiasStudy:
     """The stored study, refused unless complete and consistent: every table parses with its columns and
     rows, holds finite numbers (NaN only where a metric is undefined: ``mc_covered``), and every cell and
@@ -97,6 +126,7 @@ def load_bias(folder: Path) -> BiasStudy:
                                   f"recorded {meta.get('digest')!r} when it ran: the record was edited,{older} so "
                                   "its numbers (draws, seeds, grid, interval level) are not known to be the ones the "
                                   f"results were computed with; restore it, or rerun {PRODUCE_BIAS}")
+    check_run_totals(folder, meta, cfg)
 
     def read(name, columns, nan_allowed=None):
         return read_results_csv(folder / name, columns, PRODUCE_BIAS, nan_allowed=nan_allowed,

@@ -622,6 +622,20 @@ def check_corpus(state: dict, data, cfg: TrainConfig) -> None:
     ours = corpus_digest(data)
     if ours != theirs:
         where = ", ".join(map(str, cfg.text_paths)) or "the default corpus"
+        text_then, text_now = state.get("corpus_text"), getattr(data, "text_digest", None)
+        if isinstance(text_then, str) and text_then == text_now:  # the same text, other tokens (campaign 30 T3)
+            raise RunDirError(f"--resume: the text under {where} is the text the checkpoint of step "
+                              f"{state.get('step')} was trained on (text digest {text_now}), but it tokenizes "
+                              f"differently now (corpus digest {ours} now, {theirs} then): the tokenizer of "
+                              f"--hf-model {cfg.hf_model} changed (its vocabulary, merges or normalizer); put back "
+                              "the tokenizer the run started with, or start a new --run-dir")
+        if text_then is None and text_now is not None:  # a checkpoint from before the text digest: either cause
+            raise RunDirError(f"--resume: the text under {where}, read through the tokenizer of --hf-model "
+                              f"{cfg.hf_model}, is not the text the checkpoint of step {state.get('step')} was "
+                              f"trained on (corpus digest {ours} now, {theirs} then): the file was edited, a relative "
+                              "--text path names another file from this folder, or the model's tokenizer changed; "
+                              "resume from the folder the run started in with the same text and tokenizer, or start "
+                              "a new --run-dir")
         raise RunDirError(f"--resume: the text under {where} is not the text the checkpoint of step {state.get('step')}"
                           f" was trained on (corpus digest {ours} now, {theirs} then): the file was edited, or a "
                           "relative --text path names another file from this folder; resume from the folder the "

@@ -94,6 +94,7 @@ class RunDir:
         self.metrics_path = self.path / "metrics.jsonl"
         self.config_path = self.path / "config.json"
         self._lock_file = None
+        self.created = False  # open() made the folder
 
     # ------------------------------------------------------------------ ownership
     def open(self, resume: bool, overwrite: bool) -> RunDir:
@@ -115,7 +116,18 @@ class RunDir:
             atomic_write(self.path / MARKER_NAME, marker_text())
         self.checkpoints.mkdir(exist_ok=True)
         self._clear_torn_writes()
+        self.created = created
         return self
+
+    def remove_unused(self) -> list[Path]:
+        """Release the folder and remove it, when :meth:`open` made it and the run stopped before it trained a step
+        (its standard output failed before the first step, campaign 30 T10): only the run's own files, so a retry
+        starts as the first try would.  Returns what stayed (nothing is removed from a folder open() did not make,
+        or one that holds a checkpoint)."""
+        self.close()
+        if not self.created or any(self.checkpoints.glob("step_*.pt")):
+            return [self.path]
+        return remove_own(self.path, run_tree(self.path))
 
     def _clear_torn_writes(self) -> None:
         """Remove the temporary files a killed run left (``step_000016.pt.seco-tmp<pid>``, ``latest.seco-tmp<pid>``,
@@ -315,6 +327,14 @@ class RunDir:
         refused: either would switch the check off, and a copied checkpoint would be resumed without a word."""
         run_id, problem = self._read_marker()
         if run_id is not None:
+            ids = checkpoint_run_ids(self.path)
+            found = set(ids.values())
+            if len(found) == 1 and None not in found and run_id not in found:  # campaign 30 T8
+                raise RunDirError(f"--resume: the run marker {self.path / MARKER_NAME} names run {run_id}, but every "
+                                  f"checkpoint in {self.checkpoints} ({len(ids)}) records run {found.pop()}: either "
+                                  "the marker was replaced by another run's (remove it to resume with the "
+                                  "checkpoints' run id; it is written again), or every checkpoint was copied in from "
+                                  "another run (put this run's back, or start a new --run-dir)")
             return run_id
         if problem not in ("missing", "no id"):
             raise RunDirError(f"--resume: the run marker {self.path / MARKER_NAME} is damaged ({problem}); it names "

@@ -267,6 +267,7 @@ class Trainer:
         extra = {"step": self.step, "scheduler": self.sched.state_dict(), "torch_rng": torch.get_rng_state(),
                  "numpy_rng": numpy_rng_state(), "config": self.cfg.to_dict(), "fingerprint": self.fingerprint,
                  "run_id": self.run_dir.run_id, "record": self._step_record, "corpus": self._corpus_digest,
+                 "corpus_text": getattr(self.data, "text_digest", None),
                  "history": torch.tensor(self._history, dtype=torch.int64).reshape(-1, 2)}
         self.parallel.save_checkpoint(self.run_dir, self.opt, extra)  # sharded: collective, every rank its shards
         if self.rank == 0 and self.run.keep_checkpoints is not None:

@@ -38,7 +38,7 @@ from .options import (
 from .plan import data_name, plan_units, sequence_sets
 from .sources import SequenceSpec, check_model_name
 from .stored import missing_units, missing_units_advice, read_audit_config, read_unit
-from .tables import check_units, derive_results, load_units, stale_reason, write_results
+from .tables import check_units, derive_results, load_units, stale_reason, unusable_units, write_results
 
 __all__ = ["run_audit", "main", "build_parser", "add_arguments", "run_from_args", "config_from_args",
            "check_audit_out", "rewrite_tables", "AUDIT_FILES", "DEFAULT_OUT", "run_args"]
@@ -122,7 +122,7 @@ def check_no_rows_lost(out: Path) -> None:
     (it may be missing, damaged or edited) -- so no unit's rows are dropped unasked (``--drop-missing-units`` asks).
     A row of ``equal_compute.csv`` (t, scheme, B) or ``cost.csv`` (a timed step) that would be gone is refused too.
     Rows a table holds twice, cut or damaged values are not a loss: the table is written again."""
-    lost = []
+    lost, tables = [], []
     derived = derive_results(out)
     for name, columns in UNIT_COLUMNS.items():
         try:
@@ -138,6 +138,7 @@ def check_no_rows_lost(out: Path) -> None:
                 if set(columns) <= set(table.columns) else set())  # no rows at all: no columns either
         gone = sorted(keys - kept)
         if gone:
+            tables.append(name)
             lost.append(f"{name}: {', '.join('/'.join(k) for k in gone[:3])}{' ...' if len(gone) > 3 else ''}")
     try:
         stored = store.read_csv(out / "data.csv", "stored table")
@@ -147,6 +148,15 @@ def check_no_rows_lost(out: Path) -> None:
             lost.append(f"data.csv: {before:g} -> {after:g} sequences")
     except (OSError, ValueError, KeyError, IndexError, AttributeError, TypeError):
         pass  # missing or damaged: written again
+    edited = [name for name in tables if not store.as_written(out / name)]
+    if edited and not unusable_units(out) and not missing_units(out):  # the units are whole: a table edited
+        # (campaign 30 T11: a row's sequence field edited was blamed on the units)
+        what = ("it no longer matches the checksum recorded when it was" if len(edited) == 1 else
+                "they no longer match the checksums recorded when they were")
+        raise ValueError(f"--tables-only: {', '.join(edited)} hold{'s' if len(edited) == 1 else ''} rows that no unit "
+                         f"in {out / 'units'} holds ({'; '.join(lost[:4])}), while every unit there loads and {what}"
+                         " written: the table was edited.  Nothing is rewritten.  Restore it, or rebuild the tables "
+                         f"from the units: `seco-lab audit --tables-only --drop-missing-units --out {out}`")
     if lost:
         raise ValueError(f"--tables-only: the units in {out / 'units'} would rebuild the tables without the rows of "
                          f"units they hold ({'; '.join(lost[:4])}): those units' files are gone or damaged (left "

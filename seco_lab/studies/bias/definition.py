@@ -144,6 +144,13 @@ class StudyConfig:
         g = [(L, k, s) for L, k in self.paper_cells for s in self.paper_seeds]
         return sorted(g, key=lambda x: (-x[0] * x[1], x[2]))
 
+    def draws_by_kind(self) -> dict[str, int]:
+        """The Monte Carlo draws the study makes: ``chain`` (every chain-basis group: draws x budgets x samplers) and
+        ``paper`` (every paper-settings group: paper_draws x paper budgets x samplers), as its groups count them."""
+        samplers = len({variant.build().sampler.kind for variant in self.schemes})
+        return {"chain": sum(self.draws * len(self.budgets[k]) * samplers for _, k, _ in self.groups()),
+                "paper": self.paper_draws * len(self.paper_budgets) * samplers * len(self.paper_groups())}
+
     def to_json(self) -> dict:
         d = asdict(self)
         d["budgets"] = {str(k): list(v) for k, v in self.budgets.items()}

@@ -214,7 +214,7 @@ CHAIN_DRAWS_PER_SECOND, PAPER_SECONDS_PER_DRAW_K128 = 10_000, 0.4
 def estimated_worker_seconds(cfg: StudyConfig) -> float:
     """A rough estimate of the study's Monte Carlo worker time (the rest of a group is small beside it)."""
     samplers = len({variant.build().sampler.kind for variant in cfg.schemes})
-    chain = sum(cfg.draws * len(cfg.budgets[k]) * samplers for _, k, _ in cfg.groups()) / CHAIN_DRAWS_PER_SECOND
+    chain = cfg.draws_by_kind()[CHAIN] / CHAIN_DRAWS_PER_SECOND
     paper = sum(cfg.paper_draws * len(cfg.paper_budgets) * samplers * PAPER_SECONDS_PER_DRAW_K128 * (k / 128) ** 2
                 for _, k, _ in cfg.paper_groups())
     return chain + paper

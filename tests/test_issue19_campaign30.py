@@ -1,0 +1,229 @@
+"""Issue 19, hostile campaign 30 (docs/hostile_campaign_30.md): the findings left open by the seventh session
+(T3, T6-T11), each with a test that fails on the campaign's commit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_issue19_campaign28 import _tiny_llama
+
+
+@pytest.mark.parametrize("kwargs, error, says", [
+    ({"targets": ["q_proj", 1]}, ValueError, "1 is not a name"),
+    ({"targets": None}, TypeError, "targets must be a list of module names (str), got None"),
+    ({"targets": 5}, TypeError, "targets must be a list of module names (str), got 5"),
+    ({"targets": b"q_proj"}, TypeError, "targets must be a list of module names (str), got b'q_proj'"),
+    ({"targets": []}, ValueError, "targets must be a non-empty list"),
+    ({"dropout": "x"}, TypeError, "LoRA dropout must be a number in [0, 1), got 'x'"),
+    ({"dropout": 1.5}, ValueError, "LoRA dropout must be a number in [0, 1), got 1.5"),
+    ({"dropout": float("nan")}, ValueError, "LoRA dropout must be a number in [0, 1), got nan"),
+    ({"init_lora_weights": "bogus"}, ValueError, "init_lora_weights must be True, False or one of 'gaussian'"),
+])
+def test_campaign30_add_lora_refuses_arguments_peft_or_torch_would_fail_on_or_ignore(kwargs, error, says):
+    """T6/T7 (A01-A03, A06, A14-A16, A19): raw errors from hf.py, peft or torch; dropout=nan built no dropout."""
+    from seco_lab.models.hf import add_lora
+
+    with pytest.raises(error) as e:
+        add_lora(_tiny_llama(), **kwargs)
+    assert says in str(e.value)
+
+
+def test_campaign30_add_lora_takes_a_transformers_model_only():
+    """T6 (A17, A20, F09): None, a TinyTransformer, an HFChunkModel (wrap order swapped) reached peft."""
+    from seco_lab.models.hf import HFChunkModel, add_lora
+    from seco_lab.models.tiny import TinyConfig, TinyTransformer
+
+    for model in (None, TinyTransformer(TinyConfig(vocab_size=16, d_model=8, n_layers=1, n_heads=2, d_ff=16))):
+        with pytest.raises(TypeError, match="add_lora wraps a transformers model"):
+            add_lora(model)
+    with pytest.raises(TypeError, match=r"add LoRA first: HFChunkModel\(add_lora\(model\)\)"):
+        add_lora(HFChunkModel(_tiny_llama()))
+
+
+def test_campaign30_add_lora_still_builds_what_it_is_asked():
+    from seco_lab.models.hf import add_lora
+
+    lora = add_lora(_tiny_llama(), r=2, targets=("q_proj",), dropout=0.25, init_lora_weights="gaussian")
+    drops = [m.p for n, m in lora.named_modules() if n.endswith("lora_dropout.default")]
+    assert drops == [0.25]
+
+
+@pytest.mark.parametrize("kwargs, error, says", [
+    ({"overrides": {1: 2}}, TypeError, "keyed by config field names (str), got the key 1"),
+    ({"dtype": "float64"}, TypeError, "dtype must be a torch floating dtype"),
+    ({"dtype": torch.int64}, TypeError, "dtype must be a torch floating dtype"),
+    ({"seed": "x"}, TypeError, "seed must be an integer, got 'x'"),
+    ({"seed": 1.5}, TypeError, "seed must be an integer, got 1.5"),
+    ({"seed": True}, TypeError, "seed must be an integer, got True"),
+])
+def test_campaign30_build_hf_model_refuses_keys_dtypes_and_seeds_of_the_wrong_kind(kwargs, error, says):
+    """T6 (B04-B07: raw errors, "Invalid device string" for dtype='float64'), T7 (B09, F03: seed 1.5 and True
+    built seed 1's weights)."""
+    from seco_lab.models.hf import build_hf_model
+
+    with pytest.raises(error) as e:
+        build_hf_model("llama", **kwargs)
+    assert says in str(e.value)
+
+
+def test_campaign30_hfchunkmodel_refuses_a_base_model_without_an_lm_head():
+    """T6 (F05): HFChunkModel(LlamaModel) was accepted; the first seco_grad raised "'BaseModelOutputWithPast'
+    object has no attribute 'logits'"."""
+    from transformers import LlamaModel
+
+    from seco_lab.models.hf import HFChunkModel
+
+    with pytest.raises(TypeError, match="LlamaModel, which has none .* pass its ...ForCausalLM class"):
+        HFChunkModel(LlamaModel(_tiny_llama().config))
+
+
+class _FullStream:
+    """A standard output on a full disk (`> /dev/full`): every write and flush fails with ENOSPC."""
+
+    def write(self, text):
+        import errno
+
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    flush = write
+
+    def fileno(self):
+        import io
+
+        raise io.UnsupportedOperation("fileno")
+
+
+def test_campaign30_a_standard_output_that_fails_is_one_line_and_leaves_no_half_made_run(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """T10 (T08): `train > /dev/full` ended in a raw OSError traceback and left a run folder (marker, lock, config,
+    no checkpoint) that refused the retry as "exists and is not empty"."""
+    import sys
+
+    from helpers import FAST
+
+    from seco_lab.cli import main
+
+    run = tmp_path / "r"
+    with monkeypatch.context() as m:
+        m.setattr(sys, "stdout", _FullStream())
+        assert main(["train", *FAST, "--run-dir", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert "seco-lab train: error: cannot write to standard output (No space left on device)" in err, err
+    assert "Traceback" not in err and not run.exists()
+    assert main(["train", *FAST, "--run-dir", str(run)]) == 0  # the retry is a first try
+    (tmp_path / "keep").mkdir()  # a folder the command did not make keeps what it holds
+    with monkeypatch.context() as m:
+        m.setattr(sys, "stdout", _FullStream())
+        assert main(["train", *FAST, "--run-dir", str(tmp_path / "keep" / "r"), "--steps", "3", "--stop-at", "1"]) == 1
+    assert (tmp_path / "keep").is_dir()
+
+
+def _hf_folder_with_tokenizer(root, text):
+    from test_issue19_inputs import _byte_bpe_tokenizer
+
+    from seco_lab.models.hf import build_hf_model
+
+    folder = root / "t2"
+    build_hf_model("llama", {"vocab_size": 320, "hidden_size": 16, "intermediate_size": 16,
+                             "num_hidden_layers": 1}).save_pretrained(folder)
+    tokenizer = _byte_bpe_tokenizer(text)
+    tokenizer.save_pretrained(folder)
+    return folder, tokenizer
+
+
+def test_campaign30_a_changed_tokenizer_is_named_not_blamed_on_the_text(tmp_path, capsys):
+    """T3 (H19, H20): the checkpoint folder's tokenizer changed between --stop-at and --resume (text.txt untouched)
+    was refused as "the file was edited, or a relative --text path names another file"; the text is now compared
+    before its tokenizer, so the message names the tokenizer -- and an edited text is still named as such."""
+    from tokenizers import normalizers
+
+    from seco_lab.cli import main
+
+    text = "Def F(X):\n    Return X + 1  # The Answer\n" * 60
+    (tmp_path / "text.txt").write_text(text)
+    folder, tokenizer = _hf_folder_with_tokenizer(tmp_path, text)
+    run = tmp_path / "r"
+    args = ["train", "--data", "text", "--text", str(tmp_path / "text.txt"), "--hf-model", str(folder),
+            "--seq-len", "32", "--chunk-size", "8", "--steps", "2", "--warmup", "0", "--batch-size", "1",
+            "--eval-batches", "1", "--eval-every", "1", "--ckpt-every", "1", "--no-progress", "--device", "cpu",
+            "--run-dir", str(run)]
+    assert main([*args, "--stop-at", "1"]) == 0
+    tokenizer.backend_tokenizer.normalizer = normalizers.Lowercase()  # H20: other token ids for the same text
+    tokenizer.save_pretrained(folder)
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "is the text the checkpoint of step 1 was trained on" in err and "tokenizes differently now" in err, err
+    assert f"the tokenizer of --hf-model {folder} changed" in err and "edited" not in err
+    (tmp_path / "text.txt").write_text(text.replace("Answer", "Question"))  # now the text too
+    assert main([*args, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "is not the text the checkpoint of step 1 was trained on" in err and "the file was edited" in err, err
+
+
+def test_campaign30_another_runs_marker_is_named_not_blamed_on_the_checkpoints(r2, tmp_path, capsys):
+    """T8 (K14): another run's marker copied over this run's was reported as "checkpoint step_000002.pt was written
+    by another run ... put this run's checkpoints back" -- the checkpoints were this run's own."""
+    import shutil
+
+    from helpers import FAST, copy_run
+
+    from seco_lab.cli import main
+
+    run, other = copy_run(r2, tmp_path / "r"), copy_run(r2, tmp_path / "s")
+    assert main(["train", *FAST, "--run-dir", str(other), "--overwrite"]) == 0  # a new run: another run id
+    shutil.copy(other / ".seco-lab-run", run / ".seco-lab-run")
+    capsys.readouterr()
+    args = ["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "the run marker" in err and "but every checkpoint" in err and "(2) records run" in err, err
+    assert "the marker was replaced by another run's (remove it" in err
+    (run / ".seco-lab-run").unlink()  # the way out the message gives
+    assert main(args) == 0
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda s: s.update(total_draws=10**9), "records total_draws 1000000000, while its definition makes 2,701,080"),
+    (lambda s: s.update(total_draws="2701080"), "records total_draws '2701080'"),
+    (lambda s: s["timing"].update(compute_seconds=99999), "records compute_seconds 99999, not the sum"),
+    (lambda s: s["timing"]["draws_by_kind"].update(paper=5), "records draws by kind"),
+    (lambda s: s["timing"]["worker_seconds_by_part"].update(chain_basis_grid=-1.0), "not the sum of its worker"),
+])
+def test_campaign30_run_totals_edited_in_study_json_are_refused_by_the_report(tmp_path, capsys, edit, says):
+    """T9 (ST08): total_draws 10^9 and compute_seconds 99999 edited (and sealed) were printed as "Run: 1,000,000,000
+    draws; 99999 s of worker time" beside "N = 100 sets": the digest covers the definition only."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from seco_lab.cli import main
+
+    folder = tmp_path / "b"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "reports/bias_study", folder)
+    study = json.loads((folder / "study.json").read_text())
+    edit(study)
+    (folder / "study.json").write_text(json.dumps(study))
+    assert main(["report", "bias", "--results", str(folder), "--out", str(tmp_path / "o.md")]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "the record was edited" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o.md").exists()
+
+
+def test_campaign30_an_edited_audit_table_is_named_not_blamed_on_the_units(audit_copy, monkeypatch, capsys):
+    """T11 (SE02): a leading space put in a bias.csv row's sequence field; --tables-only said "those units' files are
+    gone or damaged (left out, named above) ... Restore those unit files" -- the units were intact and nothing was
+    named above."""
+    from seco_lab.cli import main
+
+    monkeypatch.setenv("SECO_LAB_NO_CHECKSUMS", "0")
+    table = audit_copy / "bias.csv"
+    lines = table.read_text().splitlines(keepends=True)
+    table.write_text("".join([lines[0], " " + lines[1], *lines[2:]]))
+    before = {p.name: p.read_bytes() for p in audit_copy.glob("*.csv")}
+    capsys.readouterr()
+    assert main(["audit", "--tables-only", "--out", str(audit_copy)]) == 2
+    err = capsys.readouterr().err
+    assert "bias.csv holds rows that no unit in" in err and "no longer matches the checksum" in err, err
+    assert "the table was edited" in err and "Restore those unit files" not in err
+    assert {p.name: p.read_bytes() for p in audit_copy.glob("*.csv")} == before
