@@ -9,11 +9,11 @@ from test_issue19_campaign28 import _tiny_llama
 
 
 @pytest.mark.parametrize("kwargs, error, says", [
-    ({"targets": ["q_proj", 1]}, ValueError, "1 is not a name"),
+    ({"targets": ["q_proj", 1]}, ValueError, "names no module (1 is not a module name)"),
     ({"targets": None}, TypeError, "targets must be a list of module names (str), got None"),
     ({"targets": 5}, TypeError, "targets must be a list of module names (str), got 5"),
     ({"targets": b"q_proj"}, TypeError, "targets must be a list of module names (str), got b'q_proj'"),
-    ({"targets": []}, ValueError, "targets must be a non-empty list"),
+    ({"targets": []}, ValueError, "targets [] names no module (an empty list)"),
     ({"dropout": "x"}, TypeError, "LoRA dropout must be a number in [0, 1), got 'x'"),
     ({"dropout": 1.5}, ValueError, "LoRA dropout must be a number in [0, 1), got 1.5"),
     ({"dropout": float("nan")}, ValueError, "LoRA dropout must be a number in [0, 1), got nan"),

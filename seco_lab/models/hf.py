@@ -570,8 +570,9 @@ def lora_target_names(targets) -> list[str]:
     targets = list(targets)
     bad = [t for t in targets if not isinstance(t, str) or not t.strip()]
     if not targets or bad:
-        raise ValueError(f"targets must be a non-empty list of module names (str), got {targets!r:.80}"
-                         + (f": {bad[0]!r} is not a name" if bad else ""))
+        raise ValueError(f"targets {targets!r:.80} names no module ("
+                         + (f"{bad[0]!r} is not a module name" if bad else "an empty list")
+                         + "): pass module names (str), e.g. ['q_proj', 'v_proj']")
     return targets
 
 
