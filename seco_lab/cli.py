@@ -187,6 +187,12 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
         base = experiment_from_record(read_experiment(run.run_dir), str(path)).to_dict()
     flags = {k: v for k, v in ns.items() if k not in run_names and not k.startswith("model.")}
     if "hf_overrides" in flags:
+        seen: dict = {}
+        for key, value in flags["hf_overrides"]:  # the last would win without a word (campaign 31 U8)
+            if key in seen and seen[key] != value:
+                raise UserError(f"--hf-override {key} is given twice ({key}={json.dumps(seen[key])} and "
+                                f"{key}={json.dumps(value)}); give each field once")
+            seen[key] = value
         flags["hf_overrides"] = {**base.get("hf_overrides", {}), **file.get("hf_overrides", {}),
                                  **dict(flags["hf_overrides"])}
     merged = {**base, **file, **flags}
@@ -561,6 +567,11 @@ def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] == "seal":
         return seal_main(argv[1:])
     commands = ("train", "plot", "study", "bias-study", "report", "audit", "seal")
+    first = argv[0] if argv else ""
+    if (first.startswith("-") and first not in ("-h", "--help", "--version")
+            and not (first.startswith("--") and len(first) > 2 and any(o.startswith(first) for o in ("--help",
+                                                                                                    "--version")))):
+        ap.error(suggest(ap, [first]) + "; a command's options come after the command (seco-lab COMMAND --help)")
     close = difflib.get_close_matches(argv[0], commands, n=1) if argv and not argv[0].startswith("-") else []
     if close:
         ap.error(f"unknown command {argv[0]!r}; did you mean {close[0]}?")

@@ -291,6 +291,10 @@ class RunControl:
                                  "but its own files; never the current or home directory)", "run control")
     rewarm: bool = opt(False, "with --resume and a larger --steps: a new linear warm-up (from the final lr) and "
                               "cosine decay over the added steps, instead of keeping the final lr", "run control")
+    accept_undigested: bool = opt(False, "with --resume: accept a .pt checkpoint that carries no content digest, as "
+                                         "one written by a seco-lab from before checkpoints carried it does (by "
+                                         "default refused: the digest may have been removed from an edited file)",
+                                  "run control")
     keep_checkpoints: int | None = opt(None, "keep only the newest N checkpoints of the run (older step_* "
                                              "checkpoints are deleted after each save; default: keep all)",
                                        "run control", min=1, max=MAX_STEPS)
@@ -312,6 +316,8 @@ class RunControl:
             raise ValueError("--resume and --overwrite exclude each other: continue the run, or replace it")
         if self.rewarm and not self.resume:
             raise ValueError("--rewarm applies when extending a run: add --resume and a larger --steps")
+        if self.accept_undigested and not self.resume:
+            raise ValueError("--accept-undigested applies to a resumed run's checkpoints: add --resume")
         if self.shard != "fsdp" and self.fsdp_gather != "step":
             raise ValueError("--fsdp-gather applies to --shard fsdp only; add --shard fsdp or drop --fsdp-gather")
         check_device_name(self.device)

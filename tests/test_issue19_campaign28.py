@@ -92,14 +92,20 @@ def _as_an_older_run(run):
 
 
 def test_a_checkpoint_written_before_the_digest_resumes_as_the_run_would(r2, tmp_path, capsys):
-    """A checkpoint without a digest in a run folder older than digests (its marker does not promise them) is not
-    refused, and continues the run exactly: step 3 equals the resume of the intact copy."""
+    """A checkpoint without a digest in a run folder older than digests (its marker does not promise them) is refused
+    by default (campaign 30 T1: so is an edited one whose every digest and marker were removed), naming
+    --accept-undigested; with it, it continues the run exactly: step 3 equals the resume of the intact copy."""
     intact, old = copy_run(r2, tmp_path / "intact"), copy_run(r2, tmp_path / "old")
     _edit(old, lambda s: s.pop(CONTENT_DIGEST))
     _as_an_older_run(old)
-    for run in (intact, old):
+    capsys.readouterr()
+    assert main(["train", *FAST, "--steps", "3", "--run-dir", str(old), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "carries no content digest, which every checkpoint seco-lab writes has" in err, err
+    assert "resume it with --accept-undigested" in err and len(err.strip().splitlines()) == 1
+    for run, flag in ((intact, []), (old, ["--accept-undigested"])):
         capsys.readouterr()
-        assert main(["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume"]) == 0
+        assert main(["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume", *flag]) == 0
     keys = ("loss", "grad_norm", "far_loss", "eval_loss", "eval_far_loss")  # not the timings
     a, b = ([[r[k] for k in keys] for r in read_metrics(run) if r["step"] == 3] for run in (intact, old))
     assert a and a == b
@@ -172,7 +178,9 @@ def test_a_checkpoint_without_a_digest_with_unusable_values_is_one_line(r2, tmp_
     run = copy_run(r2, tmp_path / "r")
     _edit(run, _without_digest(change))
     _as_an_older_run(run)
-    rc, err = _resume(run, capsys)
+    capsys.readouterr()
+    rc = main(["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume", "--accept-undigested"])
+    err = capsys.readouterr().err
     assert rc == 2, err
     assert says in err and len(err.strip().splitlines()) == 1, err
 
@@ -499,11 +507,12 @@ def test_an_older_run_resumed_by_this_version_falls_back_to_its_digestless_check
     one)."""
     run = copy_run(r2, tmp_path / "r")
     _as_an_older_run(run)
-    assert main(["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume"]) == 0
+    args = ["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume", "--accept-undigested"]
+    assert main(args) == 0
     (run / "checkpoints" / "step_000003.pt").write_bytes(b"damaged")
     capsys.readouterr()
     with pytest.warns(UserWarning, match="instead of damaged step_000003.pt"):
-        assert main(["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume"]) == 0
+        assert main(args) == 0
 
 
 

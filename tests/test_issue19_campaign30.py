@@ -111,11 +111,19 @@ def test_campaign30_a_standard_output_that_fails_is_one_line_and_leaves_no_half_
     assert "seco-lab train: error: cannot write to standard output (No space left on device)" in err, err
     assert "Traceback" not in err and not run.exists()
     assert main(["train", *FAST, "--run-dir", str(run)]) == 0  # the retry is a first try
-    (tmp_path / "keep").mkdir()  # a folder the command did not make keeps what it holds
-    with monkeypatch.context() as m:
+    # campaign 31 U2: an empty folder made beforehand (mkdir -p in a job script), and a run replaced by --overwrite,
+    # were left holding a new run's marker and config, and the plain retry was refused as "not empty"
+    for folder, extra in ((tmp_path / "empty", []), (run, ["--overwrite"])):
+        folder.mkdir(exist_ok=True)
+        with monkeypatch.context() as m:
+            m.setattr(sys, "stdout", _FullStream())
+            assert main(["train", *FAST, "--run-dir", str(folder), *extra]) == 1
+        assert folder.is_dir() and not any(folder.iterdir()), sorted(folder.iterdir())
+        assert main(["train", *FAST, "--run-dir", str(folder)]) == 0
+    with monkeypatch.context() as m:  # a resumed run keeps everything
         m.setattr(sys, "stdout", _FullStream())
-        assert main(["train", *FAST, "--run-dir", str(tmp_path / "keep" / "r"), "--steps", "3", "--stop-at", "1"]) == 1
-    assert (tmp_path / "keep").is_dir()
+        assert main(["train", *FAST, "--run-dir", str(run), "--steps", "3", "--resume"]) == 1
+    assert (run / "checkpoints" / "step_000002.pt").is_file()
 
 
 def _hf_folder_with_tokenizer(root, text):
@@ -186,9 +194,9 @@ def test_campaign30_another_runs_marker_is_named_not_blamed_on_the_checkpoints(r
 @pytest.mark.parametrize("edit, says", [
     (lambda s: s.update(total_draws=10**9), "records total_draws 1000000000, while its definition makes 2,701,080"),
     (lambda s: s.update(total_draws="2701080"), "records total_draws '2701080'"),
-    (lambda s: s["timing"].update(compute_seconds=99999), "records compute_seconds 99999, not the sum"),
+    (lambda s: s["timing"].update(compute_seconds=99999), "records compute_seconds 99999 and worker seconds by part"),
     (lambda s: s["timing"]["draws_by_kind"].update(paper=5), "records draws by kind"),
-    (lambda s: s["timing"]["worker_seconds_by_part"].update(chain_basis_grid=-1.0), "not the sum of its worker"),
+    (lambda s: s["timing"]["worker_seconds_by_part"].update(chain_basis_grid=-1.0), "takes a positive time"),
 ])
 def test_campaign30_run_totals_edited_in_study_json_are_refused_by_the_report(tmp_path, capsys, edit, says):
     """T9 (ST08): total_draws 10^9 and compute_seconds 99999 edited (and sealed) were printed as "Run: 1,000,000,000
@@ -227,3 +235,134 @@ def test_campaign30_an_edited_audit_table_is_named_not_blamed_on_the_units(audit
     assert "bias.csv holds rows that no unit in" in err and "no longer matches the checksum" in err, err
     assert "the table was edited" in err and "Restore those unit files" not in err
     assert {p.name: p.read_bytes() for p in audit_copy.glob("*.csv")} == before
+
+
+def test_campaign30_every_digest_and_the_marker_removed_is_refused_by_default(r2, tmp_path, capsys):
+    """T1's remainder (campaign 31 U1): an edited checkpoint whose digest was removed, every earlier checkpoint's
+    digest removed and the marker deleted resumed as an older version's run; a checkpoint without a digest now needs
+    --accept-undigested, which is refused without --resume."""
+    from helpers import FAST, copy_run
+    from test_issue19_campaign28 import _as_an_older_run
+
+    from seco_lab.cli import main
+    from seco_lab.training.run_dir import read_metrics
+
+    run = copy_run(r2, tmp_path / "r")
+    path = run / "checkpoints" / "step_000002.pt"
+    state = torch.load(path, weights_only=True)
+    state["optimizer"]["state"][0]["exp_avg"].mul_(2.0)
+    torch.save(state, path)
+    _as_an_older_run(run)
+    (run / ".seco-lab-run").unlink()
+    capsys.readouterr()
+    assert main(["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "step_000002.pt carries no content digest" in err and "--accept-undigested" in err, err
+    assert not any(r["step"] == 3 for r in read_metrics(run))
+    assert main(["train", *FAST, "--run-dir", str(tmp_path / "n"), "--accept-undigested"]) == 2
+    assert "--accept-undigested applies to a resumed run's checkpoints: add --resume" in capsys.readouterr().err
+
+
+def test_campaign31_gemmas_rmsnorm_computes_in_float64_too():
+    """Campaign 31 U3 (C04): HFChunkModel(GemmaForCausalLM) in float64 matched dense to 9e-10 only: Gemma's RMSNorm
+    (``(1 + weight) * x``, field ``eps``) was not rebound and computed in float32.  Every *RMSNorm now runs its own
+    forward with float32 casts of float64 tensors made the identity."""
+    import transformers
+
+    from seco_lab import dense_grad, hop_strata, seco_grad
+    from seco_lab.models.hf import HFChunkModel
+
+    torch.manual_seed(0)
+    model = HFChunkModel(transformers.GemmaForCausalLM(transformers.GemmaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=256)).double())
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 64, (2, 40), generator=g), torch.randint(0, 64, (2, 40), generator=g)
+    _, dense = dense_grad(model, x, y)
+    scale = max(float(v.abs().max()) for v in dense.values())
+    for other in (seco_grad(model, x, y, 8)[1], hop_strata(model, x, y, 8).total()):
+        assert max(float((other[k] - dense[k]).abs().max()) for k in dense) / scale < 1e-12
+    norm = model.model.model.norm  # float32 inputs keep transformers' own forward
+    h = torch.randn(2, 3, 32, dtype=torch.float64)
+    assert norm(h).dtype == torch.float64
+    assert torch.equal(norm.float()(h.float()), type(norm).forward(norm, h.float()))
+
+
+def test_campaign31_add_lora_refuses_a_base_model_and_a_container_target():
+    """Campaign 31 U4 (A09, A17): add_lora(LlamaModel) and targets=['self_attn'] ended in peft's raw errors."""
+    import transformers
+
+    from seco_lab.models.hf import add_lora
+
+    model = _tiny_llama()
+    with pytest.raises(TypeError, match="add_lora wraps a causal LM with an LM head, got LlamaModel"):
+        add_lora(transformers.LlamaModel(model.config))
+    with pytest.raises(ValueError, match="'self_attn' names a LlamaAttention, which LoRA cannot wrap"):
+        add_lora(model, targets=["self_attn"])
+
+
+def test_campaign31_build_hf_model_refuses_weights_larger_than_the_machine():
+    """Campaign 31 U5 (B12): vocab_size 10**12 ended in torch's raw allocator error."""
+    from seco_lab.models.hf import build_hf_model
+
+    with pytest.raises(MemoryError, match="a LlamaForCausalLM of 64,000,000,018,592 parameters needs"):
+        build_hf_model("llama", {"vocab_size": 10**12})
+
+
+def test_campaign31_a_marker_and_checkpoints_of_two_runs_are_named_without_blame(r2, tmp_path, capsys):
+    """Campaign 31 U6 (N22): another run's marker and its step-1 checkpoint copied in; the run's own step 2 was
+    called "copied in from elsewhere"."""
+    import shutil
+
+    from helpers import FAST, copy_run
+
+    from seco_lab.cli import main
+
+    run, other = copy_run(r2, tmp_path / "r"), copy_run(r2, tmp_path / "s")
+    assert main(["train", *FAST, "--run-dir", str(other), "--overwrite"]) == 0
+    for name in (".seco-lab-run", "checkpoints/step_000001.pt"):
+        shutil.copy(other / name, run / name)
+    capsys.readouterr()
+    assert main(["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "was written by another run than the one this folder's marker names" in err, err
+    assert "the checkpoint was copied in from elsewhere, or the marker was" in err
+
+
+@pytest.mark.parametrize("edit", [
+    lambda s: (s["timing"].update(compute_seconds=0.0), s["timing"].update(worker_seconds_by_part={})),
+    lambda s: s["timing"]["worker_seconds_by_part"].pop("chain_basis_grid"),
+])
+def test_campaign31_a_study_json_whose_parts_took_no_time_is_refused(tmp_path, capsys, edit):
+    """Campaign 31 U7 (N56): compute_seconds 0 with no parts (their sum) was printed as "0 s of worker time"."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from seco_lab.cli import main
+
+    folder = tmp_path / "b"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "reports/bias_study", folder)
+    study = json.loads((folder / "study.json").read_text())
+    edit(study)
+    if study["timing"]["worker_seconds_by_part"]:
+        study["timing"]["compute_seconds"] = sum(study["timing"]["worker_seconds_by_part"].values())
+    (folder / "study.json").write_text(json.dumps(study))
+    assert main(["report", "bias", "--results", str(folder), "--out", str(tmp_path / "o.md")]) == 2
+    assert "each part of the study (chain-basis grid, paper-settings parts) takes a positive time" in \
+        capsys.readouterr().err
+
+
+def test_campaign31_a_repeated_hf_override_and_a_misspelt_top_level_option(tmp_path, capsys):
+    """Campaign 31 U8 (C15): `--hf-override hidden_size=32 --hf-override hidden_size=64` kept 64 without a word;
+    U9 (C24): `seco-lab --verison` said "the following arguments are required: COMMAND"."""
+    from seco_lab.cli import main
+
+    assert main(["train", "--hf-model", "llama", "--hf-override", "hidden_size=32", "--hf-override",
+                 "hidden_size=64", "--run-dir", str(tmp_path / "r")]) == 2
+    assert "--hf-override hidden_size is given twice (hidden_size=32 and hidden_size=64)" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(SystemExit) as e:
+        main(["--verison"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --verison; did you mean --version?" in capsys.readouterr().err

@@ -34,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import HF_ARCHITECTURE_DEFAULTS
-from ..core.checks import as_bool, as_float, as_int, check_seed, first_non_finite
+from ..core.checks import as_bool, as_float, as_int, check_seed, first_non_finite, host_memory_bytes
 from ..core.protocol import ChunkCache, ChunkOutput
 
 __all__ = ["ARCHITECTURES", "HFChunkModel", "add_lora", "build_hf_model", "config_record", "exact_float64",
@@ -102,29 +102,51 @@ def chunkable_reason(config) -> str | None:
     return None
 
 
-def _rmsnorm_in_input_dtype(self, hidden_states):
-    if hidden_states.dtype != torch.float64:  # half and single precision: transformers' own (float32) formula
-        return type(self).forward(self, hidden_states)
-    variance = hidden_states.pow(2).mean(-1, keepdim=True)
-    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+class _KeepFloat64(torch.overrides.TorchFunctionMode):
+    """While an RMSNorm runs on float64 activations: a cast of a float64 tensor to float32 (``x.float()``,
+    ``x.to(torch.float32)``, ``x.to(dtype=torch.float32)``) is the identity, so the norm's own formula -- whatever it
+    is (Llama's ``weight * x``, Gemma's ``(1 + weight) * x``, one without weight) -- is computed in float64."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.dtype == torch.float64:
+            if func is torch.Tensor.float and len(args) == 1 and not kwargs:
+                return x
+            if func is torch.Tensor.to and set(kwargs) <= {"dtype"}:
+                asked = [*args[1:], *kwargs.values()]
+                if asked == [torch.float32]:
+                    return x
+        return func(*args, **kwargs)
+
+
+def _rmsnorm_in_input_dtype(self, *args, **kwargs):
+    x = args[0] if args else next(iter(kwargs.values()), None)
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float64:  # half and single precision: transformers' own
+        return type(self).forward(self, *args, **kwargs)
+    with _KeepFloat64():
+        return type(self).forward(self, *args, **kwargs)
 
 
 def exact_float64(model: nn.Module) -> nn.Module:
     """Make an HF model compute its RMSNorms in float64 whenever its activations are float64.
 
-    transformers' Llama/Qwen2 RMSNorm casts its input to float32 (meant for half
+    transformers' RMSNorms cast their input to float32 (meant for half
     precision), which rounds every gradient passing through it to float32.  Dense
     and SeCO round the same total gradient and still agree, but hop strata and
     sparse estimates split the gradient into parts rounded separately (~1e-8
-    relative).  This rebinds each RMSNorm's forward to the same formula without
-    the cast for float64 inputs (other dtypes keep transformers' forward); parameters
-    and names are unchanged.  :class:`HFChunkModel` applies it to every model it
-    drives, so a model cast with ``.double()`` after loading is exact too (campaign 29 S9).
+    relative).  This rebinds each RMSNorm's forward (any class named ``*RMSNorm``:
+    Llama's, Gemma's ``(1 + weight)`` form, ...) to its own forward run with casts of
+    float64 tensors to float32 made the identity (:class:`_KeepFloat64`), for float64
+    inputs only (other dtypes keep transformers' forward as it is); parameters and
+    names are unchanged.  :class:`HFChunkModel` applies it to every model it drives,
+    so a model cast with ``.double()`` after loading is exact too (campaign 29 S9;
+    Gemma's norm, campaign 31).
     """
     import types
 
     for module in model.modules():
-        if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+        if type(module).__name__.endswith("RMSNorm") and callable(getattr(type(module), "forward", None)):
             module.forward = types.MethodType(_rmsnorm_in_input_dtype, module)
     return model
 
@@ -466,6 +488,20 @@ def load_checkpoint(folder: str | os.PathLike, attn_implementation: str = "sdpa"
     return model
 
 
+def _check_fits(transformers, config, dtype: torch.dtype) -> None:
+    """Refuse, before allocating, weights larger than this machine's memory (built in float32, then cast): the model
+    is first built on the meta device, which allocates nothing, to count its parameters; torch's allocator would
+    otherwise fail deep inside an embedding (campaign 31: ``vocab_size`` 10**12)."""
+    with torch.device("meta"):
+        shapes = transformers.AutoModelForCausalLM.from_config(config)
+    count = sum(p.numel() for p in shapes.parameters())
+    need, have = count * max(4, dtype.itemsize), host_memory_bytes()
+    if have is not None and need > have:
+        raise MemoryError(f"a {type(shapes).__name__} of {count:,} parameters needs {need / 2**30:,.1f} GiB for its "
+                          f"weights alone, more than this machine's {have / 2**30:.1f} GiB: lower vocab_size, "
+                          "hidden_size, intermediate_size or num_hidden_layers")
+
+
 def build_hf_model(name_or_path: str, overrides: dict | None = None, attn_implementation: str = "sdpa",
                    dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
     """A causal LM: a named architecture with random weights (``llama``, ``qwen2``) or a local checkpoint
@@ -494,6 +530,7 @@ def build_hf_model(name_or_path: str, overrides: dict | None = None, attn_implem
         conf_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[name_or_path]
         config = conf_cls(**{**ARCHITECTURES[name_or_path], **(overrides or {})})
         config._attn_implementation = attn_implementation
+        _check_fits(transformers, config, dtype)
         model = transformers.AutoModelForCausalLM.from_config(config)
     else:
         if not Path(name_or_path).is_dir():
@@ -546,12 +583,22 @@ def check_lora_targets(model: nn.Module, targets) -> None:
     would train fewer adapters than asked without a word."""
     if isinstance(targets, str):  # peft reads a string as one regular expression: nothing to check by name
         return
-    names = [name for name, _ in model.named_modules()]
-    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    modules = list(model.named_modules())
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n, _ in modules)]
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in modules if isinstance(m, nn.Linear)})
     if missing:
-        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
         raise ValueError(f"--lora-targets: {', '.join(map(repr, missing))} match{'es' if len(missing) == 1 else ''} "
                          f"no module of the model; its linear layers are named {', '.join(linear)}")
+    # peft wraps linear, embedding and convolution layers; a container (self_attn, mlp) fails deep inside peft
+    from transformers.pytorch_utils import Conv1D
+
+    kinds = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention, Conv1D)
+    other = [(t, type(m).__name__) for t in targets for n, m in modules
+             if (n == t or n.endswith("." + t)) and not isinstance(m, kinds)]
+    if other:
+        raise ValueError(f"--lora-targets: {other[0][0]!r} names a {other[0][1]}, which LoRA cannot wrap (it wraps "
+                         f"linear, embedding and convolution layers); name the linear layers inside it, e.g. "
+                         f"{', '.join(linear[:4])}")
 
 
 #: the LoRA initialisations add_lora takes besides True (A Kaiming-uniform, B zero) and False (both random)
@@ -587,6 +634,9 @@ def add_lora(model: nn.Module, r: int = 8, alpha: int = 16, targets=("q_proj", "
         wrapped = " (add LoRA first: HFChunkModel(add_lora(model)))" if isinstance(model, HFChunkModel) else ""
         raise TypeError(f"add_lora wraps a transformers model (transformers.PreTrainedModel), got "
                         f"{type(model).__name__}{wrapped}")
+    if model.get_output_embeddings() is None:  # peft's CAUSAL_LM wrapper needs the LM's generation methods
+        raise TypeError(f"add_lora wraps a causal LM with an LM head, got {type(model).__name__}, which has none; pass "
+                        "its ...ForCausalLM class, e.g. transformers.AutoModelForCausalLM")
     targets = lora_target_names(targets)
     r = as_int(r, "LoRA rank r", minimum=1)
     alpha = as_float(alpha, "LoRA alpha")

@@ -87,12 +87,15 @@ def check_run_totals(folder: Path, meta: dict, cfg: StudyConfig) -> None:
         problem = f"total_draws {recorded!r}, while its definition makes {total:,} draws"
     elif not isinstance(by_kind, dict) or by_kind != expected:
         problem = f"draws by kind {by_kind!r:.80}, while its definition makes {expected}"
-    elif (not isinstance(parts, dict) or not all(type(v) in (int, float) and math.isfinite(v) and v >= 0
+    elif (not isinstance(parts, dict) or not all(type(v) in (int, float) and math.isfinite(v) and v > 0
                                                  for v in parts.values())
+          or ("chain_basis_grid" in parts) != bool(cfg.groups())
+          or any(k.startswith("paper_") for k in parts) != bool(cfg.paper_groups())
           or type(seconds) not in (int, float) or not math.isclose(seconds, sum(parts.values()), rel_tol=1e-9,
                                                                     abs_tol=1e-9)):
-        problem = (f"compute_seconds {seconds!r}, not the sum of its worker seconds by part "
-                   f"({'unreadable' if not isinstance(parts, dict) else repr(parts)[:80]})")
+        problem = (f"compute_seconds {seconds!r} and worker seconds by part "
+                   f"{'unreadable' if not isinstance(parts, dict) else repr(parts)[:80]}: each part of the study "
+                   "(chain-basis grid, paper-settings parts) takes a positive time, and compute_seconds is their sum")
     if problem:
         raise MissingResultsError(f"{folder}/study.json records {problem}: the record was edited or is damaged, so "
                                   f"the run it reports is not the one that made the results; restore it, or rerun "

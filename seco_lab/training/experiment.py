@@ -198,9 +198,10 @@ def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | Non
                           "checkpoint comes from another run (put this run's checkpoints back, or start a new "
                           "--run-dir)")
     if run_id is not None and state.get("run_id") != run_id:
-        raise RunDirError(f"--resume: checkpoint {name} was written by another run (run id {state.get('run_id')}, "
-                          f"this run folder's {run_id}): it was copied in from elsewhere, and resuming would mix two "
-                          "runs' histories; put this run's checkpoints back or start a new --run-dir")
+        raise RunDirError(f"--resume: checkpoint {name} was written by another run than the one this folder's marker "
+                          f"names (run id {state.get('run_id')}; the marker's {run_id}): the checkpoint was copied in "
+                          "from elsewhere, or the marker was, and resuming would mix two runs' histories; put back "
+                          "this run's own checkpoints and marker, or start a new --run-dir")
     if saved is not None:
         step = int(state["step"])
         if not isinstance(config, dict):
@@ -222,23 +223,31 @@ def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | Non
     if problem:
         raise RunDirError(_optimizer_message(name, problem))
     if name.endswith(".pt"):  # a sharded checkpoint's extras carry no digest: DCP's own files hold the tensors
-        check_content_digest(state, name, digests(expected) if callable(digests) else bool(digests))
+        check_content_digest(state, name, digests(expected) if callable(digests) else digests)
 
 
-def check_content_digest(state: dict, name: str, required: bool = False) -> None:
+def check_content_digest(state: dict, name: str, required: bool | str = False) -> None:
     """Refuse checkpoint ``name`` whose content is not what seco-lab wrote (:func:`content_digest`, which every
     ``.pt`` checkpoint carries): a weight, a moment, a step counter, an RNG state or a record edited, or the file
     re-saved from an edited load, would continue another run than the one stopped, without a word.  Checked after
     every specific check (those name what is wrong).  A checkpoint without a digest passes only where it may be
-    older than digests: not when ``required`` (:meth:`~seco_lab.training.run_dir.RunDir.digest_required`)."""
+    older than digests: not when ``required`` (:meth:`~seco_lab.training.run_dir.RunDir.digest_required`: ``"run"``
+    where the run is known to write digests, ``"always"`` unless ``--accept-undigested``)."""
     recorded = state.get(CONTENT_DIGEST)
     if recorded is None and not required and CONTENT_DIGEST not in state:
         return
-    if recorded is None:
+    if recorded is None and required == "run" or recorded is None and required is True:
         raise RunDirError(f"--resume: checkpoint {name} carries no content digest, which every checkpoint of this run "
                           "has (its marker or an earlier checkpoint says so): the digest was removed from an edited "
                           f"file; put the file seco-lab wrote back, resume from an earlier checkpoint (move {name} out "
                           "of the run's checkpoints folder and delete checkpoints/latest), or start a new --run-dir")
+    if recorded is None:
+        raise RunDirError(f"--resume: checkpoint {name} carries no content digest, which every checkpoint seco-lab "
+                          "writes has: the digest was removed from an edited file, or seco-lab wrote it before "
+                          "checkpoints carried one (an older version's run: resume it with --accept-undigested, "
+                          "unless its marker or an earlier checkpoint shows the run wrote digests); otherwise put "
+                          f"the file seco-lab wrote back, resume from an earlier checkpoint (move {name} out of the "
+                          "run's checkpoints folder and delete checkpoints/latest), or start a new --run-dir")
     if recorded != content_digest(state):
         raise RunDirError(f"--resume: checkpoint {name} was changed after seco-lab wrote it (its content no longer "
                           "matches the digest it carries: it was edited, or re-saved from an edited load); a resume "

@@ -88,13 +88,14 @@ MARKER_MAX_BYTES = 4096  # the marker holds a few keys
 class RunDir:
     """The files of one run.  ``open`` takes the lock; the other methods assume it is held."""
 
-    def __init__(self, path):
+    def __init__(self, path, accept_undigested: bool = False):
         self.path = check_path_given(path)
+        self.accept_undigested = accept_undigested  # --accept-undigested: see digest_required
         self.checkpoints = self.path / "checkpoints"
         self.metrics_path = self.path / "metrics.jsonl"
         self.config_path = self.path / "config.json"
         self._lock_file = None
-        self.created = False  # open() made the folder
+        self.created = self.fresh = False  # open() made the folder / started a new run in it
 
     # ------------------------------------------------------------------ ownership
     def open(self, resume: bool, overwrite: bool) -> RunDir:
@@ -117,17 +118,22 @@ class RunDir:
         self.checkpoints.mkdir(exist_ok=True)
         self._clear_torn_writes()
         self.created = created
+        self.fresh = not resume  # started anew: what the folder holds now is this run's own, made by this call
         return self
 
     def remove_unused(self) -> list[Path]:
-        """Release the folder and remove it, when :meth:`open` made it and the run stopped before it trained a step
-        (its standard output failed before the first step, campaign 30 T10): only the run's own files, so a retry
-        starts as the first try would.  Returns what stayed (nothing is removed from a folder open() did not make,
-        or one that holds a checkpoint)."""
+        """Release the folder and remove the run's own files from it, when :meth:`open` made it or started a new run
+        in it (an empty folder, or one replaced by ``--overwrite``) and the run stopped before it trained a step
+        (its standard output failed before the first step, campaign 30 T10, 31 U2), so a retry starts as the first
+        try would; a folder that existed before is kept (empty).  Returns what stayed (nothing is removed from a
+        resumed run, or one that holds a checkpoint)."""
         self.close()
-        if not self.created or any(self.checkpoints.glob("step_*.pt")):
+        if not (self.created or self.fresh) or any(self.checkpoints.glob("step_*.pt")):
             return [self.path]
-        return remove_own(self.path, run_tree(self.path))
+        left = remove_own(self.path, run_tree(self.path))
+        if not self.created:
+            self.path.mkdir(exist_ok=True)
+        return left
 
     def _clear_torn_writes(self) -> None:
         """Remove the temporary files a killed run left (``step_000016.pt.seco-tmp<pid>``, ``latest.seco-tmp<pid>``,
@@ -301,15 +307,21 @@ class RunDir:
             return {}
         return loads_json((self.path / MARKER_NAME).read_text())
 
-    def digest_required(self, step: int) -> bool:
-        """Whether the checkpoint of ``step`` must carry its content digest, so that one without it is an edited
-        file, not an older one (campaign 29 S1): the marker says every checkpoint of the run does (a run made since
-        checkpoints carry one), or -- the marker deleted, or the folder copied without its dot files -- a checkpoint
-        of an earlier step carries one (once a run writes digests, every later checkpoint has one)."""
+    def digest_required(self, step: int) -> str:
+        """Whether the checkpoint of ``step`` must carry its content digest: always, unless ``--accept-undigested``
+        asks to resume a checkpoint written before checkpoints carried one (campaign 30 T1: the digest removed from
+        every checkpoint and the marker deleted resumed an edited file as an older one).  Even then it is required
+        where it is known that the run wrote digests, so that one without it is an edited file, not an older one
+        (campaign 29 S1): the marker says every checkpoint of the run does (a run made since checkpoints carry one),
+        or -- the marker deleted, or the folder copied without its dot files -- a checkpoint of an earlier step
+        carries one (once a run writes digests, every later checkpoint has one).  Returns ``"run"`` where the run
+        is known to write digests, ``"always"`` where only the default requires one, ``""`` where none is."""
         if self._marker_record().get("digests") is True:
-            return True
+            return "run"
         records = checkpoint_records(self.path, CONTENT_DIGEST)
-        return any(v is not None and checkpoint_step(name) < step for name, v in records.items())
+        if any(v is not None and checkpoint_step(name) < step for name, v in records.items()):
+            return "run"
+        return "" if self.accept_undigested else "always"
 
     def note_written(self, folder: str) -> None:
         """Record in the marker that the run writes the optional ``folder`` (``adapter``, ``tensorboard``): only a

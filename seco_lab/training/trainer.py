@@ -125,7 +125,7 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self.lr_factor)
         self.scheme = cfg.build_scheme() if cfg.mode == "spaco" else None
-        self.run_dir = RunDir(self.run.run_dir)
+        self.run_dir = RunDir(self.run.run_dir, accept_undigested=self.run.accept_undigested)
         self.step = 0
         self.allreduce_calls = 0  # gradient collectives issued (all-reduces; reduce-scatters under --shard fsdp)
         self.logger: MetricLogger | None = None
