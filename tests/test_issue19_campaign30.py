@@ -50,8 +50,9 @@ def test_campaign30_add_lora_still_builds_what_it_is_asked():
 
 @pytest.mark.parametrize("kwargs, error, says", [
     ({"overrides": {1: 2}}, TypeError, "keyed by config field names (str), got the key 1"),
-    ({"dtype": "float64"}, TypeError, "dtype must be a torch floating dtype"),
-    ({"dtype": torch.int64}, TypeError, "dtype must be a torch floating dtype"),
+    ({"dtype": "float64"}, TypeError, "dtype must be one of torch.float32, torch.float64"),
+    ({"dtype": torch.int64}, TypeError, "dtype must be one of torch.float32, torch.float64"),
+    ({"dtype": torch.float8_e4m3fn}, TypeError, "got torch.float8_e4m3fn"),  # campaign 31 U5 (B01)
     ({"seed": "x"}, TypeError, "seed must be an integer, got 'x'"),
     ({"seed": 1.5}, TypeError, "seed must be an integer, got 1.5"),
     ({"seed": True}, TypeError, "seed must be an integer, got True"),
@@ -366,3 +367,56 @@ def test_campaign31_a_repeated_hf_override_and_a_misspelt_top_level_option(tmp_p
         main(["--verison"])
     assert e.value.code == 2
     assert "unrecognized arguments: --verison; did you mean --version?" in capsys.readouterr().err
+
+
+def test_campaign31_a_rerun_writes_edited_run_totals_anew_and_a_failing_stdout_leaves_the_record(tmp_path, capsys,
+                                                                                                  monkeypatch):
+    """Campaign 31 U10 (N100, N101): the report's advice for an edited total_draws -- rerun the study -- wrote the
+    edited study.json back as found ("kept byte for byte"), and the report refused again.  N145: a complete study
+    rerun with its standard output failing left study.json marked 'running'."""
+    import json
+    import sys
+    from dataclasses import replace
+
+    from seco_lab.cli import main
+    from seco_lab.studies.bias.definition import QUICK, run_totals_problem
+    from seco_lab.studies.bias.driver import run_study
+
+    cfg = replace(QUICK, depths=(1,), chunk_counts=(4,), seeds=(0,), draws=100, paper_cells=())
+    run_study(cfg, tmp_path, progress=False)
+    path = tmp_path / "study.json"
+    record = json.loads(path.read_text())
+    assert run_totals_problem(record, cfg) is None
+    before = path.read_bytes()
+    with monkeypatch.context() as m:
+        m.setattr(sys, "stdout", _FullStream())
+        with pytest.raises(OSError):  # the driver's own print (the CLI turns it into one line)
+            run_study(cfg, tmp_path, progress=False)
+    assert path.read_bytes() == before
+    record["total_draws"] = 10**9
+    path.write_text(json.dumps(record))
+    run_study(cfg, tmp_path, progress=False)
+    assert json.loads(path.read_text())["total_draws"] == sum(cfg.draws_by_kind().values())
+    assert run_totals_problem(json.loads(path.read_text()), cfg) is None
+    assert main(["report", "bias", "--results", str(tmp_path), "--out", str(tmp_path / "o.md")]) == 0
+
+
+def test_campaign31_a_byte_identical_copy_of_an_audit_text_is_one_text(tmp_path, monkeypatch, capsys):
+    """Campaign 31 U11 (N102): t.txt and a copy t2.txt (another inode) were audited as four independent sequences
+    (two windows, each twice).  Named directly: refused; inside a folder: skipped with a warning."""
+    from seco_lab.studies.audit.config import AuditConfig
+    from seco_lab.studies.audit.sources import text_sources
+
+    text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(200))
+    (tmp_path / "t.txt").write_text(text)
+    (tmp_path / "t2.txt").write_text(text)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text(text)
+    (tmp_path / "d" / "b.txt").write_text(text)
+    (tmp_path / "d" / "c.txt").write_text(text + "more\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"texts /.*/t.txt and /.*/t2.txt hold the same bytes"):
+        text_sources(AuditConfig(texts=("t.txt", "t2.txt")))
+    with pytest.warns(UserWarning, match=r"1 file\(s\) skipped as byte-identical copies .*b.txt \(a copy of .*a.txt\)"):
+        files = text_sources(AuditConfig(texts=("d",)))
+    assert [f.name for _, f in files] == ["a.txt", "c.txt"]

@@ -488,6 +488,10 @@ def load_checkpoint(folder: str | os.PathLike, attn_implementation: str = "sdpa"
     return model
 
 
+#: the dtypes build_hf_model builds a model in
+MODEL_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
 def _check_fits(transformers, config, dtype: torch.dtype) -> None:
     """Refuse, before allocating, weights larger than this machine's memory (built in float32, then cast): the model
     is first built on the meta device, which allocates nothing, to count its parameters; torch's allocator would
@@ -517,9 +521,9 @@ def build_hf_model(name_or_path: str, overrides: dict | None = None, attn_implem
     if bad_keys:
         raise TypeError(f"overrides must be a dict keyed by config field names (str), got the key {bad_keys[0]!r} "
                         f"({type(bad_keys[0]).__name__})")
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a torch floating dtype (torch.float32, torch.float64, torch.bfloat16, ...), "
-                        f"got {dtype!r} ({type(dtype).__name__})")
+    if not isinstance(dtype, torch.dtype) or dtype not in MODEL_DTYPES:  # float8 builds, then fails at a gradient
+        raise TypeError(f"dtype must be one of {', '.join(map(str, MODEL_DTYPES))} (a dtype a model computes and "
+                        f"trains in), got {dtype!r} ({type(dtype).__name__})")
     seed = check_seed(seed)  # 1.5 and True would build seed 1's weights
     transformers = _require_transformers()
     if not isinstance(attn_implementation, str) or attn_implementation not in SUPPORTED_ATTENTION:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from ..studies.bias.definition import (
     RESULT_COLUMNS,
     STUDY_FORMAT,
     StudyConfig,
+    run_totals_problem,
 )
 from ..studies.bias.driver import SORT_KEYS  # the columns that identify a row of each table
 from ..studies.registry import STUDIES
@@ -72,34 +72,12 @@ class BiasStudy:
 
 
 def check_run_totals(folder: Path, meta: dict, cfg: StudyConfig) -> None:
-    """The run totals ``study.json`` records beside its definition (the digest covers the definition only) agree
-    with it: ``total_draws`` and ``timing.draws_by_kind`` are the draws the definition makes, and
-    ``timing.compute_seconds`` is the sum of ``timing.worker_seconds_by_part`` -- an edit of one, sealed, is not
-    printed as the study's cost (campaign 30 T9)."""
-    expected, timing = cfg.draws_by_kind(), meta.get("timing")
-    total = sum(expected.values())
-    recorded = meta.get("total_draws")
-    by_kind = timing.get("draws_by_kind") if isinstance(timing, dict) else None
-    parts = timing.get("worker_seconds_by_part") if isinstance(timing, dict) else None
-    seconds = timing.get("compute_seconds") if isinstance(timing, dict) else None
-    problem = None
-    if type(recorded) is not int or recorded != total:
-        problem = f"total_draws {recorded!r}, while its definition makes {total:,} draws"
-    elif not isinstance(by_kind, dict) or by_kind != expected:
-        problem = f"draws by kind {by_kind!r:.80}, while its definition makes {expected}"
-    elif (not isinstance(parts, dict) or not all(type(v) in (int, float) and math.isfinite(v) and v > 0
-                                                 for v in parts.values())
-          or ("chain_basis_grid" in parts) != bool(cfg.groups())
-          or any(k.startswith("paper_") for k in parts) != bool(cfg.paper_groups())
-          or type(seconds) not in (int, float) or not math.isclose(seconds, sum(parts.values()), rel_tol=1e-9,
-                                                                    abs_tol=1e-9)):
-        problem = (f"compute_seconds {seconds!r} and worker seconds by part "
-                   f"{'unreadable' if not isinstance(parts, dict) else repr(parts)[:80]}: each part of the study "
-                   "(chain-basis grid, paper-settings parts) takes a positive time, and compute_seconds is their sum")
+    """Refuse run totals in ``study.json`` that its definition does not make (:func:`run_totals_problem`)."""
+    problem = run_totals_problem(meta, cfg)
     if problem:
         raise MissingResultsError(f"{folder}/study.json records {problem}: the record was edited or is damaged, so "
                                   f"the run it reports is not the one that made the results; restore it, or rerun "
-                                  f"{PRODUCE_BIAS} (a complete study's rerun keeps its tables)")
+                                  f"{PRODUCE_BIAS} (a complete study's rerun writes it again)")
 
 
 def load_bias(folder: Path) -> BiasStudy:

@@ -13,6 +13,7 @@ folder, as ``seco_lab.studies.bias.load_cell`` does for the bias study.
 
 from __future__ import annotations
 
+import hashlib
 import sysconfig
 import warnings
 from dataclasses import dataclass
@@ -81,11 +82,22 @@ def _portable(path: Path) -> str:
         return str(path)
 
 
+def _content_digest(path: Path) -> str:
+    """SHA-256 of the part of a text the audit reads (its first :data:`TEXT_MAX_BYTES`): equal digests, equal
+    windows."""
+    h, left = hashlib.sha256(), TEXT_MAX_BYTES
+    with open(path, "rb") as f:
+        while left > 0 and (block := f.read(min(1 << 20, left))):
+            h.update(block)
+            left -= len(block)
+    return h.hexdigest()
+
+
 def text_sources(cfg: AuditConfig) -> list[tuple[str, Path]]:
     """(kind, file) per text entry ``[KIND:]PATH``; a folder contributes its text files, sorted.  A FIFO,
     device or binary file named directly is refused (inside a folder it is skipped): reading a FIFO blocks,
     a device never ends, and bytes decoded with replacement characters are not the text a user meant."""
-    out, seen = [], {}
+    out, seen, contents, copies = [], {}, {}, []
     for entry in cfg.texts:
         kind, _, path = entry.rpartition(":") if ":" in entry and not Path(entry).exists() else ("", "", entry)
         if not path.strip():
@@ -104,11 +116,24 @@ def text_sources(cfg: AuditConfig) -> list[tuple[str, Path]]:
                     raise ValueError(f"texts name the file {f} twice ({seen[key]!r} and {entry!r}); name each text "
                                      "once")
                 seen[key] = entry
+                digest = _content_digest(f)  # a copy's windows are the same windows (campaign 31 U11)
+                if digest in contents:
+                    if root.is_file():
+                        raise ValueError(f"texts {contents[digest]} and {f} hold the same bytes: one text named "
+                                         "twice (a copy), whose windows would be audited twice as independent "
+                                         "sequences; name each text once")
+                    copies.append(f"{f} (a copy of {contents[digest]})")
+                    continue
+                contents[digest] = f
                 out.append((kind or "text", f))
             else:  # said, never dropped without a word (campaign 24 AD22b)
                 skipped[why].append(f)
         if note := skipped_note(skipped):
             warnings.warn(f"{entry}: {note}", stacklevel=2)
+        if copies:
+            warnings.warn(f"{entry}: {len(copies)} file(s) skipped as byte-identical copies of a text already read: "
+                          f"{', '.join(copies[:5])}{' ...' if len(copies) > 5 else ''}", stacklevel=2)
+            copies.clear()
     if not out:
         raise ValueError(f"no text file found in {list(cfg.texts)}")
     return out

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from enum import IntEnum
 
@@ -52,7 +53,8 @@ __all__ = [
     "BERNOULLI", "CHECK_COLUMNS", "CONVERGENCE_COLUMNS", "DEFAULT", "FALLING_FACTORIAL", "GROUP_COLUMNS",
     "PAPER", "PAPER_CAPPED_2", "PAPER_CAPPED_4", "PAPER_CHAIN_CAPPED_2", "PAPER_CHAIN_CAPPED_4",
     "PAPER_COLUMNS", "Purpose", "QUICK", "RELEASED", "RELEASED_UNBIASED", "RESULT_COLUMNS", "SAMPLER_CODES",
-    "SCHEMES", "STUDY_FORMAT", "SchemeVariant", "StudyConfig", "build_model", "build_tokens", "seed_sequence",
+    "SCHEMES", "STUDY_FORMAT", "SchemeVariant", "StudyConfig", "build_model", "build_tokens", "run_totals_problem",
+    "seed_sequence",
 ]
 
 
@@ -198,6 +200,32 @@ class StudyConfig:
         ``study.json`` records): equal digests mean resumable results."""
         spec = {"study_format": study_format, **self.to_json()}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_totals_problem(meta: dict, cfg: StudyConfig) -> str | None:
+    """What is wrong with the run totals a ``study.json`` (``meta``) records beside its definition ``cfg`` (the digest
+    covers the definition only), or None: ``total_draws`` and ``timing.draws_by_kind`` must be the draws the
+    definition makes (:meth:`StudyConfig.draws_by_kind`); ``timing.worker_seconds_by_part`` a positive time for each
+    part the study has (the chain-basis grid, the paper-settings parts), and ``timing.compute_seconds`` their sum
+    (campaign 30 T9, 31 U7).  The report refuses such a record; a rerun writes it again."""
+    expected, timing = cfg.draws_by_kind(), meta.get("timing")
+    timing = timing if isinstance(timing, dict) else {}
+    recorded, by_kind = meta.get("total_draws"), timing.get("draws_by_kind")
+    parts, seconds = timing.get("worker_seconds_by_part"), timing.get("compute_seconds")
+    if type(recorded) is not int or recorded != sum(expected.values()):
+        return f"total_draws {recorded!r}, while its definition makes {sum(expected.values()):,} draws"
+    if not isinstance(by_kind, dict) or by_kind != expected:
+        return f"draws by kind {by_kind!r:.80}, while its definition makes {expected}"
+    if (not isinstance(parts, dict)
+            or not all(type(v) in (int, float) and math.isfinite(v) and v > 0 for v in parts.values())
+            or ("chain_basis_grid" in parts) != bool(cfg.groups())
+            or any(str(k).startswith("paper_") for k in parts) != bool(cfg.paper_groups())
+            or type(seconds) not in (int, float) or not math.isclose(seconds, sum(parts.values()), rel_tol=1e-9,
+                                                                      abs_tol=1e-9)):
+        return (f"compute_seconds {seconds!r} and worker seconds by part "
+                f"{'unreadable' if not isinstance(parts, dict) else repr(parts)[:80]}: each part of the study "
+                "(chain-basis grid, paper-settings parts) takes a positive time, and compute_seconds is their sum")
+    return None
 
 
 DEFAULT = StudyConfig()

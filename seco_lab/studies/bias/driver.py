@@ -46,6 +46,7 @@ from .definition import (
     RESULT_COLUMNS,
     STUDY_FORMAT,
     StudyConfig,
+    run_totals_problem,
 )
 from .group import run_group
 from .options import COST_GUARD_HOURS, add_arguments, check_draws
@@ -161,7 +162,6 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, fresh: bool = False, p
     old = folder.open(cfg.digest(), fresh)
     manifest = {"digest": cfg.digest(), "study_format": STUDY_FORMAT, "config": cfg.to_json(),
                 "software": software_versions(), "status": "running"}
-    folder.write_manifest(manifest)
     groups = all_groups(cfg)
     todo = [(kind, g) for kind, g in groups if not folder.done(group_name(*g, kind))]
     print(f"bias study -> {out}: {len(groups)} groups ({len(cfg.paper_groups())} at the paper's settings), "
@@ -170,6 +170,7 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, fresh: bool = False, p
           + (f"{cfg.paper_draws} per paper-settings cell and sampler" if cfg.paper_groups() else
              "no paper-settings cells")
           + f" (the whole study: roughly {_duration(estimated_worker_seconds(cfg))} of worker time)", flush=True)
+    folder.write_manifest(manifest)  # after the first line: a standard output that fails leaves the record as it was
     t0 = time.perf_counter()
     done_now = run_cells(_work, [(cfg, out, kind, g) for kind, g in todo], jobs=jobs, progress=progress,
                          desc="groups", done=len(groups) - len(todo))
@@ -196,7 +197,8 @@ def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, fresh: bool = False, p
     # kept only when it records this very definition: a study.json edited by hand (its digest left as it was)
     # is written anew, not vouched for again (campaign 28, ST15)
     same = old.get("config") == json.loads(json.dumps(cfg.to_json()))
-    if check.kept and old.get("status") == "complete" and same:
+    if check.kept and old.get("status") == "complete" and same and run_totals_problem(old, cfg) is None:  # and the
+        # run totals it can be checked on (campaign 31 U10: edited ones were written back as found)
         atomic_write(folder.manifest_path, stored_record)
     else:
         folder.write_manifest(manifest)
