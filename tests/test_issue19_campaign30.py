@@ -264,19 +264,23 @@ def test_campaign30_every_digest_and_the_marker_removed_is_refused_by_default(r2
     assert "--accept-undigested applies to a resumed run's checkpoints: add --resume" in capsys.readouterr().err
 
 
-def test_campaign31_gemmas_rmsnorm_computes_in_float64_too():
+@pytest.mark.parametrize("arch", ["Gemma", "Cohere", "Olmo"])
+def test_campaign31_gemmas_rmsnorm_computes_in_float64_too(arch):
     """Campaign 31 U3 (C04): HFChunkModel(GemmaForCausalLM) in float64 matched dense to 9e-10 only: Gemma's RMSNorm
-    (``(1 + weight) * x``, field ``eps``) was not rebound and computed in float32.  Every *RMSNorm now runs its own
-    forward with float32 casts of float64 tensors made the identity."""
+    (``(1 + weight) * x``, field ``eps``) was not rebound and computed in float32.  Every transformers *Norm now runs
+    its own forward with float32 casts of float64 tensors made the identity, and so does a decoder layer whose code
+    casts (Cohere rotates queries and keys in float32: its strata were off by 1.5e-10; Olmo's LayerNorm casts)."""
     import transformers
 
     from seco_lab import dense_grad, hop_strata, seco_grad
     from seco_lab.models.hf import HFChunkModel
 
     torch.manual_seed(0)
-    model = HFChunkModel(transformers.GemmaForCausalLM(transformers.GemmaConfig(
+    config = getattr(transformers, f"{arch}Config")(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=256)).double())
+        num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        **({"head_dim": 8} if arch == "Gemma" else {}))
+    model = HFChunkModel(getattr(transformers, f"{arch}ForCausalLM")(config).double())
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 64, (2, 40), generator=g), torch.randint(0, 64, (2, 40), generator=g)
     _, dense = dense_grad(model, x, y)

@@ -20,10 +20,13 @@ Install with ``pip install seco_lab[hf]`` (``make install`` does).
 
 from __future__ import annotations
 
+import ast
+import functools
 import inspect
 import json
 import math
 import os
+import sys
 import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -120,6 +123,32 @@ class _KeepFloat64(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+@functools.cache
+def _casts_in_layers(module_name: str) -> bool:
+    """Whether a transformers modeling module casts to float32 (``x.float()``, ``x.to(torch.float32)``) in its
+    decoder layers' code -- its module-level functions (eager attention aside: not the attention seco_lab runs) or its
+    attention, MLP and decoder-layer classes -- besides its norms (rebound on their own) and its rotary embedding (a
+    constant of the positions, the same for every gradient path).  Cohere rotates its queries and keys in float32;
+    Llama casts nowhere there, and its layers keep their own forward (no per-op dispatch cost)."""
+    try:
+        tree = ast.parse(inspect.getsource(sys.modules[module_name]))
+    except (KeyError, OSError, TypeError, SyntaxError):
+        return True  # unknown: keep float64 throughout
+    scanned = [node for node in tree.body
+               if (isinstance(node, ast.FunctionDef) and node.name != "eager_attention_forward")
+               or (isinstance(node, ast.ClassDef) and node.name.endswith(("Attention", "MLP", "DecoderLayer")))]
+    for node in scanned:
+        for call in ast.walk(node):
+            if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
+                continue
+            if call.func.attr == "float" and not call.args:
+                return True
+            if call.func.attr == "to" and any(ast.unparse(a) == "torch.float32"
+                                              for a in (*call.args, *(k.value for k in call.keywords))):
+                return True
+    return False
+
+
 def _rmsnorm_in_input_dtype(self, *args, **kwargs):
     x = args[0] if args else next(iter(kwargs.values()), None)
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float64:  # half and single precision: transformers' own
@@ -135,8 +164,8 @@ def exact_float64(model: nn.Module) -> nn.Module:
     precision), which rounds every gradient passing through it to float32.  Dense
     and SeCO round the same total gradient and still agree, but hop strata and
     sparse estimates split the gradient into parts rounded separately (~1e-8
-    relative).  This rebinds each RMSNorm's forward (any class named ``*RMSNorm``:
-    Llama's, Gemma's ``(1 + weight)`` form, ...) to its own forward run with casts of
+    relative).  This rebinds each norm's forward (any transformers class named ``*Norm``:
+    Llama's RMSNorm, Gemma's ``(1 + weight)`` form, Olmo's LayerNorm, ...) to its own forward run with casts of
     float64 tensors to float32 made the identity (:class:`_KeepFloat64`), for float64
     inputs only (other dtypes keep transformers' forward as it is); parameters and
     names are unchanged.  :class:`HFChunkModel` applies it to every model it drives,
@@ -146,7 +175,11 @@ def exact_float64(model: nn.Module) -> nn.Module:
     import types
 
     for module in model.modules():
-        if type(module).__name__.endswith("RMSNorm") and callable(getattr(type(module), "forward", None)):
+        cls = type(module)
+        if not cls.__module__.startswith("transformers.") or not callable(getattr(cls, "forward", None)):
+            continue
+        if cls.__name__.endswith("Norm") or (cls.__name__.endswith("DecoderLayer")  # Olmo's LayerNorm casts too
+                                             and _casts_in_layers(cls.__module__)):  # and Cohere's q/k rotation
             module.forward = types.MethodType(_rmsnorm_in_input_dtype, module)
     return model
 
