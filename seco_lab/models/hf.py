@@ -149,7 +149,7 @@ def _casts_in_layers(module_name: str) -> bool:
     return False
 
 
-def _rmsnorm_in_input_dtype(self, *args, **kwargs):
+def _forward_in_float64(self, *args, **kwargs):
     x = args[0] if args else next(iter(kwargs.values()), None)
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float64:  # half and single precision: transformers' own
         return type(self).forward(self, *args, **kwargs)
@@ -158,19 +158,17 @@ def _rmsnorm_in_input_dtype(self, *args, **kwargs):
 
 
 def exact_float64(model: nn.Module) -> nn.Module:
-    """Make an HF model compute its RMSNorms in float64 whenever its activations are float64.
+    """Make an HF model compute its norms (and layers that cast) in float64 whenever its activations are float64.
 
-    transformers' RMSNorms cast their input to float32 (meant for half
-    precision), which rounds every gradient passing through it to float32.  Dense
-    and SeCO round the same total gradient and still agree, but hop strata and
-    sparse estimates split the gradient into parts rounded separately (~1e-8
-    relative).  This rebinds each norm's forward (any transformers class named ``*Norm``:
-    Llama's RMSNorm, Gemma's ``(1 + weight)`` form, Olmo's LayerNorm, ...) to its own forward run with casts of
-    float64 tensors to float32 made the identity (:class:`_KeepFloat64`), for float64
-    inputs only (other dtypes keep transformers' forward as it is); parameters and
-    names are unchanged.  :class:`HFChunkModel` applies it to every model it drives,
-    so a model cast with ``.double()`` after loading is exact too (campaign 29 S9;
-    Gemma's norm, campaign 31).
+    transformers' RMSNorms cast their input to float32 (meant for half precision), which rounds every gradient
+    passing through it to float32.  Dense and SeCO round the same total gradient and still agree, but hop strata and
+    sparse estimates split the gradient into parts rounded separately (~1e-8 relative).  This rebinds the forward of
+    each norm (any transformers class named ``*Norm``: Llama's RMSNorm, Gemma's ``(1 + weight)`` form, Olmo's
+    LayerNorm, ...) and of each decoder layer whose modeling code casts (:func:`_casts_in_layers`: Cohere's query
+    and key rotation) to its own forward run with casts of float64 tensors to float32 made the identity
+    (:class:`_KeepFloat64`), for float64 inputs only (other dtypes keep transformers' forward as it is); parameters
+    and names are unchanged.  :class:`HFChunkModel` applies it to every model it drives, so a model cast with
+    ``.double()`` after loading is exact too (campaign 29 S9; Gemma, Olmo and Cohere: campaign 31).
     """
     import types
 
@@ -180,7 +178,7 @@ def exact_float64(model: nn.Module) -> nn.Module:
             continue
         if cls.__name__.endswith("Norm") or (cls.__name__.endswith("DecoderLayer")  # Olmo's LayerNorm casts too
                                              and _casts_in_layers(cls.__module__)):  # and Cohere's q/k rotation
-            module.forward = types.MethodType(_rmsnorm_in_input_dtype, module)
+            module.forward = types.MethodType(_forward_in_float64, module)
     return model
 
 
