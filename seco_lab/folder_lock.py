@@ -12,7 +12,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["LOCK_NAME", "FolderBusy", "hold_lock", "is_own_lock", "release_lock", "locked"]
+__all__ = ["LOCK_NAME", "FolderBusy", "hold_lock", "is_own_lock", "lock_holder", "release_lock", "locked"]
 
 LOCK_NAME = ".lock"
 
@@ -53,6 +53,24 @@ def hold_lock(folder: Path, user: str, hint: str):
     f.write(str(os.getpid()))
     f.flush()
     return f
+
+
+def lock_holder(folder: Path) -> str | None:
+    """The pid (as written) of a live process holding the lock of ``folder``, or None when no one holds it; asks
+    with a shared, non-blocking lock on the existing lock file (nothing is created or written)."""
+    path = Path(folder) / LOCK_NAME
+    if path.is_symlink() or not path.is_file():
+        return None
+    try:
+        with open(path) as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return f.read().strip() or "unknown"
+            fcntl.flock(f, fcntl.LOCK_UN)
+    except OSError:
+        return None
+    return None
 
 
 def release_lock(f) -> None:

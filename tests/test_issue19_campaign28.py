@@ -78,7 +78,7 @@ def test_the_digest_is_of_the_content_saved_and_names_any_change(r2):
 
 def _as_an_older_run(run):
     """The run folder as a seco-lab before checkpoint digests left it: its marker without ``digests``, and no
-    checkpoint carrying one."""
+    checkpoint carrying one (nor ``corpus_text``, recorded since)."""
     import json
 
     marker = json.loads((run / ".seco-lab-run").read_text())
@@ -86,8 +86,9 @@ def _as_an_older_run(run):
     (run / ".seco-lab-run").write_text(json.dumps(marker) + "\n")
     for path in sorted((run / "checkpoints").glob("step_*.pt")):
         state = torch.load(path, weights_only=True)
-        if CONTENT_DIGEST in state:
-            state.pop(CONTENT_DIGEST)
+        if CONTENT_DIGEST in state or "corpus_text" in state:
+            state.pop(CONTENT_DIGEST, None)
+            state.pop("corpus_text", None)
             torch.save(state, path)
 
 
@@ -155,8 +156,10 @@ def test_an_edited_checkpoint_whose_digest_was_removed_is_refused(r2, tmp_path, 
     _edit(run, change)
     rc, err = _resume(run, capsys)
     assert rc == 2, err
-    says = "carries no content digest, which every checkpoint of this run has" if digest in ("drop", None) else \
-        "was changed after seco-lab wrote it"
+    says = {"drop": "carries no content digest, which every checkpoint of this run has",  # campaign 32 V2: a digest
+            None: "carries content digest None, which seco-lab never writes",  # of another type is named as such
+            5: "carries content digest 5, which seco-lab never writes"}.get(digest,
+                                                                          "was changed after seco-lab wrote it")
     assert f"--resume: checkpoint step_000002.pt {says}" in err and len(err.strip().splitlines()) == 1, err
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from test_issue19_campaign28 import _tiny_llama
@@ -264,7 +265,7 @@ def test_campaign30_every_digest_and_the_marker_removed_is_refused_by_default(r2
     assert "--accept-undigested applies to a resumed run's checkpoints: add --resume" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("arch", ["Gemma", "Cohere", "Olmo"])
+@pytest.mark.parametrize("arch", ["Gemma", "Cohere", "Olmo", "Llama-eager"])
 def test_campaign31_gemmas_rmsnorm_computes_in_float64_too(arch):
     """Campaign 31 U3 (C04): HFChunkModel(GemmaForCausalLM) in float64 matched dense to 9e-10 only: Gemma's RMSNorm
     (``(1 + weight) * x``, field ``eps``) was not rebound and computed in float32.  Every transformers *Norm now runs
@@ -275,11 +276,14 @@ def test_campaign31_gemmas_rmsnorm_computes_in_float64_too(arch):
     from seco_lab import dense_grad, hop_strata, seco_grad
     from seco_lab.models.hf import HFChunkModel
 
+    arch, _, attention = arch.partition("-")  # campaign 32 X01: transformers' eager softmax is float32
     torch.manual_seed(0)
     config = getattr(transformers, f"{arch}Config")(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
         **({"head_dim": 8} if arch == "Gemma" else {}))
+    if attention:
+        config._attn_implementation = attention
     model = HFChunkModel(getattr(transformers, f"{arch}ForCausalLM")(config).double())
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 64, (2, 40), generator=g), torch.randint(0, 64, (2, 40), generator=g)
@@ -337,6 +341,7 @@ def test_campaign31_a_marker_and_checkpoints_of_two_runs_are_named_without_blame
 @pytest.mark.parametrize("edit", [
     lambda s: (s["timing"].update(compute_seconds=0.0), s["timing"].update(worker_seconds_by_part={})),
     lambda s: s["timing"]["worker_seconds_by_part"].pop("chain_basis_grid"),
+    lambda s: s["timing"]["worker_seconds_by_part"].update(banana=99999.0),  # campaign 32 V3: a part it has not
 ])
 def test_campaign31_a_study_json_whose_parts_took_no_time_is_refused(tmp_path, capsys, edit):
     """Campaign 31 U7 (N56): compute_seconds 0 with no parts (their sum) was printed as "0 s of worker time"."""
@@ -354,8 +359,7 @@ def test_campaign31_a_study_json_whose_parts_took_no_time_is_refused(tmp_path, c
         study["timing"]["compute_seconds"] = sum(study["timing"]["worker_seconds_by_part"].values())
     (folder / "study.json").write_text(json.dumps(study))
     assert main(["report", "bias", "--results", str(folder), "--out", str(tmp_path / "o.md")]) == 2
-    assert "each part of the study (chain-basis grid, paper-settings parts) takes a positive time" in \
-        capsys.readouterr().err
+    assert "takes a positive time, and compute_seconds is their sum" in capsys.readouterr().err
 
 
 def test_campaign31_a_repeated_hf_override_and_a_misspelt_top_level_option(tmp_path, capsys):
@@ -424,3 +428,146 @@ def test_campaign31_a_byte_identical_copy_of_an_audit_text_is_one_text(tmp_path,
     with pytest.warns(UserWarning, match=r"1 file\(s\) skipped as byte-identical copies .*b.txt \(a copy of .*a.txt\)"):
         files = text_sources(AuditConfig(texts=("d",)))
     assert [f.name for _, f in files] == ["a.txt", "c.txt"]
+
+
+def test_campaign32_accept_undigested_does_not_accept_a_checkpoint_of_a_version_that_writes_digests(r2, tmp_path,
+                                                                                                     capsys):
+    """Campaign 32 V1 (U1r-c, U1r-f, U1r-o): every digest stripped, the marker deleted, the newest checkpoint edited
+    (an embedding zeroed), then --accept-undigested: resumed without a word.  The checkpoint records corpus_text,
+    which only versions that write digests record."""
+    from helpers import FAST, copy_run
+
+    from seco_lab.cli import main
+    from seco_lab.training.run_files import CONTENT_DIGEST
+
+    run = copy_run(r2, tmp_path / "r")
+    for path in sorted((run / "checkpoints").glob("step_*.pt")):
+        state = torch.load(path, weights_only=True)
+        state.pop(CONTENT_DIGEST)
+        if path.name == "step_000002.pt":
+            state["model"]["embed.weight"].zero_()
+        torch.save(state, path)
+    (run / ".seco-lab-run").unlink()
+    capsys.readouterr()
+    assert main(["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume", "--accept-undigested"]) == 2
+    err = capsys.readouterr().err
+    assert "carries no content digest, but records corpus_text" in err and "does not apply" in err, err
+
+
+def test_campaign32_overwrite_leaves_a_users_files_with_a_runs_names_alone(r2, tmp_path, capsys):
+    """Campaign 32 V5 (D05, data loss): a run folder emptied with `rm -r run/*` (the marker, a dot file, stays) in
+    which the user put their own config.json and metrics.jsonl: --overwrite deleted both and exited 0."""
+    from helpers import FAST, copy_run
+
+    from seco_lab.cli import main
+
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / ".seco-lab-run").write_bytes((r2 / ".seco-lab-run").read_bytes())
+    (run / "config.json").write_text('{"mine": 1}\n')
+    (run / "metrics.jsonl").write_text("my notes\nmore notes\n")
+    capsys.readouterr()
+    assert main(["train", *FAST, "--run-dir", str(run), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "holds files with a run's names that seco-lab did not write (config.json (not a run's config), " \
+           "metrics.jsonl (not a run's metrics log))" in err, err
+    assert (run / "config.json").read_text() == '{"mine": 1}\n' and (run / "metrics.jsonl").read_text().startswith("my")
+    own = copy_run(r2, tmp_path / "own")  # a run's own files are still replaced
+    assert main(["train", *FAST, "--run-dir", str(own), "--overwrite"]) == 0
+
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("wall_seconds_this_run", -5, "wall_seconds_this_run -5, not a time"),
+    ("jobs", 0, "jobs 0, not a number of workers"),
+])
+def test_campaign32_a_study_json_with_an_impossible_wall_time_or_worker_count_is_refused(tmp_path, capsys, field,
+                                                                                        value, says):
+    """Campaign 32 V3 (U7r-g): wall_seconds_this_run -5 and jobs 0, sealed, were printed as "last run -5.0 s wall with
+    0 worker(s)"."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from seco_lab.cli import main
+
+    folder = tmp_path / "b"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "reports/bias_study", folder)
+    study = json.loads((folder / "study.json").read_text())
+    (study["timing"] if field.startswith("wall") else study)[field] = value
+    (folder / "study.json").write_text(json.dumps(study))
+    assert main(["report", "bias", "--results", str(folder), "--out", str(tmp_path / "o.md")]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_campaign32_a_resume_of_a_folder_a_trainer_is_starting_in_says_it_is_busy(tmp_path, capsys):
+    """Campaign 32 V6 (D17a): --resume on a folder whose trainer holds the lock but has not written config.json yet
+    said "holds no run ... start it without --resume", which would then be refused as busy."""
+    from helpers import FAST
+
+    from seco_lab.cli import main
+    from seco_lab.folder_lock import hold_lock, release_lock
+
+    run = tmp_path / "r"
+    run.mkdir()
+    lock = hold_lock(run, "trainer", "")
+    try:
+        assert main(["train", *FAST, "--run-dir", str(run), "--resume"]) == 2
+    finally:
+        release_lock(lock)
+    err = capsys.readouterr().err
+    assert "is in use by another trainer (pid" in err and "has not written its config.json yet" in err, err
+    assert main(["train", *FAST, "--run-dir", str(run), "--resume"]) == 2  # free: the folder holds no run
+    assert "holds no run (no config.json); start it without --resume" in capsys.readouterr().err
+
+
+def test_campaign32_an_hf_override_that_is_no_number_and_a_missing_checkpoint_folder(tmp_path, capsys):
+    """Campaign 32 V4 (C02h): `--hf-override rms_norm_eps=nan` passed transformers' strict-config TypeError through
+    ("expected float, got str"); V7 (H05b): a checkpoint folder that is gone was reported as holding no tokenizer
+    ("Repo id must use alphanumeric chars")."""
+    from seco_lab.cli import main
+
+    for value, says in (("nan", "rms_norm_eps must be a finite number"),
+                        ("small", 'rms_norm_eps="small": rms_norm_eps is a number (the llama default is')):
+        assert main(["train", "--hf-model", "llama", "--hf-override", f"rms_norm_eps={value}",
+                     "--run-dir", str(tmp_path / "r")]) == 2
+        assert says in capsys.readouterr().err
+    (tmp_path / "t.txt").write_text("some text\n" * 200)
+    assert main(["train", "--hf-model", str(tmp_path / "gone"), "--data", "text", "--text", str(tmp_path / "t.txt"),
+                 "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "gone: no such checkpoint folder" in err and "Repo id" not in err, err
+    assert not (tmp_path / "r").exists()
+
+
+
+def test_campaign32_audit_terms_of_sequences_that_do_not_vary_are_refused():
+    """Campaign 32 V8 (U11r-f): t.txt and t.txt plus a newline gave identical windows; the tables ended in a raw
+    ZeroDivisionError (tr Cov of the strata sequences is 0)."""
+    from seco_lab.studies.audit.stats import population_terms
+
+    rng = np.random.default_rng(0)
+    strata = rng.standard_normal((3, 50))  # P = 3 strata of one sequence
+    same = np.einsum("pd,qd->pq", strata, strata)
+    cross = np.broadcast_to(same[None, :, None, :], (4, 3, 4, 3)).copy()  # four copies of it
+    with pytest.raises(ValueError, match="4 strata sequences' exact gradients do not vary"):
+        population_terms(cross, np.ones(3))
+    vary = rng.standard_normal((4, 3, 50))
+    terms = population_terms(np.einsum("ipd,jqd->ipjq", vary, vary), np.ones(3))
+    assert terms["C"] == pytest.approx(terms["a"])  # SeCO's own weights: its own terms
+
+
+def test_campaign32_a_resume_never_shortens_the_run(tmp_path, capsys):
+    """Campaign 32 V10 (D16b): a 4-step run stopped at 2, resumed with --steps 3, "finished" at 3 with the 4-step
+    schedule: a stop in disguise, said nowhere.  A resume keeps or extends --steps; --stop-at stops early."""
+    from helpers import FAST
+
+    from seco_lab.cli import main
+
+    run = tmp_path / "r"
+    assert main(["train", *FAST, "--steps", "4", "--stop-at", "2", "--run-dir", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["train", *FAST, "--steps", "3", "--run-dir", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume --steps 3: the run in" in err and "has 4 steps" in err and "pass --stop-at 3 instead" in err, err
+    assert main(["train", *FAST, "--steps", "4", "--stop-at", "3", "--run-dir", str(run), "--resume"]) == 0

@@ -105,10 +105,14 @@ def chunkable_reason(config) -> str | None:
     return None
 
 
+_SOFTMAXES = (F.softmax, torch.softmax, torch.Tensor.softmax, F.log_softmax, torch.log_softmax)
+
+
 class _KeepFloat64(torch.overrides.TorchFunctionMode):
     """While an RMSNorm runs on float64 activations: a cast of a float64 tensor to float32 (``x.float()``,
-    ``x.to(torch.float32)``, ``x.to(dtype=torch.float32)``) is the identity, so the norm's own formula -- whatever it
-    is (Llama's ``weight * x``, Gemma's ``(1 + weight) * x``, one without weight) -- is computed in float64."""
+    ``x.to(torch.float32)``, ``x.to(dtype=torch.float32)``) is the identity, and a softmax asked in float32
+    (transformers' eager attention) is computed in float64, so the norm's own formula -- whatever it is (Llama's
+    ``weight * x``, Gemma's ``(1 + weight) * x``, one without weight) -- and the layer's are computed in float64."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -120,6 +124,8 @@ class _KeepFloat64(torch.overrides.TorchFunctionMode):
                 asked = [*args[1:], *kwargs.values()]
                 if asked == [torch.float32]:
                     return x
+            if func in _SOFTMAXES and kwargs.get("dtype") == torch.float32:  # transformers' eager attention
+                kwargs = {**kwargs, "dtype": None}
         return func(*args, **kwargs)
 
 
@@ -172,12 +178,13 @@ def exact_float64(model: nn.Module) -> nn.Module:
     """
     import types
 
+    eager = getattr(getattr(model, "config", None), "_attn_implementation", None) == "eager"  # its float32 softmax
     for module in model.modules():
         cls = type(module)
         if not cls.__module__.startswith("transformers.") or not callable(getattr(cls, "forward", None)):
             continue
         if cls.__name__.endswith("Norm") or (cls.__name__.endswith("DecoderLayer")  # Olmo's LayerNorm casts too
-                                             and _casts_in_layers(cls.__module__)):  # and Cohere's q/k rotation
+                                             and (eager or _casts_in_layers(cls.__module__))):  # Cohere's q/k
             module.forward = types.MethodType(_forward_in_float64, module)
     return model
 
@@ -352,11 +359,21 @@ def check_hf_overrides(architecture: str, overrides: dict) -> None:
     """Refuse fields the architecture's transformers config does not have (it would store them unused)."""
     transformers = _require_transformers()
     conf_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[architecture]
-    known = set(conf_cls().to_dict())
-    unknown = sorted(set(overrides) - known)
+    defaults = conf_cls().to_dict()
+    unknown = sorted(set(overrides) - set(defaults))
     if unknown:
         raise ValueError(f"--hf-override: {architecture} has no config field(s) {', '.join(unknown)}; e.g. "
                          "hidden_size, num_hidden_layers, num_attention_heads, intermediate_size")
+    for key, value in overrides.items():  # transformers' own type errors name no way out (campaign 32 V4)
+        default = defaults[key]
+        if isinstance(default, (int, float)) and not isinstance(default, bool):
+            if isinstance(value, str) and value.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+                raise ValueError(f"--hf-override {key}={value}: {key} must be a finite number")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"--hf-override {key}={json.dumps(value)}: {key} is a number (the "
+                                 f"{architecture} default is {default}); write it as one, e.g. {key}={default}")
+            if not math.isfinite(value):
+                raise ValueError(f"--hf-override {key}={value}: {key} must be a finite number")
     check_hf_sizes({**ARCHITECTURES[architecture], **overrides}, overrides)
     try:
         config = conf_cls(**{**ARCHITECTURES[architecture], **overrides})
@@ -582,6 +599,10 @@ def checkpoint_tokenizer(path: str):
     must go through its own tokenizer: byte values are not its token ids, and training on them would give
     a quietly wrong model and loss, so a directory without a tokenizer is refused."""
     transformers = _require_transformers()
+    if not Path(path).is_dir():  # transformers would read the path as a Hub repo id (campaign 32 V7)
+        kind = " (it is a file)" if Path(path).exists() else ""
+        raise ValueError(f"--hf-model {path}: no such checkpoint folder{kind}; name the folder the model was saved "
+                         "in (a resumed run reads the one it was trained on: put it back at that path)")
     try:
         return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:

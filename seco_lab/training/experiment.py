@@ -226,6 +226,11 @@ def check_checkpoint(state: dict, name: str, cfg: TrainConfig, run_id: str | Non
         check_content_digest(state, name, digests(expected) if callable(digests) else digests)
 
 
+#: checkpoint keys that only versions writing content digests write (``corpus_text``: campaign 30 T3): a checkpoint
+#: holding one but no digest had it removed, whatever --accept-undigested says (campaign 32 V1)
+DIGEST_ERA_KEYS = ("corpus_text",)
+
+
 def check_content_digest(state: dict, name: str, required: bool | str = False) -> None:
     """Refuse checkpoint ``name`` whose content is not what seco-lab wrote (:func:`content_digest`, which every
     ``.pt`` checkpoint carries): a weight, a moment, a step counter, an RNG state or a record edited, or the file
@@ -234,20 +239,27 @@ def check_content_digest(state: dict, name: str, required: bool | str = False) -
     older than digests: not when ``required`` (:meth:`~seco_lab.training.run_dir.RunDir.digest_required`: ``"run"``
     where the run is known to write digests, ``"always"`` unless ``--accept-undigested``)."""
     recorded = state.get(CONTENT_DIGEST)
-    if recorded is None and not required and CONTENT_DIGEST not in state:
-        return
-    if recorded is None and required == "run" or recorded is None and required is True:
-        raise RunDirError(f"--resume: checkpoint {name} carries no content digest, which every checkpoint of this run "
-                          "has (its marker or an earlier checkpoint says so): the digest was removed from an edited "
-                          f"file; put the file seco-lab wrote back, resume from an earlier checkpoint (move {name} out "
-                          "of the run's checkpoints folder and delete checkpoints/latest), or start a new --run-dir")
+    back = (f"put the file seco-lab wrote back, resume from an earlier checkpoint (move {name} out of the run's "
+            "checkpoints folder and delete checkpoints/latest), or start a new --run-dir")
+    if CONTENT_DIGEST in state and not isinstance(recorded, str):  # seco-lab writes a str or no key at all
+        raise RunDirError(f"--resume: checkpoint {name} carries content digest {recorded!r:.40}, which seco-lab never "
+                          f"writes: the file was edited; {back}")
     if recorded is None:
-        raise RunDirError(f"--resume: checkpoint {name} carries no content digest, which every checkpoint seco-lab "
-                          "writes has: the digest was removed from an edited file, or seco-lab wrote it before "
-                          "checkpoints carried one (an older version's run: resume it with --accept-undigested, "
-                          "unless its marker or an earlier checkpoint shows the run wrote digests); otherwise put "
-                          f"the file seco-lab wrote back, resume from an earlier checkpoint (move {name} out of the "
-                          "run's checkpoints folder and delete checkpoints/latest), or start a new --run-dir")
+        if required in ("run", True):
+            raise RunDirError(f"--resume: checkpoint {name} carries no content digest, which every checkpoint of this "
+                              "run has (its marker or an earlier checkpoint says so): the digest was removed from an "
+                              f"edited file; {back}")
+        if newer := [k for k in DIGEST_ERA_KEYS if k in state]:  # written by a version that writes digests
+            raise RunDirError(f"--resume: checkpoint {name} carries no content digest, but records {newer[0]}, which "
+                              "only a seco-lab that writes digests records: the digest was removed from an edited file "
+                              f"(--accept-undigested does not apply); {back}")
+        if required:
+            raise RunDirError(f"--resume: checkpoint {name} carries no content digest, which every checkpoint seco-lab "
+                              "writes has: the digest was removed from an edited file, or seco-lab wrote it before "
+                              "checkpoints carried one (an older version's run: resume it with --accept-undigested, "
+                              "unless its marker or an earlier checkpoint shows the run wrote digests); otherwise "
+                              f"{back}")
+        return
     if recorded != content_digest(state):
         raise RunDirError(f"--resume: checkpoint {name} was changed after seco-lab wrote it (its content no longer "
                           "matches the digest it carries: it was edited, or re-saved from an edited load); a resume "

@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from ..folder_lock import LOCK_NAME, is_own_lock
+from ..folder_lock import LOCK_NAME, is_own_lock, lock_holder
 from ..store import CONFIG_MAX_BYTES, protected_paths, read_json
 
 __all__ = ["CHECKPOINTS_TREE", "DCP_TREE", "FILE", "MARKER_NAME", "RUN_TREE", "RunDirError", "check_path_given",
@@ -107,13 +107,11 @@ def check_path_given(path) -> Path:
 RUN_RECORD_KEYS = frozenset({"mode", "steps", "seq_len", "chunk_size", "seed", "lr"})
 
 
-def is_run(path: Path) -> bool:
-    """A directory this tool created: the marker, or (older runs, written before it) a config.json that is a
-    run's record: a training mode of this tool, the keys every run records, and no key a run does not write."""
-    if (path / MARKER_NAME).is_file():
-        return True
+def _is_run_config(path: Path) -> bool:
+    """``config.json`` as a run writes it: a training mode of this tool, the keys every run records, and no key a run
+    does not write."""
     try:
-        d = read_json(path / "config.json", "run config", CONFIG_MAX_BYTES)
+        d = read_json(path, "run config", CONFIG_MAX_BYTES)
     except (OSError, ValueError, RecursionError):  # missing, not a regular file (a FIFO would block), too large,
         # not JSON, nested past Python's recursion limit
         return False
@@ -121,6 +119,65 @@ def is_run(path: Path) -> bool:
 
     known = {*TrainConfig.__dataclass_fields__, *RunControl.__dataclass_fields__}
     return isinstance(d, dict) and d.get("mode") in MODES and RUN_RECORD_KEYS <= d.keys() and d.keys() <= known
+
+
+def _is_metrics_log(path: Path) -> bool:
+    """``metrics.jsonl`` as a run writes it: one JSON object with an integer ``step`` per line (the last may be torn
+    by a kill)."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    for i, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            if i == len(lines) - 1:
+                continue
+            return False
+        if not isinstance(record, dict) or type(record.get("step")) is not int:
+            return False
+    return True
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return False
+
+
+def _is_png(path: Path) -> bool:
+    return _starts_with(path, b"\x89PNG\r\n\x1a\n")
+
+
+#: what a run's own file of each name holds (campaign 32 V5: a user's own config.json and metrics.jsonl in a folder
+#: that still had a run's marker were replaced by --overwrite)
+RUN_CONTENT = (("config.json", _is_run_config, "config"), ("metrics.jsonl", _is_metrics_log, "metrics log"),
+               ("loss.png", _is_png, "PNG"))
+
+
+def not_run_content(path: Path) -> list[str]:
+    """The files of the run folder ``path`` that carry a run's name but not what a run writes there (a user's own
+    ``config.json``, ``metrics.jsonl`` or ``loss.png``; a ``checkpoints/step_N.pt`` that is no torch archive), each
+    with what it should be: ``--overwrite`` leaves such a folder alone."""
+    out = [f"{name} (not a run's {what})" for name, check, what in RUN_CONTENT
+           if (path / name).is_file() and not (path / name).is_symlink() and not check(path / name)]
+    folder = path / "checkpoints"
+    if folder.is_dir() and not folder.is_symlink():
+        out += [f"checkpoints/{p.name} (not a torch checkpoint)" for p in sorted(folder.glob("step_*.pt"))
+                if p.is_file() and p.stat().st_size > 0 and not _starts_with(p, b"PK")]
+    return out
+
+
+def is_run(path: Path) -> bool:
+    """A directory this tool created: the marker, or (older runs, written before it) a config.json that is a
+    run's record: a training mode of this tool, the keys every run records, and no key a run does not write."""
+    return (path / MARKER_NAME).is_file() or _is_run_config(path / "config.json")
 
 
 def check_replaceable(path: Path) -> None:
@@ -151,6 +208,10 @@ def check_replaceable(path: Path) -> None:
         names = ", ".join(str(p.relative_to(path)) for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
         raise RunDirError(f"--overwrite: {path} holds files seco-lab did not write ({names}); move them out "
                           "or choose another --run-dir")
+    unlike = not_run_content(path)
+    if unlike:
+        raise RunDirError(f"--overwrite: {path} holds files with a run's names that seco-lab did not write "
+                          f"({', '.join(unlike[:5])}); nothing is replaced: move them out or choose another --run-dir")
 
 
 def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
@@ -182,6 +243,11 @@ def check_usable(path: Path, resume: bool, overwrite: bool) -> None:
                               "away, or choose another --run-dir")
     if resume:
         if not (path / "config.json").is_file() and not checkpoint_steps(path):
+            holder = lock_holder(path)  # a trainer starting there has not written it yet (campaign 32 V6)
+            if holder is not None:
+                raise RunDirError(f"run directory {path} is in use by another trainer (pid {holder}), which has not "
+                                  "written its config.json yet; wait for it to finish or stop it, or choose another "
+                                  "--run-dir")
             raise RunDirError(f"--resume: {path} holds no run (no config.json); start it without --resume")
     elif path.exists() and run_contents(path):
         what = protected_paths().get(path.resolve())

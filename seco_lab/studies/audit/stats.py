@@ -172,9 +172,15 @@ def population_terms(cross: np.ndarray, w: np.ndarray, data_gram: np.ndarray | N
     noise = data_noise(gg if data_gram is None else np.asarray(data_gram))
     G, a = noise["gbar_norm2"], noise["tr_sigma_data"]
     g_u, mg_u, mm_u = _cross_u(gg)[0], _cross_u(mg)[0], _cross_u(mm)[0]
+    spread = _cov_u(gg)
+    if not spread > 1e-12 * float(np.trace(gg)) / len(gg) or g_u == 0:  # campaign 32 V8: a ZeroDivisionError
+        raise ValueError(f"the {len(gg)} strata sequences' exact gradients do not vary (tr Cov = {spread:.3g}): their "
+                         "token windows are the same (texts that begin alike, or one text named twice), so there is "
+                         "no data noise to compare the schemes' noise with; audit texts that differ (the units "
+                         "computed are kept)")
     X = G * mg_u / g_u
     M = G * mm_u / g_u
-    C = a * _cov_u(mm) / _cov_u(gg)
+    C = a * _cov_u(mm) / spread
     return {"G": G, "a": a, "M": M, "X": X, "C": C, "n_strata_sequences": len(gg),
             "n_data_sequences": noise["n_sequences"], "strata_gbar_norm2": g_u}
 

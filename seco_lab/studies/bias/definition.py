@@ -216,15 +216,21 @@ def run_totals_problem(meta: dict, cfg: StudyConfig) -> str | None:
         return f"total_draws {recorded!r}, while its definition makes {sum(expected.values()):,} draws"
     if not isinstance(by_kind, dict) or by_kind != expected:
         return f"draws by kind {by_kind!r:.80}, while its definition makes {expected}"
-    if (not isinstance(parts, dict)
+    samplers = sorted({variant.build().sampler.kind for variant in cfg.schemes})
+    expected_parts = ({"chain_basis_grid"} if cfg.groups() else set()) | (
+        {"paper_exact", *(f"paper_monte_carlo_{kind}" for kind in samplers)} if cfg.paper_groups() else set())
+    if (not isinstance(parts, dict) or set(parts) != expected_parts
             or not all(type(v) in (int, float) and math.isfinite(v) and v > 0 for v in parts.values())
-            or ("chain_basis_grid" in parts) != bool(cfg.groups())
-            or any(str(k).startswith("paper_") for k in parts) != bool(cfg.paper_groups())
             or type(seconds) not in (int, float) or not math.isclose(seconds, sum(parts.values()), rel_tol=1e-9,
                                                                       abs_tol=1e-9)):
         return (f"compute_seconds {seconds!r} and worker seconds by part "
                 f"{'unreadable' if not isinstance(parts, dict) else repr(parts)[:80]}: each part of the study "
-                "(chain-basis grid, paper-settings parts) takes a positive time, and compute_seconds is their sum")
+                f"({', '.join(sorted(expected_parts))}) takes a positive time, and compute_seconds is their sum")
+    wall, jobs = timing.get("wall_seconds_this_run"), meta.get("jobs")
+    if type(wall) not in (int, float) or not math.isfinite(wall) or wall < 0:
+        return f"wall_seconds_this_run {wall!r}, not a time (a finite number of seconds >= 0)"
+    if type(jobs) is not int or jobs < 1:
+        return f"jobs {jobs!r}, not a number of workers (an integer >= 1)"
     return None
 
 
