@@ -571,3 +571,24 @@ def test_campaign32_a_resume_never_shortens_the_run(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--resume --steps 3: the run in" in err and "has 4 steps" in err and "pass --stop-at 3 instead" in err, err
     assert main(["train", *FAST, "--steps", "4", "--stop-at", "3", "--run-dir", str(run), "--resume"]) == 0
+
+
+@pytest.mark.parametrize("arch, overrides", [("llama", {"num_hidden_layers": 3}),
+                                             ("qwen2", {"num_hidden_layers": 3, "tie_word_embeddings": True})])
+def test_campaign32_the_memory_check_counts_a_models_parameters_without_building_its_layers(monkeypatch, arch,
+                                                                                          overrides):
+    """Campaign 32 V11 (API3): num_hidden_layers 10**6 hung (memory growing) while the check built the model on the
+    meta device; it now builds one and two layers and extrapolates -- the count is the model's own."""
+    import time
+
+    from seco_lab.models import hf
+
+    model = hf.build_hf_model(arch, overrides)
+    monkeypatch.setattr(hf, "host_memory_bytes", lambda: 1)
+    with pytest.raises(MemoryError, match=f"of {sum(p.numel() for p in model.parameters()):,} parameters needs"):
+        hf.build_hf_model(arch, overrides)
+    monkeypatch.undo()
+    start = time.process_time()
+    with pytest.raises(MemoryError, match="of 9,280,004,128 parameters"):
+        hf.build_hf_model("llama", {"num_hidden_layers": 10**6})
+    assert time.process_time() - start < 120  # it hung past 240 s before

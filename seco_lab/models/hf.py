@@ -543,10 +543,21 @@ MODEL_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 def _check_fits(transformers, config, dtype: torch.dtype) -> None:
     """Refuse, before allocating, weights larger than this machine's memory (built in float32, then cast): the model
     is first built on the meta device, which allocates nothing, to count its parameters; torch's allocator would
-    otherwise fail deep inside an embedding (campaign 31: ``vocab_size`` 10**12)."""
-    with torch.device("meta"):
-        shapes = transformers.AutoModelForCausalLM.from_config(config)
-    count = sum(p.numel() for p in shapes.parameters())
+    otherwise fail deep inside an embedding (campaign 31: ``vocab_size`` 10**12).  Its decoder layers are alike, so
+    it is built with one and with two layers, and the count extrapolated: building 10**6 layers, even on the meta
+    device, would take hours (campaign 32 V11)."""
+    import copy
+
+    counts = []
+    for n in (1, 2):
+        small = copy.deepcopy(config)
+        small.num_hidden_layers = n
+        if isinstance(getattr(small, "layer_types", None), list):
+            small.layer_types = small.layer_types[:n]
+        with torch.device("meta"):
+            shapes = transformers.AutoModelForCausalLM.from_config(small)
+        counts.append(sum(p.numel() for p in shapes.parameters()))
+    count = counts[0] + (config.num_hidden_layers - 1) * (counts[1] - counts[0])
     need, have = count * max(4, dtype.itemsize), host_memory_bytes()
     if have is not None and need > have:
         raise MemoryError(f"a {type(shapes).__name__} of {count:,} parameters needs {need / 2**30:,.1f} GiB for its "

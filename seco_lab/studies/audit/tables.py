@@ -255,10 +255,12 @@ def _derive_results(out: Path, write_grams: bool) -> dict[str, pd.DataFrame | di
             "equal_compute.csv": eq, "recommendation.json": rec, "audit.json": summary(cfg, units, out)}
 
 
-def write_results(out: str | Path) -> Path:
-    """All tables from the stored units (atomic writes); safe to call at any point of a run."""
+def write_results(out: str | Path, write_grams: bool = True) -> Path:
+    """All tables from the stored units (atomic writes); safe to call at any point of a run.  ``write_grams=False``
+    (``--tables-only``) leaves the stored Grams as they are (they are inputs it verified; a Gram of more sequences than
+    the units now hold is read restricted to them)."""
     out = Path(out)
-    for name, value in derive_results(out, write_grams=True).items():
+    for name, value in derive_results(out, write_grams=write_grams).items():
         if name.endswith(".csv"):
             store.atomic_write_csv(out / name, value)
         else:
