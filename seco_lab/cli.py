@@ -224,11 +224,6 @@ def resolve_train_config(ns: dict) -> tuple[TrainConfig, RunControl]:
                             f"{base.get('warmup')} steps (its config.json; a resume keeps that), so --steps must be "
                             f"larger; to extend the run, pass --steps above the {base.get('steps')} it has") from None
         raise UserError(_name_file_settings(str(e), file, flags, source)) from None
-    saved_steps = base.get("steps") if run.resume else None
-    if type(saved_steps) is int and cfg.steps < saved_steps:  # campaign 32 V10: a stop in disguise, said nowhere
-        raise UserError(f"--resume --steps {cfg.steps}: the run in {run.run_dir} has {saved_steps} steps and its "
-                        f"learning-rate schedule spans them; a resume keeps them or extends them (a larger --steps), "
-                        f"never shortens them: to stop at step {cfg.steps}, pass --stop-at {cfg.steps} instead")
     if run.stop_at is not None and run.stop_at > cfg.steps:
         raise UserError(f"stop_at={run.stop_at} must lie in [1, steps={cfg.steps}]")
     if cfg.data == "text" and cfg.text_paths:  # the corpus reader says it too, after torch

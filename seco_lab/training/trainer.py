@@ -214,6 +214,12 @@ class Trainer:
             if state["step"] > self.cfg.steps:
                 raise RunDirError(f"--steps {self.cfg.steps} is below the run's step {state['step']}; a run can "
                                   "only be extended")
+            if self.cfg.steps < saved.steps:  # after the checkpoint's checks (an edited record is named as such)
+                raise RunDirError(f"--resume --steps {self.cfg.steps}: the run in {self.run_dir.path} has "
+                                  f"{saved.steps} steps and its learning-rate schedule spans them; a resume keeps "
+                                  "them or extends them (a larger --steps), never shortens them (campaign 32 V9: a "
+                                  f"stop in disguise): to stop at step {self.cfg.steps}, pass --stop-at "
+                                  f"{self.cfg.steps} instead")
             if self.run.stop_at is not None and self.run.stop_at <= state["step"]:
                 raise RunDirError(f"--stop-at {self.run.stop_at} is not past the run's step {state['step']}, so "
                                   f"nothing would be trained; pass a --stop-at above {state['step']} or drop it")
