@@ -265,7 +265,7 @@ def test_campaign30_every_digest_and_the_marker_removed_is_refused_by_default(r2
     assert "--accept-undigested applies to a resumed run's checkpoints: add --resume" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("arch", ["Gemma", "Cohere", "Olmo", "Llama-eager"])
+@pytest.mark.parametrize("arch", ["Gemma", "Cohere", "Olmo", "Llama-eager", "Bloom-eager"])
 def test_campaign31_gemmas_rmsnorm_computes_in_float64_too(arch):
     """Campaign 31 U3 (C04): HFChunkModel(GemmaForCausalLM) in float64 matched dense to 9e-10 only: Gemma's RMSNorm
     (``(1 + weight) * x``, field ``eps``) was not rebound and computed in float32.  Every transformers *Norm now runs
@@ -282,6 +282,9 @@ def test_campaign31_gemmas_rmsnorm_computes_in_float64_too(arch):
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
         **({"head_dim": 8} if arch == "Gemma" else {}))
+    if arch == "Bloom":  # campaign 33 W7: its layers are BloomBlocks (strata were off by 4e-12)
+        config = transformers.BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4, hidden_dropout=0.0,
+                                          attention_dropout=0.0)
     if attention:
         config._attn_implementation = attention
     model = HFChunkModel(getattr(transformers, f"{arch}ForCausalLM")(config).double())
@@ -291,7 +294,7 @@ def test_campaign31_gemmas_rmsnorm_computes_in_float64_too(arch):
     scale = max(float(v.abs().max()) for v in dense.values())
     for other in (seco_grad(model, x, y, 8)[1], hop_strata(model, x, y, 8).total()):
         assert max(float((other[k] - dense[k]).abs().max()) for k in dense) / scale < 1e-12
-    norm = model.model.model.norm  # float32 inputs keep transformers' own forward
+    norm = model.model.base_model.get_submodule("ln_f" if arch == "Bloom" else "norm")  # float32: transformers' own
     h = torch.randn(2, 3, 32, dtype=torch.float64)
     assert norm(h).dtype == torch.float64
     assert torch.equal(norm.float()(h.float()), type(norm).forward(norm, h.float()))
@@ -592,3 +595,56 @@ def test_campaign32_the_memory_check_counts_a_models_parameters_without_building
     with pytest.raises(MemoryError, match="of 9,280,004,128 parameters"):
         hf.build_hf_model("llama", {"num_hidden_layers": 10**6})
     assert time.process_time() - start < 120  # it hung past 240 s before
+
+
+
+@pytest.mark.parametrize("name, content", [
+    ("metrics.jsonl", "my notes of the run\n"),  # one line of text: taken for a torn record
+    ("metrics.jsonl", '{"step": 1, "acc": 0.5}\n{"step": 2, "acc": 0.7}\n'),  # JSON with a step, no loss
+    ("checkpoints/latest", "remember to rerun with seed 2\n"),
+])
+def test_campaign33_overwrite_judges_metrics_and_latest_by_content(r2, tmp_path, capsys, name, content):
+    """Campaign 33 W1, W2 (data loss): a marker plus a user's one-line metrics.jsonl, or a user's checkpoints/latest,
+    were deleted by --overwrite (rc 0)."""
+    from helpers import FAST
+
+    from seco_lab.cli import main
+
+    run = tmp_path / "r"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / ".seco-lab-run").write_bytes((r2 / ".seco-lab-run").read_bytes())
+    (run / name).write_text(content)
+    capsys.readouterr()
+    assert main(["train", *FAST, "--run-dir", str(run), "--overwrite"]) == 2
+    assert f"{name} (not" in capsys.readouterr().err
+    assert (run / name).read_text() == content
+
+
+def test_campaign33_a_resume_at_its_step_already_is_told_how_to_go_on(tmp_path, capsys):
+    """Campaign 33 W4: a run stopped at 2 of 4, resumed with --steps 2, was advised "--stop-at 2" (refused)."""
+    from helpers import FAST
+
+    from seco_lab.cli import main
+
+    run = tmp_path / "r"
+    assert main(["train", *FAST, "--steps", "4", "--stop-at", "2", "--run-dir", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["train", *FAST, "--steps", "2", "--run-dir", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "is at step 2 of its 4 already" in err and "--stop-at 2" not in err, err
+
+
+def test_campaign33_hfchunkmodel_takes_the_mode_of_the_model_it_wraps():
+    """Campaign 33 W6: GPT-2 (dropout 0.1) put in eval mode, then wrapped, was refused as "not deterministic ... call
+    model.eval()": the wrapper started in training mode."""
+    import transformers
+
+    from seco_lab import seco_grad
+    from seco_lab.models.hf import HFChunkModel
+
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
+    wrapped = HFChunkModel(model.eval())
+    assert not wrapped.training and wrapped.deterministic
+    x = torch.randint(0, 64, (1, 16))
+    seco_grad(wrapped, x, x, 8)
+    assert HFChunkModel(model.train()).training

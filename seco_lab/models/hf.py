@@ -142,7 +142,8 @@ def _casts_in_layers(module_name: str) -> bool:
         return True  # unknown: keep float64 throughout
     scanned = [node for node in tree.body
                if (isinstance(node, ast.FunctionDef) and node.name != "eager_attention_forward")
-               or (isinstance(node, ast.ClassDef) and node.name.endswith(("Attention", "MLP", "DecoderLayer")))]
+               or (isinstance(node, ast.ClassDef) and node.name.endswith(("Attention", "MLP", "DecoderLayer",
+                                                                          "Block", "Layer")))]
     for node in scanned:
         for call in ast.walk(node):
             if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
@@ -178,15 +179,27 @@ def exact_float64(model: nn.Module) -> nn.Module:
     """
     import types
 
-    eager = getattr(getattr(model, "config", None), "_attn_implementation", None) == "eager"  # its float32 softmax
+    config = getattr(model, "config", None)
+    eager = getattr(config, "_attn_implementation", None) == "eager"  # its float32 softmax
+    layers = _decoder_layers(model, getattr(config, "num_hidden_layers", None))
     for module in model.modules():
         cls = type(module)
         if not cls.__module__.startswith("transformers.") or not callable(getattr(cls, "forward", None)):
             continue
-        if cls.__name__.endswith("Norm") or (cls.__name__.endswith("DecoderLayer")  # Olmo's LayerNorm casts too
+        if cls.__name__.endswith("Norm") or (id(module) in layers  # Olmo's LayerNorm casts too
                                              and (eager or _casts_in_layers(cls.__module__))):  # Cohere's q/k
             module.forward = types.MethodType(_forward_in_float64, module)
     return model
+
+
+def _decoder_layers(model: nn.Module, count) -> set[int]:
+    """The ids of a model's decoder layers, whatever their class is called (``LlamaDecoderLayer``, ``GPT2Block``,
+    ``BloomBlock``): the members of a ``ModuleList`` of ``count`` modules of one class (campaign 33 W7)."""
+    out: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == count and len({type(m) for m in module}) == 1:
+            out |= {id(m) for m in module}
+    return out
 
 
 class HFChunkModel(nn.Module):
@@ -221,6 +234,8 @@ class HFChunkModel(nn.Module):
                             "none (it returns hidden states, not logits); pass its ...ForCausalLM class, e.g. "
                             "transformers.AutoModelForCausalLM")
         self.model = model
+        self.train(model.training)  # the wrapper in the model's mode (campaign 33 W6: eval() called on the model
+        # before wrapping was undone by the wrapper's own default, training)
         self.config = model.config
         reason = chunkable_reason(self.config)
         if reason:

@@ -122,8 +122,9 @@ def _is_run_config(path: Path) -> bool:
 
 
 def _is_metrics_log(path: Path) -> bool:
-    """``metrics.jsonl`` as a run writes it: one JSON object with an integer ``step`` per line (the last may be torn
-    by a kill)."""
+    """``metrics.jsonl`` as a run writes it: one JSON object per line with an integer ``step`` and a loss
+    (``loss``, or ``eval_loss`` for the evaluation before training); the last line may be a record torn by a kill
+    (it begins as one: ``{"step": ``)."""
     import json
 
     try:
@@ -135,12 +136,23 @@ def _is_metrics_log(path: Path) -> bool:
         try:
             record = json.loads(line)
         except (ValueError, RecursionError):
-            if i == len(lines) - 1:
+            if i == len(lines) - 1 and line.startswith(b'{"step": '):
                 continue
             return False
-        if not isinstance(record, dict) or type(record.get("step")) is not int:
+        if (not isinstance(record, dict) or type(record.get("step")) is not int
+                or not ({"loss", "eval_loss"} & record.keys())):
             return False
     return True
+
+
+def _is_latest_pointer(path: Path) -> bool:
+    """``checkpoints/latest`` as a run writes it: the name of one of its checkpoints."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(64)
+    except OSError:
+        return False
+    return re.fullmatch(rb"step_\d+\.(pt|dcp)\n?", text) is not None
 
 
 def _starts_with(path: Path, magic: bytes) -> bool:
@@ -171,6 +183,9 @@ def not_run_content(path: Path) -> list[str]:
     if folder.is_dir() and not folder.is_symlink():
         out += [f"checkpoints/{p.name} (not a torch checkpoint)" for p in sorted(folder.glob("step_*.pt"))
                 if p.is_file() and p.stat().st_size > 0 and not _starts_with(p, b"PK")]
+        latest = folder / "latest"  # campaign 33 W2: a user's notes saved as checkpoints/latest
+        if latest.is_file() and not latest.is_symlink() and not _is_latest_pointer(latest):
+            out.append("checkpoints/latest (not the name of a checkpoint)")
     return out
 
 

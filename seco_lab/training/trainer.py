@@ -214,6 +214,11 @@ class Trainer:
             if state["step"] > self.cfg.steps:
                 raise RunDirError(f"--steps {self.cfg.steps} is below the run's step {state['step']}; a run can "
                                   "only be extended")
+            if state["step"] == self.cfg.steps < saved.steps:  # campaign 33 W4: --stop-at could not help here
+                raise RunDirError(f"--resume --steps {self.cfg.steps}: the run in {self.run_dir.path} is at step "
+                                  f"{state['step']} of its {saved.steps} already, so nothing would be trained; resume "
+                                  f"without --steps to continue to step {saved.steps} (--stop-at N stops earlier), or "
+                                  f"pass a --steps above {saved.steps} to extend it")
             if self.cfg.steps < saved.steps:  # after the checkpoint's checks (an edited record is named as such)
                 raise RunDirError(f"--resume --steps {self.cfg.steps}: the run in {self.run_dir.path} has "
                                   f"{saved.steps} steps and its learning-rate schedule spans them; a resume keeps "
