@@ -648,3 +648,45 @@ def test_campaign33_hfchunkmodel_takes_the_mode_of_the_model_it_wraps():
     x = torch.randint(0, 64, (1, 16))
     seco_grad(wrapped, x, x, 8)
     assert HFChunkModel(model.train()).training
+
+
+def test_campaign33_the_wrapped_models_own_mode_decides_determinism(tmp_path, capsys):
+    """Campaign 33 W6 (API5-Q2): the wrapper put in eval mode, then the model back in training mode (dropout active
+    inside): accepted, seco 0.56 off dense.  W10: an empty --hf-model folder was told to "fix that field" of a
+    config.json it does not hold."""
+    import transformers
+
+    from seco_lab import seco_grad
+    from seco_lab.cli import main
+    from seco_lab.models.hf import HFChunkModel
+
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
+    wrapped = HFChunkModel(model)
+    wrapped.eval()
+    model.train()
+    assert not wrapped.deterministic
+    x = torch.randint(0, 64, (1, 16))
+    with pytest.raises(ValueError, match="not deterministic"):
+        seco_grad(wrapped, x, x, 8)
+    (tmp_path / "e").mkdir()
+    assert main(["train", "--hf-model", str(tmp_path / "e"), "--run-dir", str(tmp_path / "r")]) == 2
+    assert "e holds no config.json: it is not a saved model folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override, says", [
+    ("rms_norm_eps=-1", "rms_norm_eps is a float (the llama default is 1e-06); write it as one, e.g. "
+                        "rms_norm_eps=-1.0"),
+    ("rms_norm_eps=-1.0", "rms_norm_eps is a norm epsilon and must be > 0"),
+    ("num_hidden_layers=10000000", "this run needs at least"),  # the CLI's memory estimate, before any config
+])
+def test_campaign33_hf_overrides_of_the_wrong_kind_or_size_are_named(tmp_path, capsys, override, says):
+    """Campaign 33 W9 (V4r-d): rms_norm_eps=-1 passed transformers' strict-config TypeError through; W8 (API6-b):
+    qwen2 with 10**7 layers gave no answer in 90 s."""
+    from seco_lab.cli import main
+    from seco_lab.models.hf import build_hf_model
+
+    assert main(["train", "--hf-model", "llama", "--hf-override", override, "--run-dir", str(tmp_path / "r")]) == 2
+    assert says in capsys.readouterr().err
+    if override.startswith("num_hidden_layers"):
+        with pytest.raises(ValueError, match="more than 100,000 layers"):
+            build_hf_model("qwen2", {"num_hidden_layers": 10**7})

@@ -269,9 +269,9 @@ class HFChunkModel(nn.Module):
 
     @property
     def deterministic(self) -> bool:
-        if not self.training:
-            return True
-        dropouts = [m.p for m in self.model.modules() if isinstance(m, nn.Dropout)]
+        if not any(m.training for m in self.model.modules()):  # the wrapped model's own modes decide (campaign 33
+            return True  # W6: the wrapper in eval mode, the model put back in training mode, dropout active)
+        dropouts = [m.p for m in self.model.modules() if isinstance(m, nn.Dropout) and m.training]
         cfg = self.config.get_text_config(decoder=True)
         return not any(p > 0 for p in dropouts) and not getattr(cfg, "attention_dropout", 0.0)
 
@@ -348,6 +348,10 @@ HF_SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_
                   "num_key_value_heads", "max_position_embeddings", "head_dim", "max_window_layers", "sliding_window")
 
 
+#: the most decoder layers a named architecture is built with (a config of 10**7 layers takes minutes to make)
+MAX_HF_LAYERS = 100_000
+
+
 def check_hf_sizes(config: dict, overrides: dict) -> None:
     """Range-check the sizes of a named architecture's config (its defaults with ``overrides``): each size or
     count an integer >= 1, hidden_size divisible by num_attention_heads (unless head_dim is set), and
@@ -359,6 +363,9 @@ def check_hf_sizes(config: dict, overrides: dict) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"--hf-override {key}={json.dumps(value)}: {key} is a size or count and must be an "
                              "integer >= 1")
+        if key == "num_hidden_layers" and value > MAX_HF_LAYERS:  # campaign 33 W8: 10**7 layers hung in the config
+            raise ValueError(f"--hf-override num_hidden_layers={value}: more than {MAX_HF_LAYERS:,} layers is no model "
+                             "this machine can build (the largest models have a few hundred)")
     heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
     hidden = config.get("hidden_size")
     if config.get("head_dim") is None and hidden % heads:
@@ -381,6 +388,12 @@ def check_hf_overrides(architecture: str, overrides: dict) -> None:
                          "hidden_size, num_hidden_layers, num_attention_heads, intermediate_size")
     for key, value in overrides.items():  # transformers' own type errors name no way out (campaign 32 V4)
         default = defaults[key]
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            raise ValueError(f"--hf-override {key}={value}: {key} is a float (the {architecture} default is "
+                             f"{default}); write it as one, e.g. {key}={float(value)}")
+        if key in CHECKPOINT_EPS_FIELDS and isinstance(value, float) and not value > 0:
+            raise ValueError(f"--hf-override {key}={value}: {key} is a norm epsilon and must be > 0 (a negative one "
+                             "makes a NaN of every forward)")
         if isinstance(default, (int, float)) and not isinstance(default, bool):
             if isinstance(value, str) and value.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
                 raise ValueError(f"--hf-override {key}={value}: {key} must be a finite number")
@@ -450,6 +463,9 @@ def load_error_reason(e: BaseException) -> str:
 def _check_checkpoint_config(transformers, folder: Path) -> None:
     """config.json loads, passes transformers' validators, and its sizes are integers >= 1."""
     where = folder / "config.json"
+    if not where.is_file():  # campaign 33 W10: an empty folder was told to fix a field of a file it lacks
+        raise ValueError(f"{folder} holds no config.json: it is not a saved model folder; name the folder a model was "
+                         "saved in with save_pretrained (its config.json, weights and tokenizer)")
     try:
         config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     except load_errors() as e:
