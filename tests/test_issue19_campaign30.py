@@ -592,8 +592,8 @@ def test_campaign32_the_memory_check_counts_a_models_parameters_without_building
         hf.build_hf_model(arch, overrides)
     monkeypatch.undo()
     start = time.process_time()
-    with pytest.raises(MemoryError, match="of 9,280,004,128 parameters"):
-        hf.build_hf_model("llama", {"num_hidden_layers": 10**6})
+    with pytest.raises(MemoryError, match="of 14,771,216,512 parameters"):  # 10**6 is above MAX_HF_LAYERS
+        hf.build_hf_model("llama", {"num_hidden_layers": 10**5, "hidden_size": 128, "intermediate_size": 256})
     assert time.process_time() - start < 120  # it hung past 240 s before
 
 
@@ -602,6 +602,7 @@ def test_campaign32_the_memory_check_counts_a_models_parameters_without_building
     ("metrics.jsonl", "my notes of the run\n"),  # one line of text: taken for a torn record
     ("metrics.jsonl", '{"step": 1, "acc": 0.5}\n{"step": 2, "acc": 0.7}\n'),  # JSON with a step, no loss
     ("checkpoints/latest", "remember to rerun with seed 2\n"),
+    ("loss.png", b"\x89PNG\r\n\x1a\n" + bytes(64)),  # V5r-m: a PNG seco-lab did not draw (no mark)
 ])
 def test_campaign33_overwrite_judges_metrics_and_latest_by_content(r2, tmp_path, capsys, name, content):
     """Campaign 33 W1, W2 (data loss): a marker plus a user's one-line metrics.jsonl, or a user's checkpoints/latest,
@@ -613,11 +614,12 @@ def test_campaign33_overwrite_judges_metrics_and_latest_by_content(r2, tmp_path,
     run = tmp_path / "r"
     (run / "checkpoints").mkdir(parents=True)
     (run / ".seco-lab-run").write_bytes((r2 / ".seco-lab-run").read_bytes())
-    (run / name).write_text(content)
+    content = content if isinstance(content, bytes) else content.encode()
+    (run / name).write_bytes(content)
     capsys.readouterr()
     assert main(["train", *FAST, "--run-dir", str(run), "--overwrite"]) == 2
     assert f"{name} (not" in capsys.readouterr().err
-    assert (run / name).read_text() == content
+    assert (run / name).read_bytes() == content
 
 
 def test_campaign33_a_resume_at_its_step_already_is_told_how_to_go_on(tmp_path, capsys):

@@ -164,7 +164,11 @@ def _starts_with(path: Path, magic: bytes) -> bool:
 
 
 def _is_png(path: Path) -> bool:
-    return _starts_with(path, b"\x89PNG\r\n\x1a\n")
+    """A figure seco-lab drew (its PNG carries the tool's mark, :func:`seco_lab.store.is_generated_png`): another PNG
+    named ``loss.png`` is a user's (campaign 33 V5r-m)."""
+    from ..store import is_generated_png
+
+    return is_generated_png(path)
 
 
 #: what a run's own file of each name holds (campaign 32 V5: a user's own config.json and metrics.jsonl in a folder
