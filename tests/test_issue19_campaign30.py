@@ -678,7 +678,7 @@ def test_campaign33_the_wrapped_models_own_mode_decides_determinism(tmp_path, ca
 @pytest.mark.parametrize("override, says", [
     ("rms_norm_eps=-1", "rms_norm_eps is a float (the llama default is 1e-06); write it as one, e.g. "
                         "rms_norm_eps=-1.0"),
-    ("rms_norm_eps=-1.0", "rms_norm_eps is a norm epsilon and must be > 0"),
+    ("rms_norm_eps=-1.0", "rms_norm_eps is -1.0, but it must be >= 0 and finite"),
     ("num_hidden_layers=10000000", "this run needs at least"),  # the CLI's memory estimate, before any config
 ])
 def test_campaign33_hf_overrides_of_the_wrong_kind_or_size_are_named(tmp_path, capsys, override, says):

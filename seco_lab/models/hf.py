@@ -391,9 +391,6 @@ def check_hf_overrides(architecture: str, overrides: dict) -> None:
         if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
             raise ValueError(f"--hf-override {key}={value}: {key} is a float (the {architecture} default is "
                              f"{default}); write it as one, e.g. {key}={float(value)}")
-        if key in CHECKPOINT_EPS_FIELDS and isinstance(value, float) and not value > 0:
-            raise ValueError(f"--hf-override {key}={value}: {key} is a norm epsilon and must be > 0 (a negative one "
-                             "makes a NaN of every forward)")
         if isinstance(default, (int, float)) and not isinstance(default, bool):
             if isinstance(value, str) and value.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
                 raise ValueError(f"--hf-override {key}={value}: {key} must be a finite number")

@@ -96,8 +96,7 @@ def rewrite_tables(out: str | Path, drop_missing_units: bool = False) -> Path:
             check_units_kept(out, drop_missing_units)
             if not drop_missing_units:
                 check_no_rows_lost(out)
-            write_results(out, write_grams=False)  # its inputs, verified: not rewritten (campaign 32 V8: a Gram
-            # rewritten without a dropped unit was then taken for "something writes into" the folder)
+            write_results(out)
         changed = verified.changed()
         if changed:  # the tables may come from bytes that were not the ones verified: not taken as written
             store.forget_checksums(out, DERIVED_TABLES)
