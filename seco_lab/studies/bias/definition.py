@@ -146,10 +146,14 @@ class StudyConfig:
         g = [(L, k, s) for L, k in self.paper_cells for s in self.paper_seeds]
         return sorted(g, key=lambda x: (-x[0] * x[1], x[2]))
 
+    def sampler_kinds(self) -> list[str]:
+        """The kinds of sampler the study's schemes draw with (each gets its own Monte Carlo draws), sorted."""
+        return sorted({variant.build().sampler.kind for variant in self.schemes})
+
     def draws_by_kind(self) -> dict[str, int]:
         """The Monte Carlo draws the study makes: ``chain`` (every chain-basis group: draws x budgets x samplers) and
         ``paper`` (every paper-settings group: paper_draws x paper budgets x samplers), as its groups count them."""
-        samplers = len({variant.build().sampler.kind for variant in self.schemes})
+        samplers = len(self.sampler_kinds())
         return {"chain": sum(self.draws * len(self.budgets[k]) * samplers for _, k, _ in self.groups()),
                 "paper": self.paper_draws * len(self.paper_budgets) * samplers * len(self.paper_groups())}
 
@@ -216,7 +220,7 @@ def run_totals_problem(meta: dict, cfg: StudyConfig) -> str | None:
         return f"total_draws {recorded!r}, while its definition makes {sum(expected.values()):,} draws"
     if not isinstance(by_kind, dict) or by_kind != expected:
         return f"draws by kind {by_kind!r:.80}, while its definition makes {expected}"
-    samplers = sorted({variant.build().sampler.kind for variant in cfg.schemes})
+    samplers = cfg.sampler_kinds()
     expected_parts = ({"chain_basis_grid"} if cfg.groups() else set()) | (
         {"paper_exact", *(f"paper_monte_carlo_{kind}" for kind in samplers)} if cfg.paper_groups() else set())
     if (not isinstance(parts, dict) or set(parts) != expected_parts
