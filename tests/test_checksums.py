@@ -358,10 +358,10 @@ def test_audit_tables_made_while_a_unit_was_swapped_out_and_back_are_not_recorde
     shutil.copytree(ROOT / "reports" / "audit" / "k128", folder, ignore=shutil.ignore_patterns("vectors"))
     real = driver.write_results
 
-    def racing(out):
+    def racing(out, **kw):
         edit = lambda text: text.replace('"loss": ', '"loss": 1', 1)  # noqa: E731
         with _swapped_out_and_back(folder / "units" / "data-s01.json", edit):
-            return real(out)
+            return real(out, **kw)
 
     monkeypatch.setattr(driver, "write_results", racing)
     capsys.readouterr()

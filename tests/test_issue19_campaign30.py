@@ -692,3 +692,32 @@ def test_campaign33_hf_overrides_of_the_wrong_kind_or_size_are_named(tmp_path, c
     if override.startswith("num_hidden_layers"):
         with pytest.raises(ValueError, match="more than 100,000 layers"):
             build_hf_model("qwen2", {"num_hidden_layers": 10**7})
+
+
+def test_campaign32_v8_dropping_a_sealed_units_removal_rewrites_the_grams_without_blaming_a_writer(tmp_path, capsys,
+                                                                                                   monkeypatch):
+    """Campaign 32 V8 (A02d, A02e): after a strata unit's removal was sealed, ``--tables-only --drop-missing-units``
+    stored the Gram again without that sequence's rows and then took its own write for another writer's ("something
+    writes into"); an immediate retry succeeded.  The Grams it stores are now told apart from a change by anyone else,
+    which is still refused (test_checksums' swapped-unit test)."""
+    import json
+
+    from test_audit import TINY
+
+    from seco_lab import store
+    from seco_lab.cli import main
+    from seco_lab.studies.audit import run_audit
+
+    monkeypatch.setenv("SECO_LAB_NO_CHECKSUMS", "0")
+    out = tmp_path / "a"
+    run_audit(TINY, out, progress=False)
+    names = json.loads((out / "cross_gram.json").read_text())["names"]
+    assert len(names) == 3
+    (out / "units" / f"strata-{names[0]}.json").unlink()
+    assert main(["seal", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["audit", "--tables-only", "--drop-missing-units", "--out", str(out), "--no-progress"]) == 0, \
+        capsys.readouterr().err
+    assert json.loads((out / "cross_gram.json").read_text())["names"] == names[1:]
+    store.verify_checksums(out, "the test")  # every table and the Gram written are recorded as the audit's
+    assert main(["report", "audit", "--results", str(out), "--out", str(tmp_path / "r.md")]) == 0

@@ -96,8 +96,11 @@ def rewrite_tables(out: str | Path, drop_missing_units: bool = False) -> Path:
             check_units_kept(out, drop_missing_units)
             if not drop_missing_units:
                 check_no_rows_lost(out)
-            write_results(out)
-        changed = verified.changed()
+            written: dict[Path, tuple[int, ...] | None] = {}
+            write_results(out, written=written)
+        # a Gram this call stored again (recomputed from the verified vectors, e.g. without a dropped unit's rows)
+        # is not another writer's change -- unless it changed again since
+        changed = [p for p in verified.changed() if p not in written or store.file_identity(p) != written[p]]
         if changed:  # the tables may come from bytes that were not the ones verified: not taken as written
             store.forget_checksums(out, DERIVED_TABLES)
             raise ValueError(f"{changed[0]} changed while the tables were made from it (something writes into {out});"

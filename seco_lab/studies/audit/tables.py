@@ -122,10 +122,11 @@ def check_cost_engines(units: dict[str, dict], out: Path) -> None:
                          "times do not compare. Move the older ones away (this audit measures them again)")
 
 
-def cross_gram(out: Path, prefix: str, names: list[str], stored: Path,
-               write: bool = True) -> tuple[list[str], np.ndarray] | None:
+def cross_gram(out: Path, prefix: str, names: list[str], stored: Path, write: bool = True,
+               written: dict[Path, tuple[int, ...] | None] | None = None) -> tuple[list[str], np.ndarray] | None:
     """Gram of the stored flat vectors ``prefix-NAME.pt`` (recomputed when all are present, and then stored
-    unless ``write`` is False; else the stored one)."""
+    unless ``write`` is False; else the stored one).  ``written``: where a Gram is stored, its path -> its
+    :func:`store.file_identity` just after (a caller tells its own write from another writer's)."""
     paths = [out / "vectors" / f"{prefix}-{n}.pt" for n in names]
     if names and all(p.is_file() for p in paths):
         V = [store.load_tensor(p) for p in paths]  # inside store.pinned: the bytes verified
@@ -135,6 +136,8 @@ def cross_gram(out: Path, prefix: str, names: list[str], stored: Path,
         text = json.dumps({"names": names, "rows_per_sequence": r, "gram": gram.tolist()}, indent=2) + "\n"
         if write and not (stored.is_file() and stored.read_bytes() == text.encode()):
             store.atomic_write(stored, text)  # only when it differs: a verified Gram is left as it was
+            if written is not None:
+                written[stored] = store.file_identity(stored)
         return names, gram.reshape(len(names), r, len(names), r) if r > 1 else gram
     if stored.exists() or stored.is_symlink():
         return stored_gram(stored, names)
@@ -210,20 +213,22 @@ def scheme_cost(cost_rows: pd.DataFrame) -> dict[tuple[int, str], float]:
     return {(int(t), s): float(v) for (t, s), v in sp.groupby(["t", "scheme"])["cpu_s"].mean().items()}
 
 
-def derive_results(out: str | Path, write_grams: bool = False) -> dict[str, pd.DataFrame | dict]:
+def derive_results(out: str | Path, write_grams: bool = False,
+                   written: dict[Path, tuple[int, ...] | None] | None = None) -> dict[str, pd.DataFrame | dict]:
     """Every table of the audit, computed from its stored units (and cross-sequence Grams): file name -> a
     DataFrame (``*.csv``) or a dict (``recommendation.json``, ``audit.json``).  Nothing is written unless
-    ``write_grams`` (then the Grams recomputed from the flat vectors are stored)."""
+    ``write_grams`` (then the Grams recomputed from the flat vectors are stored, each noted in ``written``)."""
     out = Path(out)
     try:
-        return _derive_results(out, write_grams)
+        return _derive_results(out, write_grams, written)
     except (KeyError, TypeError, IndexError, AttributeError) as e:  # a unit's values of the wrong kind
         raise ValueError(f"a stored unit in {out / 'units'} holds a value of the wrong kind ({type(e).__name__}: "
                          f"{str(e)[:100]}): it was edited or damaged; move the damaged unit away (the audit computes "
                          "it again when rerun)") from None
 
 
-def _derive_results(out: Path, write_grams: bool) -> dict[str, pd.DataFrame | dict]:
+def _derive_results(out: Path, write_grams: bool,
+                    written: dict[Path, tuple[int, ...] | None] | None) -> dict[str, pd.DataFrame | dict]:
     cfg = read_audit_config(out)
     units = load_units(out)
     check_units(cfg, units, out)
@@ -239,12 +244,13 @@ def _derive_results(out: Path, write_grams: bool) -> dict[str, pd.DataFrame | di
     mc, samp_var = mc_table(cfg, units, schemes)
     cost = cost_table(cfg, units, strata_units)
     dnames = sorted(u["sequence"] for u in units.values() if u["stage"] == "data")
-    data = cross_gram(out, "data", dnames, out / "data_gram.json", write_grams) if len(dnames) >= 2 else None
+    data = cross_gram(out, "data", dnames, out / "data_gram.json", write_grams, written) if len(dnames) >= 2 else None
     data_units = {u["sequence"]: u for u in units.values() if u["stage"] == "data"}
     check_gram_against_units(out, "data", data, {n: float(u["g_norm"]) ** 2 for n, u in data_units.items()})
     noise = data_noise(data[1]) if data else {}
     snames = sorted(strata_units)
-    cross = cross_gram(out, "strata", snames, out / "cross_gram.json", write_grams) if len(snames) >= 2 else None
+    cross = cross_gram(out, "strata", snames, out / "cross_gram.json", write_grams, written) \
+        if len(snames) >= 2 else None
     check_gram_against_units(out, "strata", cross, {n: np.array(u["per_tensor_gram"], dtype=float).sum(0)
                                                     for n, u in strata_units.items()})
     eq = equal_compute_table(cfg, schemes, samp_var, cost, cross, data)
@@ -255,12 +261,13 @@ def _derive_results(out: Path, write_grams: bool) -> dict[str, pd.DataFrame | di
             "equal_compute.csv": eq, "recommendation.json": rec, "audit.json": summary(cfg, units, out)}
 
 
-def write_results(out: str | Path, write_grams: bool = True) -> Path:
+def write_results(out: str | Path, write_grams: bool = True,
+                  written: dict[Path, tuple[int, ...] | None] | None = None) -> Path:
     """All tables from the stored units (atomic writes); safe to call at any point of a run.  ``write_grams=False``
-    (``--tables-only``) leaves the stored Grams as they are (they are inputs it verified; a Gram of more sequences than
-    the units now hold is read restricted to them)."""
+    leaves the stored Grams as they are (a Gram of more sequences than the units now hold is read restricted to
+    them); ``written`` notes each Gram stored again (:func:`cross_gram`)."""
     out = Path(out)
-    for name, value in derive_results(out, write_grams=write_grams).items():
+    for name, value in derive_results(out, write_grams=write_grams, written=written).items():
         if name.endswith(".csv"):
             store.atomic_write_csv(out / name, value)
         else:
