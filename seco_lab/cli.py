@@ -354,9 +354,10 @@ def draw_curve(run_dir: str) -> bool:
     """``RUN_DIR/loss.png`` after a run (True once drawn); metrics it cannot draw (edited or damaged meanwhile) are
     a warning, not an error: the run itself trained and checkpointed."""
     from .report.runs import plot_run
+    from .training.run_checks import marker_run_id
 
     try:
-        plot_run(run_dir)
+        plot_run(run_dir, marker_run_id(Path(run_dir)))
     except (ValueError, OSError) as e:
         print(f"seco-lab train: warning: the loss curve was not drawn: {e}", file=sys.stderr)
         return False

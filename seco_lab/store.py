@@ -384,6 +384,16 @@ def escaped_text(text: str) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
+def _replace(tmp: Path, path: Path) -> None:
+    """``os.replace(tmp, path)``; a refusal names ``path``, the file the user knows, not the temporary one (campaign 34
+    X7: an immutable metrics.jsonl was reported as "metrics.jsonl.seco-tmp24697: Operation not permitted")."""
+    try:
+        os.replace(tmp, path)
+    except OSError as e:
+        raise type(e)(e.errno, f"{e.strerror or e} (it cannot be replaced: read-only, immutable or in a folder "
+                      "that is; make it writable)", str(path)) from None
+
+
 def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[bytes]], object]) -> Path:
     """Write ``content`` (text, bytes, or a function that writes to a binary file object) to ``path``
     through a temporary file, ``fsync`` and a rename: readers never see half a file."""
@@ -401,10 +411,10 @@ def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[bytes]], 
             os.fsync(f.fileno())
         if path.name != CHECKSUMS and (path.parent / CHECKSUMS).is_file():
             with _folder_flock(path.parent):  # renamed and recorded at once: a verifier never sees one unrecorded
-                os.replace(tmp, path)
+                _replace(tmp, path)
                 _record_checksum_locked(path)
         else:
-            os.replace(tmp, path)
+            _replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -1157,34 +1167,43 @@ def lacking_files(folder, names, produce: str) -> str | None:
 #: an existing PNG is written over only when it carries it, so a user's image is never replaced
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FIGURE_MARK_KEY, FIGURE_MARK_VALUE = "seco-lab", "generated"
-_FIGURE_MARK = f"{FIGURE_MARK_KEY}\x00{FIGURE_MARK_VALUE}".encode("latin-1")
+#: the PNG text key naming the run a run folder's ``loss.png`` was drawn for (its marker's run id): --overwrite
+#: replaces a ``loss.png`` only when it is that run's (campaign 34 X3: a copy of an audit figure was replaced)
+RUN_FIGURE_KEY = "seco-lab run"
 _PNG_MAX_CHUNKS = 64  # the mark sits before the image data, among the first few chunks
 
 
-def is_generated_png(path: Path) -> bool:
-    """``path`` is a PNG seco-lab wrote: a regular file whose chunks before the image data hold the tEXt chunk
-    ``seco-lab: generated``.  Reads at most a few chunk headers (the image data is never read); False for
-    anything else (a FIFO or device is never opened)."""
+def png_text(path: Path) -> dict[str, str] | None:
+    """The tEXt chunks (keyword -> text) before the image data of the PNG ``path``; None for anything but a regular
+    file that starts as a PNG.  Reads at most a few chunks (the image data is never read; a FIFO or device is never
+    opened)."""
+    out: dict[str, str] = {}
     try:
         with open(checked_file(path, "figure"), "rb") as f:
             if f.read(8) != PNG_SIGNATURE:
-                return False
+                return None
             for _ in range(_PNG_MAX_CHUNKS):
                 head = f.read(8)
                 if len(head) < 8:
-                    return False
+                    return out
                 length, kind = int.from_bytes(head[:4], "big"), head[4:]
                 if kind in (b"IDAT", b"IEND"):
-                    return False
-                if kind == b"tEXt" and length == len(_FIGURE_MARK):
-                    if f.read(length) == _FIGURE_MARK:
-                        return True
+                    return out
+                if kind == b"tEXt" and length <= 4096:
+                    key, _, text = f.read(length).partition(b"\x00")
+                    out.setdefault(key.decode("latin-1"), text.decode("latin-1"))
                     f.seek(4, 1)
                 else:
                     f.seek(length + 4, 1)  # the chunk's data and its CRC
     except (OSError, ValueError):
-        return False
-    return False
+        return None
+    return out
+
+
+def is_generated_png(path: Path) -> bool:
+    """``path`` is a PNG seco-lab wrote: a regular file whose chunks before the image data hold the tEXt chunk
+    ``seco-lab: generated`` (:func:`png_text`); False for anything else."""
+    return (png_text(path) or {}).get(FIGURE_MARK_KEY) == FIGURE_MARK_VALUE
 
 
 def check_image_target(out: Path, option: str | None = "--out") -> None:

@@ -622,6 +622,51 @@ def test_campaign33_overwrite_judges_metrics_and_latest_by_content(r2, tmp_path,
     assert (run / name).read_bytes() == content
 
 
+def _seco_lab_figure(path):
+    """A figure seco-lab draws (the tool's mark), drawn for no run."""
+    from seco_lab.report.figures import new_figure, save_figure
+
+    fig, axes = new_figure()
+    axes[0][0].plot([0, 1], [1, 0])
+    save_figure(fig, path)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "checkpoints/step_000005.pt", "checkpoints/step_000009.pt",
+                                  "loss.png"])
+def test_campaign34_overwrite_keeps_run_like_files_that_are_not_this_runs(r2, tmp_path, capsys, name):
+    """Campaign 34 X1-X3 (data loss, arguable): in a run's folder, a user's metrics.jsonl of records with a step, a
+    loss and a key no run writes; a user's own torch.save(...) named checkpoints/step_000005.pt (only the archive's
+    magic bytes were checked); a copy of another seco-lab figure named loss.png (only the tool's mark was checked):
+    --overwrite deleted each, rc 0.  The run's own files are still replaced."""
+    from helpers import FAST, copy_run
+
+    from seco_lab.cli import main
+
+    run = copy_run(r2, tmp_path / "r")
+    path = run / name
+    if name == "metrics.jsonl":
+        path.write_text('{"step": 1, "loss": 0.5, "note": "my experiment A"}\n')
+    elif name == "loss.png":
+        _seco_lab_figure(path)
+    elif name.endswith("5.pt"):
+        torch.save({"my_weights": torch.ones(3)}, path)
+    else:  # R21: a zip of the user's notes
+        import zipfile
+
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("notes/today.txt", "my notes")
+    content = path.read_bytes()
+    capsys.readouterr()
+    assert main(["train", *FAST, "--run-dir", str(run), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "holds files with a run's names that seco-lab did not write" in err and f"{name} (not a" in err, err
+    assert path.read_bytes() == content
+    own = copy_run(r2, tmp_path / "own")
+    assert main(["train", *FAST, "--run-dir", str(own), "--overwrite"]) == 0
+    assert main(["train", *FAST, "--run-dir", str(own), "--overwrite"]) == 0  # its own loss.png, checkpoints, log
+
+
 def test_campaign33_a_resume_at_its_step_already_is_told_how_to_go_on(tmp_path, capsys):
     """Campaign 33 W4: a run stopped at 2 of 4, resumed with --steps 2, was advised "--stop-at 2" (refused)."""
     from helpers import FAST
@@ -721,3 +766,190 @@ def test_campaign32_v8_dropping_a_sealed_units_removal_rewrites_the_grams_withou
     assert json.loads((out / "cross_gram.json").read_text())["names"] == names[1:]
     store.verify_checksums(out, "the test")  # every table and the Gram written are recorded as the audit's
     assert main(["report", "audit", "--results", str(out), "--out", str(tmp_path / "r.md")]) == 0
+
+
+_FUNCTIONAL_DROPOUT = {  # transformers models applying dropout as F.dropout(h, p=config.X): no nn.Dropout to find
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(ffn_dim=64, num_hidden_layers=2, word_embed_proj_dim=32,
+                                                max_position_embeddings=256), "dropout"),
+    "bloom": ("BloomConfig", "BloomForCausalLM", dict(n_layer=2, n_head=4), "hidden_dropout"),
+    "falcon": ("FalconConfig", "FalconForCausalLM", dict(num_hidden_layers=2, new_decoder_architecture=False,
+                                                         num_kv_heads=4), "hidden_dropout"),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(_FUNCTIONAL_DROPOUT))
+def test_campaign34_dropout_a_model_applies_as_a_function_is_refused_in_training(arch):
+    """Campaign 34 X4 (API6-opt, -bloom-hidden, -falcon-hidden): a model in training mode whose dropout is a config
+    field applied with F.dropout was taken as deterministic; seco vs dense 0.42 / 1.7e-2 / 0.41.  With that field at 0
+    the same model trains, exact."""
+    import transformers
+
+    from seco_lab import dense_grad, flatten, seco_grad
+    from seco_lab.models.hf import HFChunkModel
+
+    config_class, model_class, kw, field = _FUNCTIONAL_DROPOUT[arch]
+    kw = dict(kw, vocab_size=64, hidden_size=32, num_attention_heads=4, attention_dropout=0.0)
+    x = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
+    for p in (0.1, 0.0):
+        config = getattr(transformers, config_class)(**kw, **{field: p})
+        config._attn_implementation = "eager"
+        torch.manual_seed(0)
+        model = HFChunkModel(getattr(transformers, model_class)(config).double().train())
+        if p:
+            assert not model.deterministic
+            with pytest.raises(ValueError, match=f"its config's {field}=0.1 draws dropout in training mode"):
+                seco_grad(model, x, x, 8)
+        else:
+            assert model.deterministic and model.randomness is None
+            _, dense = dense_grad(model, x, x)
+            _, seco = seco_grad(model, x, x, 8)
+            assert float((flatten(seco) - flatten(dense)).norm() / flatten(dense).norm()) < 1e-13
+
+
+def test_campaign34_dropout_no_config_field_names_is_found_in_the_first_training_forward():
+    """X4's class: whatever applies dropout in the forward (here a hook calling F.dropout, which neither a module nor a
+    config field shows) is found the first time the model runs in a training mode; eval mode runs it as before."""
+    from seco_lab import dense_grad, flatten, seco_grad
+    from seco_lab.models.hf import HFChunkModel
+
+    base = _tiny_llama().double().train()
+    base.model.layers[0].mlp.register_forward_hook(lambda mod, i, out: torch.nn.functional.dropout(out, 0.1,
+                                                                                                  mod.training))
+    model = HFChunkModel(base)
+    assert model.deterministic  # nothing to read: the forward shows it
+    x = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"its forward applies dropout \(p=0.1, dropout\) in training mode"):
+        seco_grad(model, x, x, 8)
+    model.eval()
+    _, dense = dense_grad(model, x, x)
+    _, seco = seco_grad(model, x, x, 8)
+    assert float((flatten(seco) - flatten(dense)).norm() / flatten(dense).norm()) < 1e-13
+
+
+def test_campaign34_the_hf_trainer_refuses_a_model_with_functional_dropout(tmp_path):
+    """X4 (API7): SeCOTrainer trained a default OPT (dropout 0.1, applied with F.dropout) without a word."""
+    import transformers
+    from datasets import Dataset
+
+    from seco_lab.integrations.transformers import SeCOArguments, SeCOTrainer
+
+    torch.manual_seed(0)
+    model = transformers.OPTForCausalLM(transformers.OPTConfig(
+        vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=1, num_attention_heads=4,
+        max_position_embeddings=128, word_embed_proj_dim=32))
+    ids = torch.randint(0, 64, (2, 32)).tolist()
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "o"), per_device_train_batch_size=2, max_steps=1,
+                                          use_cpu=True, report_to=[], save_strategy="no")
+    trainer = SeCOTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"input_ids": ids, "labels": ids}),
+                          seco_args=SeCOArguments(chunk_size=16))
+    with pytest.raises(ValueError, match="its config's dropout=0.1 draws dropout in training mode"):
+        trainer.train()
+
+
+def test_campaign34_report_audit_on_a_training_run_says_it_is_no_audit(r2, tmp_path, capsys, monkeypatch):
+    """Campaign 34 X5 (F24): `report audit --results RUN` said the run's files lacked a checksum file and advised
+    `seco-lab seal RUN`, which then refused it; the bias report named the missing files."""
+    from seco_lab.cli import main
+
+    monkeypatch.setenv("SECO_LAB_NO_CHECKSUMS", "0")
+    capsys.readouterr()
+    assert main(["report", "audit", "--results", str(r2), "--out", str(tmp_path / "a.md")]) == 2
+    err = capsys.readouterr().err
+    assert f"{r2} lacks audit.json" in err and "seal" not in err, err
+    assert not (tmp_path / "a.md").exists()
+
+
+def test_campaign34_metric_keys_name_every_key_a_run_writes(r2):
+    """X1's fix judges metrics.jsonl by its keys: every key a run writes must be in METRIC_KEYS (else --overwrite
+    would keep a run's own log as a user's)."""
+    import json
+
+    from seco_lab.training.run_checks import METRIC_KEYS
+
+    keys = set().union(*(json.loads(line) for line in (r2 / "metrics.jsonl").read_text().splitlines()))
+    assert {"loss", "eval_loss", "far_loss", "eval_far_loss", "grad_norm", "lr"} <= keys <= METRIC_KEYS
+
+
+def _length_dependent_rope_model(kind):
+    import transformers
+
+    layers = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=4)
+    torch.manual_seed(0)
+    if kind == "phi3-longrope":
+        config = transformers.Phi3Config(**layers, max_position_embeddings=128, original_max_position_embeddings=32,
+                                         pad_token_id=0, rope_scaling={"type": "longrope", "short_factor": [1.0] * 4,
+                                                                       "long_factor": [2.0] * 4})
+        model = transformers.Phi3ForCausalLM(config)
+    elif kind == "llama-longrope":
+        config = transformers.LlamaConfig(**layers, max_position_embeddings=128, rope_scaling={
+            "rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+            "original_max_position_embeddings": 32, "factor": 4.0})
+        model = transformers.LlamaForCausalLM(config)
+    else:
+        config = transformers.LlamaConfig(**layers, max_position_embeddings=32,
+                                          rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+        model = transformers.LlamaForCausalLM(config)
+    config._attn_implementation = "eager"
+    return model.double().eval()
+
+
+@pytest.mark.parametrize("kind", ["phi3-longrope", "llama-longrope"])
+def test_campaign34_longrope_chunks_on_both_sides_of_its_switch_are_refused(kind):
+    """Campaign 34 X6 (API9-phi3-longrope, API10, H15): longrope picks short or long frequencies for *every* position
+    from the longest position of each forward; chunk by chunk the chunks within 32 positions took the short ones, the
+    whole sequence the long ones: seco and hop strata vs dense 3.6e-3, accepted.  Now refused by name; chunks all on
+    one side of the switch (a sequence within it, or a first chunk past it) stay exact."""
+    from seco_lab import dense_grad, flatten, hop_strata, seco_grad
+    from seco_lab.models.hf import HFChunkModel
+
+    model = HFChunkModel(_length_dependent_rope_model(kind))
+    x = torch.randint(0, 64, (2, 64), generator=torch.Generator().manual_seed(0))
+    for call in (lambda: seco_grad(model, x, x, 16), lambda: hop_strata(model, x, x, 16, max_hops=1)):
+        with pytest.raises(ValueError, match="longrope RoPE scaling picks its frequencies from the longest position"):
+            call()
+    with pytest.raises(ValueError, match="make the first chunk longer than 32 tokens"):  # the trainer asks first
+        model.check_chunk_layout(64, 16)
+    for tokens, chunk in ((x[:, :32], 8), (x, 40)):
+        model.check_chunk_layout(tokens.shape[1], chunk)
+        _, dense = dense_grad(model, tokens, tokens)
+        _, seco = seco_grad(model, tokens, tokens, chunk)
+        assert float((flatten(seco) - flatten(dense)).norm() / flatten(dense).norm()) < 1e-13
+
+
+def test_campaign34_dynamic_rope_grown_by_a_longer_forward_is_reset_for_every_chunk():
+    """X6's class, dynamic RoPE: after a forward longer than its positions (transformers grows the frequencies and
+    keeps them for a forward ending at the limit exactly), dense used the grown frequencies and the chunks below the
+    limit the original ones: seco vs dense 7.9e-4."""
+    from seco_lab import dense_grad, flatten, seco_grad
+    from seco_lab.models.hf import HFChunkModel
+
+    base = _length_dependent_rope_model("llama-dynamic")
+    base(input_ids=torch.randint(0, 64, (1, 64)))  # grows the rotary embedding's frequencies
+    model = HFChunkModel(base)
+    x = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
+    _, dense = dense_grad(model, x, x)
+    _, seco = seco_grad(model, x, x, 8)
+    assert float((flatten(seco) - flatten(dense)).norm() / flatten(dense).norm()) < 1e-13
+
+
+def test_campaign34_a_file_that_cannot_be_replaced_is_named_not_its_temporary_file(tmp_path, monkeypatch):
+    """Campaign 34 X7 (T07): an immutable metrics.jsonl on resume gave "r/metrics.jsonl.seco-tmp24697: Operation not
+    permitted" -- a file the user never sees, and no way out."""
+    import errno
+    import os
+
+    from seco_lab import store
+
+    target = tmp_path / "metrics.jsonl"
+    target.write_text("old\n")
+
+    def refused(src, dst):
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(src), None, str(dst))
+
+    monkeypatch.setattr(os, "replace", refused)
+    with pytest.raises(PermissionError) as e:
+        store.atomic_write(target, "new\n")
+    assert e.value.filename == str(target) and "make it writable" in str(e.value), e.value
+    monkeypatch.undo()
+    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]

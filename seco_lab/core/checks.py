@@ -243,8 +243,9 @@ def check_model(model) -> None:
     if dtypes and not next(iter(dtypes)).is_floating_point:
         raise TypeError(f"model parameters must be floating point, got {dtypes.pop()}")
     if not getattr(model, "deterministic", True):
+        why = getattr(model, "randomness", None) or "dropout is active in training mode"
         raise ValueError(
-            "the model is not deterministic (dropout is active in training mode): a chunk rebuild "
+            f"the model is not deterministic ({why}): a chunk rebuild "
             "would not reproduce its first pass and the gradient would be wrong; call model.eval() "
             "or set dropout=0"
         )

@@ -25,7 +25,9 @@ import functools
 import inspect
 import json
 import math
+import numbers
 import os
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -105,6 +107,29 @@ def chunkable_reason(config) -> str | None:
     return None
 
 
+def length_dependent_rope(model: nn.Module) -> tuple[str, int, nn.Module] | None:
+    """``(rope type, positions, rotary module)`` where ``model``'s rotary embedding picks its frequencies from the
+    longest position of each forward (transformers' ``dynamic`` and ``longrope`` scaling: above ``positions`` it
+    switches to scaled frequencies for *every* position), else None.  Chunk by chunk, a chunk ending within
+    ``positions`` would use other frequencies than a later chunk and than the whole sequence (campaign 34 X6:
+    longrope Phi-3, 3.6e-3)."""
+    for module in model.modules():
+        kind = getattr(module, "rope_type", None)
+        if not isinstance(kind, str):
+            continue
+        if kind == "longrope":
+            params = getattr(getattr(module, "config", None), "rope_parameters", None) or {}
+            limit = params.get("original_max_position_embeddings") if isinstance(params, dict) else None
+            limit = limit or getattr(getattr(module, "config", None), "original_max_position_embeddings", None)
+        elif "dynamic" in kind:
+            limit = getattr(module, "original_max_seq_len", None)
+        else:
+            continue
+        if isinstance(limit, int):
+            return kind, limit, module
+    return None
+
+
 _SOFTMAXES = (F.softmax, torch.softmax, torch.Tensor.softmax, F.log_softmax, torch.log_softmax)
 
 
@@ -126,6 +151,47 @@ class _KeepFloat64(torch.overrides.TorchFunctionMode):
                     return x
             if func in _SOFTMAXES and kwargs.get("dtype") == torch.float32:  # transformers' eager attention
                 kwargs = {**kwargs, "dtype": None}
+        return func(*args, **kwargs)
+
+
+#: config fields a modeling file draws randomness from in training: dropout applied as a function
+#: (``F.dropout(h, p=config.hidden_dropout, training=self.training)``: OPT's ``dropout``, Bloom's and Falcon's
+#: ``hidden_dropout``, no ``nn.Dropout`` module to find) and layers skipped at random (OPT's ``layerdrop``); the
+#: heads a causal LM does not run (``summary_*``, ``classifier_*``) aside
+_RANDOM_FIELD = re.compile(r"dropout|pdrop|layerdrop")
+_UNUSED_HEADS = ("summary_", "classifier_")
+
+
+def random_fields(config) -> dict[str, float]:
+    """The dropout-like fields of ``config`` (:data:`_RANDOM_FIELD`) set above 0: in training mode each makes the
+    forward random, so a chunk rebuilt in pass 2 would not be the chunk of pass 1."""
+    return {k: v for k, v in config.to_dict().items()
+            if _RANDOM_FIELD.search(k) and not k.startswith(_UNUSED_HEADS)
+            and isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0}
+
+
+_DROPOUTS = {F.dropout: "p", F.alpha_dropout: "p", F.feature_alpha_dropout: "p", F.dropout1d: "p",
+             F.dropout2d: "p", F.dropout3d: "p", torch.dropout: "p", torch.nn.functional.dropout: "p"}
+
+
+class _NoDropout(torch.overrides.TorchFunctionMode):
+    """Raise on a dropout that would draw (a dropout function in training with p > 0, an attention with
+    ``dropout_p > 0``): run once around a training-mode forward, it finds dropout however a modeling file applies
+    it, where :attr:`HFChunkModel.deterministic` reads modules and config fields."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        p, train = None, False
+        if func in _DROPOUTS:
+            p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+            train = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else True))
+        elif func is F.scaled_dot_product_attention:
+            p, train = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0), True
+        if train and isinstance(p, numbers.Real) and p > 0:
+            raise ValueError(f"the model is not deterministic: its forward applies dropout (p={p}, "
+                             f"{getattr(func, '__name__', func)}) in training mode, so a chunk rebuilt in pass 2 "
+                             "would not be the chunk of pass 1 and the gradient would be wrong; call model.eval() or "
+                             "set that dropout to 0")
         return func(*args, **kwargs)
 
 
@@ -256,6 +322,9 @@ class HFChunkModel(nn.Module):
         # without targets only the cache is wanted: the LM head runs on one position, not the chunk
         self._no_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         # the modules transformers' gradient_checkpointing_enable() switches (checked per chunk in training)
+        self._rope_limit = length_dependent_rope(base)
+        self._modules_all = list(model.modules())
+        self._probed: set[tuple[bool, ...]] = set()  # the training modes whose forward ran under _NoDropout
         self._checkpointing = [m for m in model.modules() if isinstance(getattr(m, "gradient_checkpointing", None),
                                                                         bool)]
 
@@ -271,9 +340,24 @@ class HFChunkModel(nn.Module):
     def deterministic(self) -> bool:
         if not any(m.training for m in self.model.modules()):  # the wrapped model's own modes decide (campaign 33
             return True  # W6: the wrapper in eval mode, the model put back in training mode, dropout active)
-        dropouts = [m.p for m in self.model.modules() if isinstance(m, nn.Dropout) and m.training]
-        cfg = self.config.get_text_config(decoder=True)
-        return not any(p > 0 for p in dropouts) and not getattr(cfg, "attention_dropout", 0.0)
+        return self.randomness is None
+
+    @property
+    def randomness(self) -> str | None:
+        """What makes the forward random in training mode (an ``nn.Dropout`` in training with p > 0, a dropout-like
+        config field above 0: :func:`random_fields`), or None."""
+        if not any(m.training for m in self.model.modules()):
+            return None
+        dropouts = sorted({n for n, m in self.model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd)
+                           and m.training and m.p > 0})
+        if dropouts:
+            more = f" and {len(dropouts) - 1} more" if len(dropouts) > 1 else ""
+            return f"dropout module {dropouts[0]}{more} {'are' if more else 'is'} active in training mode"
+        fields = random_fields(self.config.get_text_config(decoder=True))
+        if fields:
+            named = ", ".join(f"{k}={v}" for k, v in fields.items())
+            return f"its config's {named} draws dropout in training mode"
+        return None
 
     def chunk_logits(self, tokens, past: Sequence[ChunkCache], start: int, all_logits: bool = True):
         """(logits, own cache) of one chunk after ``past``; own[l] = (keys, values) of this chunk only.
@@ -287,12 +371,55 @@ class HFChunkModel(nn.Module):
                              "needs (a recomputed layer would also update the chunk cache twice); SeCO already keeps "
                              "only one chunk's activations: call model.activation_checkpointing_disable() (or "
                              "gradient_checkpointing_disable())")
-        cache = PrefixCache(past, self.n_layers, split=self._split, buffer=self._kv_buffer)
         b, t = tokens.shape
+        if self._rope_limit is not None:
+            self._check_rope_switch(past, start + t)
+        cache = PrefixCache(past, self.n_layers, split=self._split, buffer=self._kv_buffer)
         pos = torch.arange(start, start + t, device=tokens.device).unsqueeze(0).expand(b, t)
         extra = {} if all_logits else self._no_logits
-        out = self.model(input_ids=tokens, position_ids=pos, use_cache=True, **{self._cache_arg: cache}, **extra)
+        modes = tuple(m.training for m in self._modules_all)
+        if any(modes) and modes not in self._probed:  # once per set of modes: dropout however the model applies it
+            with _NoDropout():
+                out = self.model(input_ids=tokens, position_ids=pos, use_cache=True, **{self._cache_arg: cache},
+                                 **extra)
+            self._probed.add(modes)
+        else:
+            out = self.model(input_ids=tokens, position_ids=pos, use_cache=True, **{self._cache_arg: cache}, **extra)
         return out.logits, cache.own()
+
+    def _check_rope_switch(self, past: Sequence[ChunkCache], end: int) -> None:
+        """A length-dependent RoPE (:func:`length_dependent_rope`) gives every chunk the frequencies the whole
+        sequence gets only when every chunk ends on the same side of its switch (longrope: two sets of frequencies),
+        or (dynamic: frequencies computed from the longest position) when no chunk but a sequence's only one ends
+        past it: refuse a chunk ending past it after a first chunk that ended within it, or after any chunk."""
+        kind, limit, rotary = self._rope_limit
+        if end <= limit:
+            if getattr(rotary, "max_seq_len_cached", 0) > limit and hasattr(rotary, "original_inv_freq"):
+                # dynamic, grown by an earlier longer forward: transformers keeps the grown frequencies for a
+                # forward ending at the limit exactly, resets them below it -- every chunk takes the original ones
+                rotary.register_buffer("inv_freq", rotary.original_inv_freq.to(rotary.inv_freq.device),
+                                       persistent=False)
+                rotary.max_seq_len_cached = rotary.original_max_seq_len
+            return
+        if past:
+            self.check_chunk_layout(end, past[0][0][0].shape[-2])  # the first chunk's keys: (b, heads, positions, d)
+
+    def check_chunk_layout(self, length: int, first_chunk: int) -> None:
+        """Refuse (ValueError) sequences of ``length`` tokens cut into chunks whose first holds ``first_chunk``
+        tokens where a length-dependent RoPE (:func:`length_dependent_rope`) would give the chunks other frequencies
+        than the whole sequence: longrope, a first chunk ending within its switch and the sequence past it; dynamic,
+        more than one chunk with the sequence past it.  The trainer asks before its run folder is made."""
+        if self._rope_limit is None or length <= self._rope_limit[1] or first_chunk >= length:
+            return
+        kind, limit, _ = self._rope_limit
+        if first_chunk <= limit or kind != "longrope":  # dynamic: the frequencies follow the longest position itself
+            raise ValueError(f"{type(self.model).__name__}'s {kind} RoPE scaling picks its frequencies from the "
+                             f"longest position of each forward: past {limit} positions it switches every position "
+                             f"to scaled frequencies, so a chunk ending at {first_chunk} would use other frequencies "
+                             f"than the chunk ending at {length} (and than the whole sequence): the gradient would be "
+                             f"wrong; keep sequences within {limit} tokens"
+                             + (f", make the first chunk longer than {limit} tokens" if kind == "longrope" else "")
+                             + f", or use a model without {kind} RoPE scaling")
 
     @contextmanager
     def cache_buffer(self, batch_size: int, length: int):

@@ -132,6 +132,7 @@ def figure_folder(out_md: Path, default_stem: str | tuple[str, ...], default_fol
     return out_md.parent / "figures" / (default_folder if out_md.stem in stems else out_md.stem)
 
 
-def save_figure(fig: Figure, path: Path) -> str:
-    """Save atomically as PNG (the reports' resolution, tight, no software stamp) and return the file name."""
-    return write_png(fig, path, dpi=FIGURE_DPI, bbox_inches="tight", metadata={"Software": None}).name
+def save_figure(fig: Figure, path: Path, marks: dict[str, str] | None = None) -> str:
+    """Save atomically as PNG (the reports' resolution, tight, no software stamp, ``marks`` as more PNG text) and
+    return the file name."""
+    return write_png(fig, path, dpi=FIGURE_DPI, bbox_inches="tight", metadata={"Software": None, **(marks or {})}).name

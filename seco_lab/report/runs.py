@@ -13,7 +13,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from ..store import check_image_target, escaped_text, holds_nul
+from ..store import RUN_FIGURE_KEY, check_image_target, escaped_text, holds_nul
 from ..studies.registry import check_run_dirs
 from ..training.run_dir import read_config, read_metrics
 from .figures import save_figure
@@ -114,9 +114,10 @@ def run_figure(run_dir) -> Figure:
     return fig
 
 
-def plot_run(run_dir) -> Path:
+def plot_run(run_dir, run_id: str | None = None) -> Path:
+    """``RUN_DIR/loss.png``, marked as the run ``run_id``'s where one is given."""
     out = Path(run_dir) / "loss.png"
-    save_figure(run_figure(run_dir), out)
+    save_figure(run_figure(run_dir), out, {RUN_FIGURE_KEY: run_id} if run_id else None)
     return out
 
 

@@ -378,6 +378,7 @@ register(Study("audit", "a gradient estimator audited on SmolLM2-135M at k = 128
                "bias, sampling against data noise, cost, equal compute.", results="reports/audit/k128",
                report_file="reports/audit.md", quick_results="reports/_work/audit_quick",
                report="seco_lab.report.audit:write_report", run="seco_lab.studies.audit.driver:run_from_args",
+               stored_files=("config.json", "audit.json"),  # a training run's folder is no audit (campaign 34 X5)
                add_arguments="seco_lab.studies.audit.options:add_arguments",
                produce="`make audit` (`seco-lab study audit`, or `seco-lab audit --committed`)"))
 register(Study("bench", "time and memory of every method as sequences grow (benchmarks in experiments/).",

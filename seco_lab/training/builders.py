@@ -71,7 +71,7 @@ def build_model(cfg: TrainConfig, vocab: int, device: torch.device):
         if cfg.model.vocab_size != vocab:
             raise ValueError(f"model vocab_size={cfg.model.vocab_size} does not match the data's vocabulary {vocab}")
         return TinyTransformer(cfg.model, seed=cfg.seed, dtype=dtype, device=device)
-    from ..models.hf import HFChunkModel, add_lora, check_hf_overrides
+    from ..models.hf import HFChunkModel, add_lora, check_hf_overrides, random_fields
     from ..models.pretrained import build_causal_lm
 
     overrides = dict(cfg.hf_overrides)
@@ -88,8 +88,7 @@ def build_model(cfg: TrainConfig, vocab: int, device: torch.device):
     max_pos = getattr(hf.config, "max_position_embeddings", None)
     if max_pos is not None and max_pos < cfg.seq_len:
         raise ValueError(f"{cfg.hf_model} has max_position_embeddings {max_pos} < --seq-len {cfg.seq_len}")
-    config_dropouts = {f"{k}={v}" for k, v in hf.config.to_dict().items()
-                       if "dropout" in k and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0}
+    config_dropouts = {f"{k}={v}" for k, v in random_fields(hf.config.get_text_config(decoder=True)).items()}
     dropouts = sorted(config_dropouts | {f"{name}.p={m.p}" for name, m in hf.named_modules()
                                          if isinstance(m, torch.nn.Dropout) and m.p > 0})
     if dropouts:  # campaign 27 Q5, 28: refused before the run folder is made, as --hf-override's dropout is
@@ -98,4 +97,7 @@ def build_model(cfg: TrainConfig, vocab: int, device: torch.device):
                          "dropout fields of its config.json to 0")
     if cfg.lora:
         hf = add_lora(hf, cfg.lora_r, cfg.lora_alpha, cfg.lora_targets)
-    return HFChunkModel(hf).to(device)
+    model = HFChunkModel(hf).to(device)
+    if cfg.mode != "dense":  # dense: one forward of the whole sequence
+        model.check_chunk_layout(cfg.seq_len, min(cfg.chunk_size, cfg.seq_len))  # before the run folder is made
+    return model

@@ -40,10 +40,7 @@ def run_tree(path: Path) -> dict:
     """:data:`RUN_TREE` of the run folder ``path``: the optional folders only where its marker records that the run
     wrote them (:meth:`~seco_lab.training.run_dir.RunDir.note_written`): files a user put under ``adapter/`` or
     ``tensorboard/`` of a run that never wrote there are not the run's to remove (campaign 29 S2)."""
-    try:
-        record = read_json(Path(path) / MARKER_NAME, "run marker", 4096)  # a FIFO or a folder is never read
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-        record = None
+    record = _marker(path)
     wrote = record.get("wrote", []) if isinstance(record, dict) and isinstance(record.get("wrote"), list) else []
     return {k: v for k, v in RUN_TREE.items() if k not in OPTIONAL_FOLDERS or k in wrote}
 
@@ -121,10 +118,16 @@ def _is_run_config(path: Path) -> bool:
     return isinstance(d, dict) and d.get("mode") in MODES and RUN_RECORD_KEYS <= d.keys() and d.keys() <= known
 
 
+#: every key a run writes into a record of ``metrics.jsonl`` (seco_lab.training.trainer: a step's record, the
+#: evaluation before training): a record with another key is a user's (campaign 34 X1)
+METRIC_KEYS = frozenset({"step", "loss", "lr", "grad_norm", "tokens_per_s", "backprop_chunks", "seconds", "far_loss",
+                         "eval_loss", "eval_far_loss"})
+
+
 def _is_metrics_log(path: Path) -> bool:
-    """``metrics.jsonl`` as a run writes it: one JSON object per line with an integer ``step`` and a loss
-    (``loss``, or ``eval_loss`` for the evaluation before training); the last line may be a record torn by a kill
-    (it begins as one: ``{"step": ``)."""
+    """``metrics.jsonl`` as a run writes it: one JSON object per line with an integer ``step``, a loss (``loss``, or
+    ``eval_loss`` for the evaluation before training) and no key a run does not write (:data:`METRIC_KEYS`); the
+    last line may be a record torn by a kill (it begins as one: ``{"step": ``)."""
     import json
 
     try:
@@ -140,7 +143,7 @@ def _is_metrics_log(path: Path) -> bool:
                 continue
             return False
         if (not isinstance(record, dict) or type(record.get("step")) is not int
-                or not ({"loss", "eval_loss"} & record.keys())):
+                or not ({"loss", "eval_loss"} & record.keys()) or not record.keys() <= METRIC_KEYS):
             return False
     return True
 
@@ -155,38 +158,58 @@ def _is_latest_pointer(path: Path) -> bool:
     return re.fullmatch(rb"step_\d+\.(pt|dcp)\n?", text) is not None
 
 
-def _starts_with(path: Path, magic: bytes) -> bool:
+def _is_run_png(path: Path, run_id: str | None) -> bool:
+    """The loss curve seco-lab drew for this run: its PNG carries the tool's mark
+    (:data:`seco_lab.store.FIGURE_MARK_KEY`) and, where the marker names the run, that run's id
+    (:data:`seco_lab.store.RUN_FIGURE_KEY`).  Another PNG named ``loss.png`` is a user's (campaign 33 V5r-m), and so
+    is another seco-lab figure copied there (campaign 34 X3)."""
+    from ..store import FIGURE_MARK_KEY, FIGURE_MARK_VALUE, RUN_FIGURE_KEY, png_text
+
+    text = png_text(path) or {}
+    return text.get(FIGURE_MARK_KEY) == FIGURE_MARK_VALUE and (run_id is None or text.get(RUN_FIGURE_KEY) == run_id)
+
+
+def _marker(path: Path) -> dict | None:
+    """The JSON object of the run folder ``path``'s marker; None where it is missing or unreadable."""
     try:
-        with open(path, "rb") as f:
-            return f.read(len(magic)) == magic
-    except OSError:
-        return False
+        record = read_json(Path(path) / MARKER_NAME, "run marker", 4096)  # a FIFO or a folder is never read
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
-def _is_png(path: Path) -> bool:
-    """A figure seco-lab drew (its PNG carries the tool's mark, :func:`seco_lab.store.is_generated_png`): another PNG
-    named ``loss.png`` is a user's (campaign 33 V5r-m)."""
-    from ..store import is_generated_png
-
-    return is_generated_png(path)
+def marker_run_id(path: Path) -> str | None:
+    """The run id the marker of the run folder ``path`` records (None where it records none or is unreadable)."""
+    run_id = (_marker(path) or {}).get("run_id")
+    return run_id if isinstance(run_id, str) and re.fullmatch(r"[0-9a-f]{16}", run_id) else None
 
 
 #: what a run's own file of each name holds (campaign 32 V5: a user's own config.json and metrics.jsonl in a folder
 #: that still had a run's marker were replaced by --overwrite)
-RUN_CONTENT = (("config.json", _is_run_config, "config"), ("metrics.jsonl", _is_metrics_log, "metrics log"),
-               ("loss.png", _is_png, "PNG"))
+RUN_CONTENT = (("config.json", lambda p, run_id: _is_run_config(p), "config"),
+               ("metrics.jsonl", lambda p, run_id: _is_metrics_log(p), "metrics log"),
+               ("loss.png", _is_run_png, "loss curve"))
+
+
+def _is_own_checkpoint(path: Path, run_id: str | None) -> bool:
+    from .run_files import is_own_checkpoint  # run_files reads checkpoints (torch), and imports this module
+
+    return is_own_checkpoint(path, run_id)
 
 
 def not_run_content(path: Path) -> list[str]:
     """The files of the run folder ``path`` that carry a run's name but not what a run writes there (a user's own
-    ``config.json``, ``metrics.jsonl`` or ``loss.png``; a ``checkpoints/step_N.pt`` that is no torch archive), each
-    with what it should be: ``--overwrite`` leaves such a folder alone."""
+    ``config.json``, ``metrics.jsonl`` or ``loss.png``; a ``checkpoints/step_N.pt`` that is no checkpoint of the
+    run: campaign 34 X2, a user's ``torch.save`` or zip under that name), each with what it should be:
+    ``--overwrite`` leaves such a folder alone."""
+    run_id = marker_run_id(path)
     out = [f"{name} (not a run's {what})" for name, check, what in RUN_CONTENT
-           if (path / name).is_file() and not (path / name).is_symlink() and not check(path / name)]
+           if (path / name).is_file() and not (path / name).is_symlink() and not check(path / name, run_id)]
     folder = path / "checkpoints"
     if folder.is_dir() and not folder.is_symlink():
-        out += [f"checkpoints/{p.name} (not a torch checkpoint)" for p in sorted(folder.glob("step_*.pt"))
-                if p.is_file() and p.stat().st_size > 0 and not _starts_with(p, b"PK")]
+        out += [f"checkpoints/{p.name} (not a checkpoint of this run)" for p in sorted(folder.glob("step_*.pt"))
+                if p.is_file() and not p.is_symlink() and p.stat().st_size > 0
+                and not _is_own_checkpoint(p, run_id)]
         latest = folder / "latest"  # campaign 33 W2: a user's notes saved as checkpoints/latest
         if latest.is_file() and not latest.is_symlink() and not _is_latest_pointer(latest):
             out.append("checkpoints/latest (not the name of a checkpoint)")

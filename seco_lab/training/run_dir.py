@@ -32,7 +32,6 @@ import re
 import secrets
 import tempfile
 import warnings
-import zipfile
 from pathlib import Path
 
 import torch
@@ -65,6 +64,7 @@ from .run_files import (  # noqa: F401 (re-export)
     checkpoint_step,
     checkpoint_steps,
     content_digest,
+    is_own_checkpoint,
     read_config,
     read_metrics,
     run_file,
@@ -256,19 +256,8 @@ class RunDir:
 
     @staticmethod
     def _own_checkpoint(path: Path, run_id: str | None) -> bool:
-        """``path`` is a checkpoint this run wrote: a torch archive (a zip holding ``*/data.pkl``) that loads safely
-        (tensors mapped, not read) as a checkpoint recording ``run_id`` (None: a run folder made before run ids,
-        whose checkpoints record none) and the step its name says.  A zip of the user's, a damaged file or another
-        run's checkpoint is not this run's, so never deleted."""
-        try:
-            with zipfile.ZipFile(path) as z:
-                if not any(n.endswith("/data.pkl") for n in z.namelist()[:4096]):
-                    return False
-            state = safe_load(path, map_location="cpu", mmap=True)
-        except Exception:  # noqa: BLE001 -- not a zip, damaged, or not a checkpoint: not this run's
-            return False
-        return (isinstance(state, dict) and state.get("run_id") == run_id and "fingerprint" in state
-                and state.get("step") == int(path.name[5:-3]))
+        """:func:`~seco_lab.training.run_files.is_own_checkpoint`."""
+        return is_own_checkpoint(path, run_id)
 
     @property
     def run_id(self) -> str | None:

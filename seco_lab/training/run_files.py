@@ -82,6 +82,25 @@ def run_file(path: Path, what: str, max_bytes: int | None = None) -> Path:
         raise RunDirError(str(e)) from None
 
 
+def is_own_checkpoint(path: Path, run_id: str | None) -> bool:
+    """``path`` is a checkpoint the run ``run_id`` wrote: a torch archive (a zip holding ``*/data.pkl``) that loads
+    safely (tensors mapped, not read) as a checkpoint recording ``run_id`` (None: a run folder made before run ids,
+    whose checkpoints record none) and the step its name (``step_N.pt``) says.  A zip of the user's, a damaged file
+    or another run's checkpoint is not this run's, so never deleted (``prune_checkpoints``, ``--overwrite``)."""
+    match = re.fullmatch(r"step_(\d+)\.pt", Path(path).name)
+    if match is None:
+        return False
+    try:
+        with zipfile.ZipFile(path) as z:
+            if not any(n.endswith("/data.pkl") for n in z.namelist()[:4096]):
+                return False
+        state = safe_load(path, map_location="cpu", mmap=True)
+    except Exception:  # noqa: BLE001 -- not a zip, damaged, or not a checkpoint: not this run's
+        return False
+    return (isinstance(state, dict) and state.get("run_id") == run_id and "fingerprint" in state
+            and state.get("step") == int(match[1]))
+
+
 def safe_load(path: Path, map_location=None, mmap: bool = False):
     """``torch.load(weights_only=True)``: tensors and plain values only, so a crafted file cannot run code.
     numpy arrays (the RNG state of checkpoints written before it was stored as a tensor) are allowed too.
