@@ -164,6 +164,10 @@ class TrainConfig:
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
         check_lr_cycles(self.lr_cycles, self.steps)
+        if self.lr * self.weight_decay >= 1:  # campaign 34 G10: a NaN gradient at step 2, and "lower --lr"
+            raise ValueError(f"--weight-decay {self.weight_decay} with --lr {self.lr}: AdamW multiplies every weight "
+                             f"by 1 - lr * weight_decay = {1 - self.lr * self.weight_decay:.4g} each step at the peak "
+                             f"learning rate, which is <= 0; keep weight_decay below 1 / lr = {1 / self.lr:.4g}")
         if self.hf_model is None and self.model.max_positions < self.seq_len:  # an HF model's own limit: builders
             raise ValueError(f"model.max_positions={self.model.max_positions} < seq_len={self.seq_len}; raise "
                              "--max-positions")

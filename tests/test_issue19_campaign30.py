@@ -720,9 +720,22 @@ def test_campaign33_the_wrapped_models_own_mode_decides_determinism(tmp_path, ca
     assert "e holds no config.json: it is not a saved model folder" in capsys.readouterr().err
 
 
+def test_campaign34_a_weight_decay_that_flips_the_weights_is_refused_up_front(tmp_path, capsys):
+    """Campaign 34 G10: --weight-decay 1e6 trained to a NaN gradient norm at step 2 and advised "lower --lr"."""
+    from helpers import FAST
+
+    from seco_lab.cli import main
+
+    assert main(["train", *FAST, "--weight-decay", "1e6", "--run-dir", str(tmp_path / "r")]) == 2
+    assert "AdamW multiplies every weight by 1 - lr * weight_decay" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+    assert main(["train", *FAST, "--weight-decay", "0.1", "--run-dir", str(tmp_path / "ok")]) == 0
+
+
 @pytest.mark.parametrize("override, says", [
-    ("rms_norm_eps=-1", "rms_norm_eps is a float (the llama default is 1e-06); write it as one, e.g. "
-                        "rms_norm_eps=-1.0"),
+    ("rms_norm_eps=-1", "rms_norm_eps is a float >= 0 (the llama default is 1e-06), e.g. rms_norm_eps=1e-06"),
+    ("rms_norm_eps=1", "rms_norm_eps is a float (the llama default is 1e-06); write it as one, e.g. "
+                       "rms_norm_eps=1.0"),
     ("rms_norm_eps=-1.0", "rms_norm_eps is -1.0, but it must be >= 0 and finite"),
     ("num_hidden_layers=10000000", "this run needs at least"),  # the CLI's memory estimate, before any config
 ])

@@ -516,6 +516,9 @@ def check_hf_overrides(architecture: str, overrides: dict) -> None:
     for key, value in overrides.items():  # transformers' own type errors name no way out (campaign 32 V4)
         default = defaults[key]
         if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            if key in CHECKPOINT_EPS_FIELDS and value < 0:  # the example would be refused next (campaign 34 N40)
+                raise ValueError(f"--hf-override {key}={value}: {key} is a float >= 0 (the {architecture} default "
+                                 f"is {default}), e.g. {key}={default}")
             raise ValueError(f"--hf-override {key}={value}: {key} is a float (the {architecture} default is "
                              f"{default}); write it as one, e.g. {key}={float(value)}")
         if isinstance(default, (int, float)) and not isinstance(default, bool):
