@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from .folder_lock import hold_lock, release_lock
+from .folder_lock import hold_lock, lock_holder, release_lock
 
 _HELD_LOCKS: dict[Path, IO] = {}  # study folders this process has locked (a rerun in the process reuses its lock)
 
@@ -651,6 +651,13 @@ def seal(folder: str | Path, recurse: bool = True) -> list[Path]:
                             f"{'/'.join(RECORD_PROVENANCE)}): seal vouches for a study's, audit's or benchmark's "
                             "results, e.g. reports/bias_study; nothing was written")
     plan = {folder: own}
+    if recurse:
+        busy = [p for p in (folder, *folder.rglob("*")) if p.is_dir() and not p.is_symlink() and lock_holder(p)]
+    else:
+        busy = [folder] if lock_holder(folder) else []
+    if busy:  # campaign 34 T03: a folder a study or audit is writing was sealed halfway through its work
+        raise ChecksumError(f"{busy[0]} is in use by a running seco-lab process (pid {lock_holder(busy[0])}): seal "
+                            "vouches for finished results; wait for it to finish, then seal; nothing was written")
     if recurse:
         for sub in sorted(p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink()
                           and not any(q.is_symlink() for q in p.relative_to(folder).parents if q != Path("."))):

@@ -966,3 +966,21 @@ def test_campaign34_a_file_that_cannot_be_replaced_is_named_not_its_temporary_fi
     assert e.value.filename == str(target) and "make it writable" in str(e.value), e.value
     monkeypatch.undo()
     assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+
+
+def test_campaign34_seal_refuses_a_folder_a_running_study_holds(tmp_path, capsys):
+    """Campaign 34 T03 (observation): `seal` of an audit folder while the audit ran was accepted without its lock."""
+    import shutil
+    from pathlib import Path
+
+    from seco_lab.cli import main
+    from seco_lab.folder_lock import locked
+
+    folder = tmp_path / "b"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "reports/bias_study", folder)
+    before = (folder / "checksums.sha256").read_bytes()
+    with locked(folder, "seco-lab bias-study", "wait"):
+        assert main(["seal", str(folder)]) == 2
+        assert "is in use by a running seco-lab process" in capsys.readouterr().err
+    assert (folder / "checksums.sha256").read_bytes() == before
+    assert main(["seal", str(folder)]) == 0
