@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..folder_lock import LOCK_NAME, is_own_lock, lock_holder
 from ..store import CONFIG_MAX_BYTES, protected_paths, read_json
+from .checkpoint_archive import ANY_RUN, is_own_checkpoint
 
 __all__ = ["CHECKPOINTS_TREE", "DCP_TREE", "FILE", "MARKER_NAME", "RUN_TREE", "RunDirError", "check_path_given",
            "checkpoint_steps", "orphan_checkpoints",
@@ -191,12 +192,6 @@ RUN_CONTENT = (("config.json", lambda p, run_id: _is_run_config(p), "config"),
                ("loss.png", _is_run_png, "loss curve"))
 
 
-def _is_own_checkpoint(path: Path, run_id: str | None) -> bool:
-    from .run_files import is_own_checkpoint  # run_files reads checkpoints (torch), and imports this module
-
-    return is_own_checkpoint(path, run_id)
-
-
 def not_run_content(path: Path) -> list[str]:
     """The files of the run folder ``path`` that carry a run's name but not what a run writes there (a user's own
     ``config.json``, ``metrics.jsonl`` or ``loss.png``; a ``checkpoints/step_N.pt`` that is no checkpoint of the
@@ -209,7 +204,7 @@ def not_run_content(path: Path) -> list[str]:
     if folder.is_dir() and not folder.is_symlink():
         out += [f"checkpoints/{p.name} (not a checkpoint of this run)" for p in sorted(folder.glob("step_*.pt"))
                 if p.is_file() and not p.is_symlink() and p.stat().st_size > 0
-                and not _is_own_checkpoint(p, run_id)]
+                and not is_own_checkpoint(p, ANY_RUN if _marker(path) is None else run_id)]
         latest = folder / "latest"  # campaign 33 W2: a user's notes saved as checkpoints/latest
         if latest.is_file() and not latest.is_symlink() and not _is_latest_pointer(latest):
             out.append("checkpoints/latest (not the name of a checkpoint)")

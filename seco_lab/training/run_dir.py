@@ -38,6 +38,7 @@ import torch
 
 from ..folder_lock import LOCK_NAME, FolderBusy, hold_lock, release_lock
 from ..store import atomic_write, atomic_write_json, checked_file, loads_json
+from .checkpoint_archive import is_own_checkpoint
 from .run_checks import (  # noqa: F401 (re-export: defined here before)
     CHECKPOINTS_TREE,
     DCP_TREE,
@@ -64,7 +65,6 @@ from .run_files import (  # noqa: F401 (re-export)
     checkpoint_step,
     checkpoint_steps,
     content_digest,
-    is_own_checkpoint,
     read_config,
     read_metrics,
     run_file,
@@ -256,7 +256,7 @@ class RunDir:
 
     @staticmethod
     def _own_checkpoint(path: Path, run_id: str | None) -> bool:
-        """:func:`~seco_lab.training.run_files.is_own_checkpoint`."""
+        """:func:`~seco_lab.training.checkpoint_archive.is_own_checkpoint`."""
         return is_own_checkpoint(path, run_id)
 
     @property

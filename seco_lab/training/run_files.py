@@ -11,12 +11,12 @@ import hashlib
 import pickle
 import re
 import warnings
-import zipfile
 from pathlib import Path
 
 import torch
 
 from ..store import CONFIG_MAX_BYTES, TABLE_MAX_BYTES, DuplicateKeyError, checked_file, loads_json, read_json
+from .checkpoint_archive import load_archive
 from .run_checks import RUN_RECORD_KEYS, RunDirError, checkpoint_steps
 
 __all__ = ["CHECKPOINT_FILE", "CHECKPOINT_KEYS", "CONTENT_DIGEST", "UnsafeCheckpoint", "content_digest",
@@ -82,43 +82,19 @@ def run_file(path: Path, what: str, max_bytes: int | None = None) -> Path:
         raise RunDirError(str(e)) from None
 
 
-def is_own_checkpoint(path: Path, run_id: str | None) -> bool:
-    """``path`` is a checkpoint the run ``run_id`` wrote: a torch archive (a zip holding ``*/data.pkl``) that loads
-    safely (tensors mapped, not read) as a checkpoint recording ``run_id`` (None: a run folder made before run ids,
-    whose checkpoints record none) and the step its name (``step_N.pt``) says.  A zip of the user's, a damaged file
-    or another run's checkpoint is not this run's, so never deleted (``prune_checkpoints``, ``--overwrite``)."""
-    match = re.fullmatch(r"step_(\d+)\.pt", Path(path).name)
-    if match is None:
-        return False
-    try:
-        with zipfile.ZipFile(path) as z:
-            if not any(n.endswith("/data.pkl") for n in z.namelist()[:4096]):
-                return False
-        state = safe_load(path, map_location="cpu", mmap=True)
-    except Exception:  # noqa: BLE001 -- not a zip, damaged, or not a checkpoint: not this run's
-        return False
-    return (isinstance(state, dict) and state.get("run_id") == run_id and "fingerprint" in state
-            and state.get("step") == int(match[1]))
-
-
 def safe_load(path: Path, map_location=None, mmap: bool = False):
     """``torch.load(weights_only=True)``: tensors and plain values only, so a crafted file cannot run code.
     numpy arrays (the RNG state of checkpoints written before it was stored as a tensor) are allowed too.
-    ``mmap``: the tensors are mapped, not read (to look at a checkpoint's plain values cheaply)."""
-    import numpy as np
-    from numpy._core.multiarray import _reconstruct
-
+    ``mmap``: the tensors are mapped, not read (to look at a checkpoint's plain values cheaply)
+    (:func:`~seco_lab.training.checkpoint_archive.load_archive`)."""
     run_file(path, "checkpoint")  # a FIFO would block torch.load forever
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else is
-        raise ValueError("not a torch checkpoint archive (no zip structure): truncated, overwritten or foreign")
-    with torch.serialization.safe_globals([_reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]):
-        try:
-            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-        except pickle.UnpicklingError as e:
-            if "Weights only load failed" not in str(e):
-                raise
-            raise UnsafeCheckpoint(f"{path} holds objects a safe load refuses (not tensors or plain values); it is "
-                                   "not a seco-lab checkpoint, and loading it could run code -- remove it") from None
+    try:
+        return load_archive(path, map_location=map_location, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        if "Weights only load failed" not in str(e):
+            raise
+        raise UnsafeCheckpoint(f"{path} holds objects a safe load refuses (not tensors or plain values); it is "
+                               "not a seco-lab checkpoint, and loading it could run code -- remove it") from None
 
 
 def checkpoint_files(run_dir) -> list[tuple[str, Path]]:
