@@ -810,7 +810,7 @@ def test_campaign34_dropout_a_model_applies_as_a_function_is_refused_in_training
         model = HFChunkModel(getattr(transformers, model_class)(config).double().train())
         if p:
             assert not model.deterministic
-            with pytest.raises(ValueError, match=f"its config's {field}=0.1 draws dropout in training mode"):
+            with pytest.raises(ValueError, match=f"its config's {field}=0.1 draws dropout or noise in training mode"):
                 seco_grad(model, x, x, 8)
         else:
             assert model.deterministic and model.randomness is None
@@ -855,7 +855,7 @@ def test_campaign34_the_hf_trainer_refuses_a_model_with_functional_dropout(tmp_p
                                           use_cpu=True, report_to=[], save_strategy="no")
     trainer = SeCOTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"input_ids": ids, "labels": ids}),
                           seco_args=SeCOArguments(chunk_size=16))
-    with pytest.raises(ValueError, match="its config's dropout=0.1 draws dropout in training mode"):
+    with pytest.raises(ValueError, match="its config's dropout=0.1 draws dropout or noise in training mode"):
         trainer.train()
 
 
@@ -913,12 +913,13 @@ def test_campaign34_longrope_chunks_on_both_sides_of_its_switch_are_refused(kind
     from the longest position of each forward; chunk by chunk the chunks within 32 positions took the short ones, the
     whole sequence the long ones: seco and hop strata vs dense 3.6e-3, accepted.  Now refused by name; chunks all on
     one side of the switch (a sequence within it, or a first chunk past it) stay exact."""
-    from seco_lab import dense_grad, flatten, hop_strata, seco_grad
+    from seco_lab import dense_grad, flatten, hop_strata, seco_grad, spaco_grad
     from seco_lab.models.hf import HFChunkModel
 
     model = HFChunkModel(_length_dependent_rope_model(kind))
     x = torch.randint(0, 64, (2, 64), generator=torch.Generator().manual_seed(0))
-    for call in (lambda: seco_grad(model, x, x, 16), lambda: hop_strata(model, x, x, 16, max_hops=1)):
+    for call in (lambda: seco_grad(model, x, x, 16), lambda: hop_strata(model, x, x, 16, max_hops=1),
+                 lambda: spaco_grad(model, x, x, 16, subset=(0,))):  # campaign 35 Y7-a: chunk 0 rebuilt alone
         with pytest.raises(ValueError, match="longrope RoPE scaling picks its frequencies from the longest position"):
             call()
     with pytest.raises(ValueError, match="make the first chunk longer than 32 tokens"):  # the trainer asks first
@@ -984,3 +985,140 @@ def test_campaign34_seal_refuses_a_folder_a_running_study_holds(tmp_path, capsys
         assert "is in use by a running seco-lab process" in capsys.readouterr().err
     assert (folder / "checksums.sha256").read_bytes() == before
     assert main(["seal", str(folder)]) == 0
+
+
+def test_campaign35_a_rope_type_given_per_layer_type_is_checked_too():
+    """Campaign 35 (P03b-a): Gemma3 with its rope parameters per layer type (longrope for full attention) was not
+    seen as length-dependent: seco vs HF's own gradient 0.25, accepted."""
+    import transformers
+
+    from seco_lab import dense_grad, flatten, seco_grad
+    from seco_lab.models.hf import HFChunkModel
+
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, head_dim=8, max_position_embeddings=128, layer_types=["full_attention"] * 2,
+        sliding_window=4096, use_sliding_window=False,
+        rope_parameters={"full_attention": {"rope_type": "longrope", "short_factor": [1.0] * 4,
+                                            "long_factor": [2.0] * 4, "original_max_position_embeddings": 32,
+                                            "factor": 4.0, "rope_theta": 10000.0}})
+    config._attn_implementation = "eager"
+    model = HFChunkModel(transformers.Gemma3ForCausalLM(config).double().eval())
+    x = torch.randint(0, 64, (2, 64), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="longrope RoPE scaling picks its frequencies"):
+        seco_grad(model, x, x, 16)
+    _, dense = dense_grad(model, x, x)
+    _, seco = seco_grad(model, x, x, 48)
+    assert float((flatten(seco) - flatten(dense)).norm() / flatten(dense).norm()) < 1e-13
+
+
+@pytest.mark.parametrize("case", ["router-jitter", "layer-attribute", "noise-in-forward"])
+def test_campaign35_noise_and_dropout_set_outside_the_config_are_refused_in_training(case):
+    """Campaign 35 (Q01b, Q02b, U1, Q04): Mixtral's router_jitter_noise (a uniform_ draw, no dropout) was accepted in
+    training mode (seco vs dense 2e-2); an OPT whose layers' dropout attribute was set after a first step, 0.42; and
+    noise drawn in the forward by anything else is found by the first training forward."""
+    import transformers
+
+    from seco_lab import seco_grad
+    from seco_lab.models.hf import HFChunkModel
+
+    torch.manual_seed(0)
+    x = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
+    if case == "router-jitter":
+        config = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                            num_attention_heads=4, num_key_value_heads=4, num_local_experts=4,
+                                            num_experts_per_tok=2, max_position_embeddings=64,
+                                            router_jitter_noise=0.1)
+        model = HFChunkModel(transformers.MixtralForCausalLM(config).train())
+        says = "router_jitter_noise=0.1 draws dropout or noise in training mode"
+    elif case == "layer-attribute":
+        config = transformers.OPTConfig(vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=1,
+                                        num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
+                                        dropout=0.0)
+        model = HFChunkModel(transformers.OPTForCausalLM(config).double().train())
+        seco_grad(model, x, x, 8)  # deterministic: accepted, and its training mode probed
+        model.model.model.decoder.layers[0].dropout = 0.1
+        says = "layers.0.dropout=0.1 draws dropout or noise in training mode"
+    else:
+        base = _tiny_llama().double().train()
+        base.model.layers[0].mlp.register_forward_hook(
+            lambda mod, i, out: out * torch.empty_like(out).uniform_(0.9, 1.1) if mod.training else out)
+        model = HFChunkModel(base)
+        says = r"its forward draws random numbers \(uniform_\) in training mode"
+    with pytest.raises(ValueError, match=says):
+        seco_grad(model, x, x, 8)
+
+
+def test_campaign35_the_hf_trainer_refuses_an_moe_router_loss_it_would_leave_out(tmp_path):
+    """Campaign 35 (U2): SeCOTrainer trained a Mixtral with output_router_logits=True without a word, leaving out
+    the router's load-balancing loss the stock Trainer adds (stock loss 5.159, SeCO 4.158)."""
+    import transformers
+    from datasets import Dataset
+
+    from seco_lab.integrations.transformers import SeCOArguments, SeCOTrainer
+
+    config = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=4, num_local_experts=4,
+                                        num_experts_per_tok=2, max_position_embeddings=64, output_router_logits=True)
+    model = transformers.MixtralForCausalLM(config)
+    ids = torch.randint(0, 64, (2, 32)).tolist()
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "o"), per_device_train_batch_size=2, max_steps=1,
+                                          use_cpu=True, report_to=[], save_strategy="no")
+    with pytest.raises(ValueError, match="SeCOTrainer cannot train with output_router_logits=True"):
+        SeCOTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"input_ids": ids, "labels": ids}),
+                    seco_args=SeCOArguments(chunk_size=16))
+    model.config.output_router_logits = False
+    SeCOTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"input_ids": ids, "labels": ids}),
+                seco_args=SeCOArguments(chunk_size=16))
+
+
+@pytest.mark.parametrize("records", [
+    ['{"step": 1, "loss": 0.5}', '{"step": 3, "loss": 0.4}'],  # O01: a step and a loss, nothing else of a step's
+    ['{"step": 9, "loss": 9.9, "lr": 0.1, "grad_norm": 1.0, "tokens_per_s": 1.0, "backprop_chunks": 4.0, '
+     '"seconds": 0.1}'],  # O29: every key of a step's record, at step 9 of a 2-step run
+    ['{"step": 0, "eval_loss": 1.0, "note": "mine"}'],
+])
+def test_campaign35_overwrite_takes_only_a_runs_own_records_for_its_metrics(r2, tmp_path, capsys, records):
+    """Campaign 35 O01, O29 (data loss, arguable): a user's metrics.jsonl of {step, loss} records, or of records with
+    every key of a step's at a step the run never reached, was deleted by --overwrite."""
+    from helpers import FAST, copy_run
+
+    from seco_lab.cli import main
+
+    run = copy_run(r2, tmp_path / "r")
+    (run / "metrics.jsonl").write_text("\n".join(records) + "\n")
+    capsys.readouterr()
+    assert main(["train", *FAST, "--run-dir", str(run), "--overwrite"]) == 2
+    assert "metrics.jsonl (not a run's metrics log)" in capsys.readouterr().err
+    assert (run / "metrics.jsonl").read_text() == "\n".join(records) + "\n"
+
+
+@pytest.mark.parametrize("name", ["adapter/README.md", "checkpoints/step_000005.dcp/extra.pt"])
+def test_campaign35_overwrite_keeps_a_users_files_under_the_adapter_and_sharded_names(tmp_path, capsys, name):
+    """Campaign 35 O13b, O38 (data loss, arguable): a user's notes written into a LoRA run's adapter/README.md, or a
+    user's torch.save archive as checkpoints/step_000005.dcp/extra.pt, were deleted by --overwrite; the run's own
+    adapter (peft's card, config and weights) is still replaced."""
+    from helpers import FAST
+
+    from seco_lab.cli import main
+
+    lora = [*FAST[:FAST.index("--d-model")], "--hf-model", "llama", "--hf-override", "hidden_size=32",
+            "--hf-override", "num_hidden_layers=1",
+            "--hf-override", "num_attention_heads=4", "--hf-override", "num_key_value_heads=4",
+            "--hf-override", "intermediate_size=64", "--lora"]
+    run = tmp_path / "r"
+    assert main(["train", *lora, "--run-dir", str(run)]) == 0
+    assert main(["train", *lora, "--run-dir", str(run), "--overwrite"]) == 0  # its own adapter files
+    path = run / name
+    path.parent.mkdir(exist_ok=True)
+    if name.endswith(".md"):
+        path.write_text("# my notes on this adapter\n")
+    else:
+        torch.save({"my_weights": torch.ones(3)}, path)
+    content = path.read_bytes()
+    capsys.readouterr()
+    assert main(["train", *lora, "--run-dir", str(run), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert f"{name} (not" in err, err
+    assert path.read_bytes() == content

@@ -266,6 +266,9 @@ def checked_batch(model, tokens, targets, chunk_size: int | None = None, ignore_
     max_pos = getattr(model, "max_positions", None)
     if max_pos is not None and n > max_pos:
         raise ValueError(f"sequence length {n} exceeds the model's maximum positions {max_pos}")
+    layout = getattr(model, "check_chunk_layout", None)
+    if callable(layout):  # a model whose chunks would compute otherwise than the whole sequence (length-dependent
+        layout(n, min(chunk_size, n))  # RoPE: seco_lab.models.hf.HFChunkModel.check_chunk_layout)
     vocab = getattr(model, "vocab_size", None)
     if vocab is not None:
         lo, hi = int(tokens.min()), int(tokens.max())

@@ -133,6 +133,12 @@ class SeCOTrainerMixin:
         if getattr(self, "_loss_shifts_labels", True) is False:
             reasons.append("a model whose loss is not the causal-LM cross-entropy (loss_type "
                            f"{getattr(self.accelerator.unwrap_model(self.model), 'loss_type', None)!r})")
+        text = self.accelerator.unwrap_model(self.model).config
+        text = text.get_text_config(decoder=True) if hasattr(text, "get_text_config") else text
+        if getattr(text, "output_router_logits", False) and (getattr(text, "router_aux_loss_coef", 0) or 0) > 0:
+            reasons.append("output_router_logits=True (the stock loss adds router_aux_loss_coef times the MoE "
+                           "router's load-balancing loss, which the engine's cross-entropy leaves out: campaign 35; "
+                           "set model.config.output_router_logits = False, or router_aux_loss_coef = 0)")
         if reasons:
             raise ValueError("SeCOTrainer cannot train with " + "; ".join(reasons))
 

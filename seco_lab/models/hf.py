@@ -107,27 +107,36 @@ def chunkable_reason(config) -> str | None:
     return None
 
 
-def length_dependent_rope(model: nn.Module) -> tuple[str, int, nn.Module] | None:
-    """``(rope type, positions, rotary module)`` where ``model``'s rotary embedding picks its frequencies from the
-    longest position of each forward (transformers' ``dynamic`` and ``longrope`` scaling: above ``positions`` it
-    switches to scaled frequencies for *every* position), else None.  Chunk by chunk, a chunk ending within
-    ``positions`` would use other frequencies than a later chunk and than the whole sequence (campaign 34 X6:
-    longrope Phi-3, 3.6e-3)."""
+def length_dependent_rope(model: nn.Module) -> list[tuple[str, int, nn.Module, str]]:
+    """``(rope type, positions, rotary module, buffer prefix)`` of each rotary embedding of ``model`` that picks its
+    frequencies from the longest position of each forward (transformers' ``dynamic`` and ``longrope`` scaling: above
+    ``positions`` it switches to scaled frequencies for *every* position), one per layer type where the rope type is
+    given per layer type (Gemma3: prefix ``"full_attention_"``).  Chunk by chunk, a chunk ending within ``positions``
+    would use other frequencies than a later chunk and than the whole sequence (campaign 34 X6: longrope Phi-3,
+    3.6e-3; campaign 35: per layer type)."""
+    found = []
     for module in model.modules():
-        kind = getattr(module, "rope_type", None)
-        if not isinstance(kind, str):
+        kinds = getattr(module, "rope_type", None)
+        if isinstance(kinds, str):
+            kinds = {None: kinds}
+        if not isinstance(kinds, dict):
             continue
-        if kind == "longrope":
-            params = getattr(getattr(module, "config", None), "rope_parameters", None) or {}
-            limit = params.get("original_max_position_embeddings") if isinstance(params, dict) else None
-            limit = limit or getattr(getattr(module, "config", None), "original_max_position_embeddings", None)
-        elif "dynamic" in kind:
-            limit = getattr(module, "original_max_seq_len", None)
-        else:
-            continue
-        if isinstance(limit, int):
-            return kind, limit, module
-    return None
+        params = getattr(getattr(module, "config", None), "rope_parameters", None)
+        for layer_type, kind in kinds.items():
+            prefix = f"{layer_type}_" if layer_type is not None else ""
+            own = params.get(layer_type, {}) if layer_type is not None and isinstance(params, dict) else params
+            if not isinstance(kind, str):
+                continue
+            if kind == "longrope":
+                limit = own.get("original_max_position_embeddings") if isinstance(own, dict) else None
+                limit = limit or getattr(getattr(module, "config", None), "original_max_position_embeddings", None)
+            elif "dynamic" in kind:
+                limit = getattr(module, f"{prefix}original_max_seq_len", getattr(module, "original_max_seq_len", None))
+            else:
+                continue
+            if isinstance(limit, int):
+                found.append((kind, limit, module, prefix))
+    return found
 
 
 _SOFTMAXES = (F.softmax, torch.softmax, torch.Tensor.softmax, F.log_softmax, torch.log_softmax)
@@ -154,30 +163,43 @@ class _KeepFloat64(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-#: config fields a modeling file draws randomness from in training: dropout applied as a function
-#: (``F.dropout(h, p=config.hidden_dropout, training=self.training)``: OPT's ``dropout``, Bloom's and Falcon's
-#: ``hidden_dropout``, no ``nn.Dropout`` module to find) and layers skipped at random (OPT's ``layerdrop``); the
-#: heads a causal LM does not run (``summary_*``, ``classifier_*``) aside
-_RANDOM_FIELD = re.compile(r"dropout|pdrop|layerdrop")
+#: config fields (and module attributes) a modeling file draws randomness from in training: dropout applied as a
+#: function (``F.dropout(h, p=config.hidden_dropout, training=self.training)``: OPT's ``dropout``, Bloom's and
+#: Falcon's ``hidden_dropout``, no ``nn.Dropout`` module to find), layers skipped at random (OPT's ``layerdrop``) and
+#: noise (Mixtral's ``router_jitter_noise``, PhiMoE's ``input_jitter_noise``); the heads a causal LM does not run
+#: (``summary_*``, ``classifier_*``) aside
+_RANDOM_FIELD = re.compile(r"dropout|pdrop|layerdrop|jitter|noise")
 _UNUSED_HEADS = ("summary_", "classifier_")
 
 
-def random_fields(config) -> dict[str, float]:
-    """The dropout-like fields of ``config`` (:data:`_RANDOM_FIELD`) set above 0: in training mode each makes the
-    forward random, so a chunk rebuilt in pass 2 would not be the chunk of pass 1."""
-    return {k: v for k, v in config.to_dict().items()
-            if _RANDOM_FIELD.search(k) and not k.startswith(_UNUSED_HEADS)
+def _random_values(items) -> dict[str, float]:
+    return {k: v for k, v in items if isinstance(k, str) and _RANDOM_FIELD.search(k) and not k.startswith(_UNUSED_HEADS)
             and isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0}
 
 
-_DROPOUTS = {F.dropout: "p", F.alpha_dropout: "p", F.feature_alpha_dropout: "p", F.dropout1d: "p",
-             F.dropout2d: "p", F.dropout3d: "p", torch.dropout: "p", torch.nn.functional.dropout: "p"}
+def random_fields(config) -> dict[str, float]:
+    """The dropout- or noise-like fields of ``config`` (:data:`_RANDOM_FIELD`) set above 0: in training mode each
+    makes the forward random, so a chunk rebuilt in pass 2 would not be the chunk of pass 1."""
+    return _random_values(config.to_dict().items())
 
 
-class _NoDropout(torch.overrides.TorchFunctionMode):
-    """Raise on a dropout that would draw (a dropout function in training with p > 0, an attention with
-    ``dropout_p > 0``): run once around a training-mode forward, it finds dropout however a modeling file applies
-    it, where :attr:`HFChunkModel.deterministic` reads modules and config fields."""
+_DROPOUTS = {F.dropout, F.alpha_dropout, F.feature_alpha_dropout, F.dropout1d, F.dropout2d, F.dropout3d,
+             torch.dropout}
+#: functions that draw random numbers: in a training forward they make it random whatever they are called for
+_SAMPLERS = {torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.bernoulli_, torch.Tensor.exponential_,
+             torch.Tensor.geometric_, torch.Tensor.cauchy_, torch.Tensor.log_normal_, torch.Tensor.random_,
+             torch.bernoulli, torch.multinomial, torch.normal, torch.poisson, torch.rand_like, torch.randn_like,
+             torch.randint_like}
+#: random factories: a draw of one number is a decision (OPT draws its layerdrop coin even when layerdrop is 0, and
+#: :func:`random_fields` refuses a layerdrop above 0); a draw of many is noise on activations
+_FACTORIES = {torch.rand, torch.randn, torch.randint, torch.randperm}
+
+
+class _NoRandomness(torch.overrides.TorchFunctionMode):
+    """Raise on randomness in a forward: a dropout that would draw (a dropout function in training with p > 0, an
+    attention with ``dropout_p > 0``), or a draw of random numbers (Mixtral's router jitter is
+    ``torch.empty_like(h).uniform_(...)``).  Run around a training-mode forward, it finds what
+    :attr:`HFChunkModel.deterministic` cannot read from modules, attributes and config fields."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -192,7 +214,13 @@ class _NoDropout(torch.overrides.TorchFunctionMode):
                              f"{getattr(func, '__name__', func)}) in training mode, so a chunk rebuilt in pass 2 "
                              "would not be the chunk of pass 1 and the gradient would be wrong; call model.eval() or "
                              "set that dropout to 0")
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if func in _SAMPLERS or (func in _FACTORIES and isinstance(out, torch.Tensor) and out.numel() > 1):
+            raise ValueError(f"the model is not deterministic: its forward draws random numbers "
+                             f"({getattr(func, '__name__', func)}) in training mode (noise, jitter or a random "
+                             "choice), so a chunk rebuilt in pass 2 would not be the chunk of pass 1 and the gradient "
+                             "would be wrong; call model.eval() or set the noise to 0")
+        return out
 
 
 @functools.cache
@@ -322,9 +350,9 @@ class HFChunkModel(nn.Module):
         # without targets only the cache is wanted: the LM head runs on one position, not the chunk
         self._no_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         # the modules transformers' gradient_checkpointing_enable() switches (checked per chunk in training)
-        self._rope_limit = length_dependent_rope(base)
+        self._rope_limits = length_dependent_rope(base)
         self._modules_all = list(model.modules())
-        self._probed: set[tuple[bool, ...]] = set()  # the training modes whose forward ran under _NoDropout
+        self._probed: set[tuple[bool, ...]] = set()  # the training modes whose forward ran under _NoRandomness
         self._checkpointing = [m for m in model.modules() if isinstance(getattr(m, "gradient_checkpointing", None),
                                                                         bool)]
 
@@ -344,8 +372,9 @@ class HFChunkModel(nn.Module):
 
     @property
     def randomness(self) -> str | None:
-        """What makes the forward random in training mode (an ``nn.Dropout`` in training with p > 0, a dropout-like
-        config field above 0: :func:`random_fields`), or None."""
+        """What makes the forward random in training mode -- an ``nn.Dropout`` in training with p > 0, a dropout- or
+        noise-like attribute above 0 of a module in training (OPT's layers keep ``dropout``, Mixtral's blocks
+        ``jitter_noise``) or of the config (:func:`random_fields`) -- or None."""
         if not any(m.training for m in self.model.modules()):
             return None
         dropouts = sorted({n for n, m in self.model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd)
@@ -356,7 +385,12 @@ class HFChunkModel(nn.Module):
         fields = random_fields(self.config.get_text_config(decoder=True))
         if fields:
             named = ", ".join(f"{k}={v}" for k, v in fields.items())
-            return f"its config's {named} draws dropout in training mode"
+            return f"its config's {named} draws dropout or noise in training mode"
+        for name, module in self.model.named_modules():
+            values = _random_values(vars(module).items()) if module.training else {}
+            if values:
+                key, value = next(iter(values.items()))
+                return f"{name or 'the model'}.{key}={value} draws dropout or noise in training mode"
         return None
 
     def chunk_logits(self, tokens, past: Sequence[ChunkCache], start: int, all_logits: bool = True):
@@ -372,14 +406,14 @@ class HFChunkModel(nn.Module):
                              "only one chunk's activations: call model.activation_checkpointing_disable() (or "
                              "gradient_checkpointing_disable())")
         b, t = tokens.shape
-        if self._rope_limit is not None:
+        if self._rope_limits:
             self._check_rope_switch(past, start + t)
         cache = PrefixCache(past, self.n_layers, split=self._split, buffer=self._kv_buffer)
         pos = torch.arange(start, start + t, device=tokens.device).unsqueeze(0).expand(b, t)
         extra = {} if all_logits else self._no_logits
         modes = tuple(m.training for m in self._modules_all)
         if any(modes) and modes not in self._probed:  # once per set of modes: dropout however the model applies it
-            with _NoDropout():
+            with _NoRandomness():
                 out = self.model(input_ids=tokens, position_ids=pos, use_cache=True, **{self._cache_arg: cache},
                                  **extra)
             self._probed.add(modes)
@@ -391,35 +425,37 @@ class HFChunkModel(nn.Module):
         """A length-dependent RoPE (:func:`length_dependent_rope`) gives every chunk the frequencies the whole
         sequence gets only when every chunk ends on the same side of its switch (longrope: two sets of frequencies),
         or (dynamic: frequencies computed from the longest position) when no chunk but a sequence's only one ends
-        past it: refuse a chunk ending past it after a first chunk that ended within it, or after any chunk."""
-        kind, limit, rotary = self._rope_limit
-        if end <= limit:
-            if getattr(rotary, "max_seq_len_cached", 0) > limit and hasattr(rotary, "original_inv_freq"):
-                # dynamic, grown by an earlier longer forward: transformers keeps the grown frequencies for a
-                # forward ending at the limit exactly, resets them below it -- every chunk takes the original ones
-                rotary.register_buffer("inv_freq", rotary.original_inv_freq.to(rotary.inv_freq.device),
+        past it (:meth:`check_chunk_layout`, which every engine asks first; asked again here where the first chunk is
+        known).  A dynamic rotary grown by an earlier, longer forward is reset for a chunk within its positions."""
+        for kind, limit, rotary, prefix in self._rope_limits:
+            grown = getattr(rotary, f"{prefix}max_seq_len_cached", getattr(rotary, "max_seq_len_cached", 0))
+            original = getattr(rotary, f"{prefix}original_inv_freq", None)
+            if "dynamic" in kind and end <= limit and original is not None and int(grown) > limit:  # int(): a tensor
+                # transformers keeps the grown frequencies for a forward ending at the limit exactly, resets them
+                # below it: every chunk takes the original ones
+                rotary.register_buffer(f"{prefix}inv_freq", original.to(getattr(rotary, f"{prefix}inv_freq").device),
                                        persistent=False)
-                rotary.max_seq_len_cached = rotary.original_max_seq_len
-            return
-        if past:
+                setattr(rotary, f"{prefix}max_seq_len_cached", limit)
+        if past and end > min(limit for _, limit, _, _ in self._rope_limits):
             self.check_chunk_layout(end, past[0][0][0].shape[-2])  # the first chunk's keys: (b, heads, positions, d)
 
     def check_chunk_layout(self, length: int, first_chunk: int) -> None:
         """Refuse (ValueError) sequences of ``length`` tokens cut into chunks whose first holds ``first_chunk``
         tokens where a length-dependent RoPE (:func:`length_dependent_rope`) would give the chunks other frequencies
         than the whole sequence: longrope, a first chunk ending within its switch and the sequence past it; dynamic,
-        more than one chunk with the sequence past it.  The trainer asks before its run folder is made."""
-        if self._rope_limit is None or length <= self._rope_limit[1] or first_chunk >= length:
-            return
-        kind, limit, _ = self._rope_limit
-        if first_chunk <= limit or kind != "longrope":  # dynamic: the frequencies follow the longest position itself
-            raise ValueError(f"{type(self.model).__name__}'s {kind} RoPE scaling picks its frequencies from the "
-                             f"longest position of each forward: past {limit} positions it switches every position "
-                             f"to scaled frequencies, so a chunk ending at {first_chunk} would use other frequencies "
-                             f"than the chunk ending at {length} (and than the whole sequence): the gradient would be "
-                             f"wrong; keep sequences within {limit} tokens"
-                             + (f", make the first chunk longer than {limit} tokens" if kind == "longrope" else "")
-                             + f", or use a model without {kind} RoPE scaling")
+        more than one chunk with the sequence past it.  Every engine asks (``seco_lab.core.checks.checked_batch``),
+        and so does the trainer before its run folder is made."""
+        for kind, limit, _, _ in self._rope_limits:
+            if length <= limit or first_chunk >= length:
+                continue
+            if first_chunk <= limit or kind != "longrope":  # dynamic: the frequencies follow the longest position
+                raise ValueError(f"{type(self.model).__name__}'s {kind} RoPE scaling picks its frequencies from the "
+                                 f"longest position of each forward: past {limit} positions it switches every "
+                                 f"position to scaled frequencies, so a chunk ending at {first_chunk} would use other "
+                                 f"frequencies than the chunk ending at {length} (and than the whole sequence): the "
+                                 f"gradient would be wrong; keep sequences within {limit} tokens"
+                                 + (f", make the first chunk longer than {limit} tokens" if kind == "longrope" else "")
+                                 + f", or use a model without {kind} RoPE scaling")
 
     @contextmanager
     def cache_buffer(self, batch_size: int, length: int):

@@ -30,14 +30,19 @@ def load_archive(path: Path, map_location=None, mmap: bool = False):
 ANY_RUN = object()
 
 
-def is_own_checkpoint(path: Path, run_id: str | None | object) -> bool:
+def is_own_checkpoint(path: Path, run_id: str | None | object, step: int | None = None) -> bool:
     """``path`` is a checkpoint the run ``run_id`` wrote: a regular file, a torch archive (a zip holding
     ``*/data.pkl``) that loads safely (tensors mapped, not read) as a checkpoint recording ``run_id`` (None: a run
     folder made before run ids, whose checkpoints record none; :data:`ANY_RUN`: whichever) and the step its name
-    (``step_N.pt``) says.  A zip of the user's, a damaged file or another run's checkpoint is not this run's, so never
-    deleted (checkpoint pruning, ``--overwrite``: campaign 34 X2)."""
-    match = re.fullmatch(r"step_(\d+)\.pt", Path(path).name)
-    if match is None or not Path(path).is_file():  # a FIFO would block the load
+    (``step_N.pt``) says, or ``step`` (a sharded checkpoint's ``extra.pt``).  A zip of the user's, a damaged file or
+    another run's checkpoint is not this run's, so never deleted (checkpoint pruning, ``--overwrite``: campaign 34
+    X2)."""
+    if step is None:  # a sharded checkpoint's extra.pt: the step its folder's name says
+        match = re.fullmatch(r"step_(\d+)\.pt", Path(path).name)
+        if match is None:
+            return False
+        step = int(match[1])
+    if not Path(path).is_file():  # a FIFO would block the load
         return False
     try:
         with zipfile.ZipFile(path) as z:
@@ -47,4 +52,4 @@ def is_own_checkpoint(path: Path, run_id: str | None | object) -> bool:
     except Exception:  # noqa: BLE001 -- not a zip, damaged, or not a checkpoint: not this run's
         return False
     return (isinstance(state, dict) and (run_id is ANY_RUN or state.get("run_id") == run_id) and "fingerprint" in state
-            and state.get("step") == int(match[1]))
+            and state.get("step") == step)

@@ -123,14 +123,35 @@ def _is_run_config(path: Path) -> bool:
 #: evaluation before training): a record with another key is a user's (campaign 34 X1)
 METRIC_KEYS = frozenset({"step", "loss", "lr", "grad_norm", "tokens_per_s", "backprop_chunks", "seconds", "far_loss",
                          "eval_loss", "eval_far_loss"})
+#: the keys every training step's record holds (``Trainer.train_step``); the evaluation before training (step 0)
+#: writes ``eval_loss`` (and ``eval_far_loss``) alone
+STEP_RECORD_KEYS = frozenset({"step", "loss", "lr", "grad_norm", "tokens_per_s", "backprop_chunks", "seconds"})
+EVAL_RECORD_KEYS = frozenset({"step", "eval_loss", "eval_far_loss"})
+
+
+def _is_metric_record(record, steps: int | None) -> bool:
+    """A record a run writes: a training step's (every key of :data:`STEP_RECORD_KEYS`, none outside
+    :data:`METRIC_KEYS`, a step from 1 to the run's ``steps``) or the evaluation before training (step 0,
+    ``eval_loss``, nothing else of a step's)."""
+    if not isinstance(record, dict) or type(record.get("step")) is not int:
+        return False
+    step, keys = record["step"], record.keys()
+    if step == 0:
+        return "eval_loss" in keys and keys <= EVAL_RECORD_KEYS
+    return STEP_RECORD_KEYS <= keys <= METRIC_KEYS and 1 <= step <= (steps if steps is not None else step)
 
 
 def _is_metrics_log(path: Path) -> bool:
-    """``metrics.jsonl`` as a run writes it: one JSON object per line with an integer ``step``, a loss (``loss``, or
-    ``eval_loss`` for the evaluation before training) and no key a run does not write (:data:`METRIC_KEYS`); the
-    last line may be a record torn by a kill (it begins as one: ``{"step": ``)."""
+    """``metrics.jsonl`` as a run writes it: one JSON object per line, each a record a run writes
+    (:func:`_is_metric_record`: campaign 34 X1, 35 O01, O29 -- a user's records with a step and a loss were taken for
+    a run's); the last line may be a record torn by a kill (it begins as one: ``{"step": ``)."""
     import json
 
+    try:
+        config = read_json(Path(path).parent / "config.json", "run config", CONFIG_MAX_BYTES)
+    except (OSError, ValueError, RecursionError):
+        config = None
+    steps = config.get("steps") if isinstance(config, dict) and type(config.get("steps")) is int else None
     try:
         with open(path, "rb") as f:
             lines = f.read().splitlines()
@@ -143,8 +164,7 @@ def _is_metrics_log(path: Path) -> bool:
             if i == len(lines) - 1 and line.startswith(b'{"step": '):
                 continue
             return False
-        if (not isinstance(record, dict) or type(record.get("step")) is not int
-                or not ({"loss", "eval_loss"} & record.keys()) or not record.keys() <= METRIC_KEYS):
+        if not _is_metric_record(record, steps):
             return False
     return True
 
@@ -192,6 +212,40 @@ RUN_CONTENT = (("config.json", lambda p, run_id: _is_run_config(p), "config"),
                ("loss.png", _is_run_png, "loss curve"))
 
 
+def _head(path: Path, size: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(size)
+    except OSError:
+        return b""
+
+
+def _is_peft_card(path: Path) -> bool:
+    """peft's model card: YAML front matter naming ``library_name: peft``."""
+    head = _head(path, 4096)
+    return head.startswith(b"---\n") and b"\nlibrary_name: peft\n" in head.split(b"\n---", 1)[0] + b"\n"
+
+
+def _is_peft_config(path: Path) -> bool:
+    try:
+        d = read_json(path, "adapter config", CONFIG_MAX_BYTES)
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(d, dict) and isinstance(d.get("peft_type"), str)
+
+
+def _is_safetensors(path: Path) -> bool:
+    """A safetensors file: an 8-byte little-endian header length, then the JSON header."""
+    head = _head(path, 9)
+    return len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= path.stat().st_size
+
+
+#: what peft writes into a LoRA run's ``adapter/`` (``save_lora_adapter``): a user's file of one of these names is
+#: kept (``adapter_model.bin``, torch's archive, is judged by its name only)
+ADAPTER_CONTENT = (("README.md", _is_peft_card, "model card"), ("adapter_config.json", _is_peft_config, "config"),
+                   ("adapter_model.safetensors", _is_safetensors, "weights"))
+
+
 def not_run_content(path: Path) -> list[str]:
     """The files of the run folder ``path`` that carry a run's name but not what a run writes there (a user's own
     ``config.json``, ``metrics.jsonl`` or ``loss.png``; a ``checkpoints/step_N.pt`` that is no checkpoint of the
@@ -200,11 +254,22 @@ def not_run_content(path: Path) -> list[str]:
     run_id = marker_run_id(path)
     out = [f"{name} (not a run's {what})" for name, check, what in RUN_CONTENT
            if (path / name).is_file() and not (path / name).is_symlink() and not check(path / name, run_id)]
+    adapter = path / "adapter"  # campaign 35 O13b: a user's notes written into the adapter's README.md
+    if adapter.is_dir() and not adapter.is_symlink():
+        out += [f"adapter/{name} (not peft's {what})" for name, check, what in ADAPTER_CONTENT
+                if (adapter / name).is_file() and not (adapter / name).is_symlink() and not check(adapter / name)]
+    owner = ANY_RUN if _marker(path) is None else run_id  # the marker gone: any run's checkpoint of the step
     folder = path / "checkpoints"
     if folder.is_dir() and not folder.is_symlink():
         out += [f"checkpoints/{p.name} (not a checkpoint of this run)" for p in sorted(folder.glob("step_*.pt"))
                 if p.is_file() and not p.is_symlink() and p.stat().st_size > 0
-                and not is_own_checkpoint(p, ANY_RUN if _marker(path) is None else run_id)]
+                and not is_own_checkpoint(p, owner)]
+        for d in sorted(folder.glob("step_*.dcp*")):  # campaign 35 O38: a user's archive as a sharded one's extra.pt
+            n = re.fullmatch(r"step_(\d+)\.dcp(\.tmp|\.old)?", d.name)
+            extra = d / "extra.pt"
+            if n and d.is_dir() and not d.is_symlink() and extra.is_file() and not extra.is_symlink() \
+                    and not is_own_checkpoint(extra, owner, step=int(n[1])):
+                out.append(f"checkpoints/{d.name}/extra.pt (not a checkpoint of this run)")
         latest = folder / "latest"  # campaign 33 W2: a user's notes saved as checkpoints/latest
         if latest.is_file() and not latest.is_symlink() and not _is_latest_pointer(latest):
             out.append("checkpoints/latest (not the name of a checkpoint)")
