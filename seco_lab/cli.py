@@ -353,14 +353,22 @@ def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
 def draw_curve(run_dir: str) -> bool:
     """``RUN_DIR/loss.png`` after a run (True once drawn); metrics it cannot draw (edited or damaged meanwhile) are
     a warning, not an error: the run itself trained and checkpointed."""
+    from .folder_lock import FolderBusy, hold_lock, release_lock
     from .report.runs import plot_run
     from .training.run_checks import marker_run_id
 
+    try:  # the trainer has let the folder go: drawn under its lock again, so a trainer that took the folder
+        lock = hold_lock(Path(run_dir), "trainer", "the curve is left to it")  # meanwhile is not drawn into
+    except (FolderBusy, OSError) as e:  # (campaign 35 M10)
+        print(f"seco-lab train: warning: the loss curve was not drawn: {e}", file=sys.stderr)
+        return False
     try:
         plot_run(run_dir, marker_run_id(Path(run_dir)))
     except (ValueError, OSError) as e:
         print(f"seco-lab train: warning: the loss curve was not drawn: {e}", file=sys.stderr)
         return False
+    finally:
+        release_lock(lock)
     return True
 
 

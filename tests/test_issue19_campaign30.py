@@ -1122,3 +1122,44 @@ def test_campaign35_overwrite_keeps_a_users_files_under_the_adapter_and_sharded_
     err = capsys.readouterr().err
     assert f"{name} (not" in err, err
     assert path.read_bytes() == content
+
+
+def test_campaign35_a_replaced_run_that_cannot_be_emptied_is_said_and_the_new_run_trains(r2, tmp_path, capsys,
+                                                                                          monkeypatch):
+    """Campaign 35 O24: an immutable config.json under --overwrite gave "error: .u.replaced-nl7j22zj/u/config.json:
+    Operation not permitted" (a hidden folder named, no way out) and left a new run folder holding only its marker."""
+    import errno
+
+    from helpers import FAST, copy_run
+
+    import seco_lab.training.run_dir as run_dir
+    from seco_lab.cli import main
+
+    run = copy_run(r2, tmp_path / "u")
+
+    def refused(path, tree):
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(path / "config.json"))
+
+    monkeypatch.setattr(run_dir, "remove_own", refused)
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="the replaced run's files could not all be removed"):
+        assert main(["train", *FAST, "--run-dir", str(run), "--overwrite"]) == 0
+    assert [r["step"] for r in run_dir.read_metrics(run)][-1] == 2
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith(".u.replaced-")]
+    assert len(aside) == 1 and (aside[0] / "u" / "config.json").is_file()
+
+
+def test_campaign35_the_curve_is_not_drawn_into_a_folder_another_trainer_holds(r2, tmp_path, capsys):
+    """Campaign 35 M10 (observation): the trainer lets the run folder go before the curve is drawn; a trainer that
+    took the folder meanwhile would have had this run's curve drawn into it.  The curve is drawn under the lock."""
+    from helpers import copy_run
+
+    from seco_lab.cli import draw_curve
+    from seco_lab.folder_lock import locked
+
+    run = copy_run(r2, tmp_path / "r")
+    (run / "loss.png").unlink()
+    with locked(run, "trainer", "wait"):
+        assert draw_curve(str(run)) is False
+    assert "the loss curve was not drawn" in capsys.readouterr().err and not (run / "loss.png").exists()
+    assert draw_curve(str(run)) is True and (run / "loss.png").is_file()

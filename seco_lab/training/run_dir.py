@@ -161,7 +161,14 @@ class RunDir:
         self._lock_file = None
         self._lock()
         release_lock(old_lock)
-        left = remove_own(aside / name, run_tree(aside / name))
+        try:
+            left = remove_own(aside / name, run_tree(aside / name))
+        except OSError as e:  # campaign 35 O24: an immutable or read-only file of the old run (the new one is in
+            # place: it trains; what is left of the old one is said, never a hidden folder named as the error)
+            warnings.warn(f"the replaced run's files could not all be removed ({e.filename or aside / name}: "
+                          f"{e.strerror or e}); what is left of it stays in {aside / name}: remove it yourself once "
+                          "it can be", stacklevel=3)
+            return
         if left:
             warnings.warn(f"the replaced run's folder {aside / name} kept files seco-lab did not write: "
                           f"{', '.join(str(p) for p in left[:5])}", stacklevel=3)
