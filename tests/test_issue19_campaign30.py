@@ -1163,3 +1163,57 @@ def test_campaign35_the_curve_is_not_drawn_into_a_folder_another_trainer_holds(r
         assert draw_curve(str(run)) is False
     assert "the loss curve was not drawn" in capsys.readouterr().err and not (run / "loss.png").exists()
     assert draw_curve(str(run)) is True and (run / "loss.png").is_file()
+
+
+def test_campaign36_the_hf_trainer_takes_gpt2_whose_loss_type_is_none(tmp_path):
+    """Campaign 36 V5: SeCOTrainer refused a GPT2LMHeadModel (dropout 0) as "a model whose loss is not the causal-LM
+    cross-entropy (loss_type None)": transformers' Trainer goes by loss_type, but GPT-2's forward computes
+    ForCausalLMLoss.  It now trains, and its SGD steps equal the stock Trainer's (float64 loss)."""
+    import copy
+
+    import transformers
+    from datasets import Dataset
+    from trainer_case import float64_causal_loss
+
+    from seco_lab.integrations.transformers import SeCOArguments, SeCOTrainer
+
+    torch.manual_seed(0)
+    base = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=64, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0,
+        n_positions=64)).double()
+    ids = torch.randint(0, 64, (4, 32)).tolist()
+
+    def train(cls, name, **kw):
+        model = copy.deepcopy(base)
+        if cls is transformers.Trainer:
+            model.loss_function = float64_causal_loss  # transformers' own casts the logits to float32
+        args = transformers.TrainingArguments(output_dir=str(tmp_path / name), per_device_train_batch_size=2,
+                                              max_steps=2, use_cpu=True, report_to=[], save_strategy="no",
+                                              optim="sgd", learning_rate=0.1, gradient_accumulation_steps=2)
+        cls(model=model, args=args, train_dataset=Dataset.from_dict({"input_ids": ids, "labels": ids}), **kw).train()
+        return {n: p.detach() for n, p in model.named_parameters()}
+
+    stock = train(transformers.Trainer, "stock")
+    seco = train(SeCOTrainer, "seco", seco_args=SeCOArguments(chunk_size=8))
+    start = dict(base.named_parameters())
+    error = sum(float(((seco[n] - stock[n]) ** 2).sum()) for n in stock) ** 0.5
+    moved = sum(float(((stock[n] - start[n]) ** 2).sum()) for n in stock) ** 0.5
+    assert error / moved < 1e-10
+
+
+@pytest.mark.parametrize("where, name, value", [
+    ("config", "denoise_steps", 10), ("config", "jitter_seed", 42), ("module", "noise_level", 0.5)])
+def test_campaign36_fields_that_only_mention_noise_do_not_refuse_a_deterministic_model(where, name, value):
+    """Campaign 36 Z1 (misleading): a deterministic Llama whose config held denoise_steps=10 or jitter_seed=42, or a
+    module an unused noise_level=0.5, was refused as drawing noise; it trains, exact."""
+    from seco_lab import dense_grad, flatten, seco_grad
+    from seco_lab.models.hf import HFChunkModel
+
+    base = _tiny_llama().double().train()
+    setattr(base.config if where == "config" else base.model, name, value)
+    model = HFChunkModel(base)
+    assert model.deterministic
+    x = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
+    _, dense = dense_grad(model, x, x)
+    _, seco = seco_grad(model, x, x, 8)
+    assert float((flatten(seco) - flatten(dense)).norm() / flatten(dense).norm()) < 1e-13

@@ -130,9 +130,12 @@ class SeCOTrainerMixin:
             size = getattr(self, name, lambda: 1)()
             if size > 1:
                 reasons.append(f"{name[4:6]} parallelism of size {size} (it splits the sequence or the layers)")
-        if getattr(self, "_loss_shifts_labels", True) is False:
+        inner = self.accelerator.unwrap_model(self.model)
+        inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+        if getattr(self, "_loss_shifts_labels", True) is False and not self._seco_causal_lm_loss(inner):
+            # the Trainer goes by loss_type; GPT-2's is None and its loss transformers' causal-LM one (campaign 36 V5)
             reasons.append("a model whose loss is not the causal-LM cross-entropy (loss_type "
-                           f"{getattr(self.accelerator.unwrap_model(self.model), 'loss_type', None)!r})")
+                           f"{getattr(inner, 'loss_type', None)!r}: the engine computes that cross-entropy)")
         text = self.accelerator.unwrap_model(self.model).config
         text = text.get_text_config(decoder=True) if hasattr(text, "get_text_config") else text
         if getattr(text, "output_router_logits", False) and (getattr(text, "router_aux_loss_coef", 0) or 0) > 0:
@@ -141,6 +144,18 @@ class SeCOTrainerMixin:
                            "set model.config.output_router_logits = False, or router_aux_loss_coef = 0)")
         if reasons:
             raise ValueError("SeCOTrainer cannot train with " + "; ".join(reasons))
+
+    @staticmethod
+    def _seco_causal_lm_loss(model) -> bool:
+        """The model's forward computes transformers' causal-LM cross-entropy (``ForCausalLMLoss``), decoder-only."""
+        from transformers.loss.loss_utils import ForCausalLMLoss
+
+        if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+            return False
+        try:
+            return model.loss_function is ForCausalLMLoss
+        except (AttributeError, KeyError):
+            return False
 
     @staticmethod
     def _seco_ddp_types():

@@ -168,13 +168,17 @@ class _KeepFloat64(torch.overrides.TorchFunctionMode):
 #: Falcon's ``hidden_dropout``, no ``nn.Dropout`` module to find), layers skipped at random (OPT's ``layerdrop``) and
 #: noise (Mixtral's ``router_jitter_noise``, PhiMoE's ``input_jitter_noise``); the heads a causal LM does not run
 #: (``summary_*``, ``classifier_*``) aside
-_RANDOM_FIELD = re.compile(r"dropout|pdrop|layerdrop|jitter|noise")
+_RANDOM_FIELD = re.compile(r"dropout|pdrop|layerdrop|jitter_noise|jitter_eps")
 _UNUSED_HEADS = ("summary_", "classifier_")
 
 
 def _random_values(items) -> dict[str, float]:
+    """The dropout probabilities and jitter magnitudes among ``items`` (name, value): a name of
+    :data:`_RANDOM_FIELD` and a value in (0, 1] -- a field merely mentioning noise (``denoise_steps=10``,
+    ``jitter_seed``: campaign 36 Z1) is not one; randomness a name does not show is found by the first training
+    forward (:class:`_NoRandomness`)."""
     return {k: v for k, v in items if isinstance(k, str) and _RANDOM_FIELD.search(k) and not k.startswith(_UNUSED_HEADS)
-            and isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0}
+            and isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 < v <= 1}
 
 
 def random_fields(config) -> dict[str, float]:
