@@ -1094,7 +1094,8 @@ def test_campaign35_overwrite_takes_only_a_runs_own_records_for_its_metrics(r2, 
     assert (run / "metrics.jsonl").read_text() == "\n".join(records) + "\n"
 
 
-@pytest.mark.parametrize("name", ["adapter/README.md", "checkpoints/step_000005.dcp/extra.pt"])
+@pytest.mark.parametrize("name", ["adapter/README.md", "checkpoints/step_000005.dcp/extra.pt",
+                                  "adapter/adapter_model.safetensors"])
 def test_campaign35_overwrite_keeps_a_users_files_under_the_adapter_and_sharded_names(tmp_path, capsys, name):
     """Campaign 35 O13b, O38 (data loss, arguable): a user's notes written into a LoRA run's adapter/README.md, or a
     user's torch.save archive as checkpoints/step_000005.dcp/extra.pt, were deleted by --overwrite; the run's own
@@ -1114,6 +1115,10 @@ def test_campaign35_overwrite_keeps_a_users_files_under_the_adapter_and_sharded_
     path.parent.mkdir(exist_ok=True)
     if name.endswith(".md"):
         path.write_text("# my notes on this adapter\n")
+    elif name.endswith(".safetensors"):  # campaign 36 Y6g: a user's own safetensors file
+        from safetensors.torch import save_file
+
+        save_file({"my_embedding": torch.ones(3)}, str(path))
     else:
         torch.save({"my_weights": torch.ones(3)}, path)
     content = path.read_bytes()

@@ -234,16 +234,32 @@ def _is_peft_config(path: Path) -> bool:
     return isinstance(d, dict) and isinstance(d.get("peft_type"), str)
 
 
-def _is_safetensors(path: Path) -> bool:
-    """A safetensors file: an 8-byte little-endian header length, then the JSON header."""
-    head = _head(path, 9)
-    return len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= path.stat().st_size
+def _is_lora_safetensors(path: Path) -> bool:
+    """peft's LoRA weights in safetensors: an 8-byte little-endian header length, then a JSON header whose every
+    tensor is a LoRA factor (``...lora_A...``, ``...lora_B...``): another safetensors file is a user's (campaign 36
+    Y6g)."""
+    import json
+
+    head = _head(path, 8)
+    if len(head) < 8:
+        return False
+    size = int.from_bytes(head, "little")
+    if not 2 <= size <= min(path.stat().st_size - 8, 64 << 20):
+        return False
+    try:
+        with open(path, "rb") as f:
+            f.seek(8)
+            header = json.loads(f.read(size))
+    except (OSError, ValueError, RecursionError):
+        return False
+    names = [k for k in header if k != "__metadata__"] if isinstance(header, dict) else []
+    return bool(names) and all("lora_" in k for k in names)
 
 
 #: what peft writes into a LoRA run's ``adapter/`` (``save_lora_adapter``): a user's file of one of these names is
 #: kept (``adapter_model.bin``, torch's archive, is judged by its name only)
 ADAPTER_CONTENT = (("README.md", _is_peft_card, "model card"), ("adapter_config.json", _is_peft_config, "config"),
-                   ("adapter_model.safetensors", _is_safetensors, "weights"))
+                   ("adapter_model.safetensors", _is_lora_safetensors, "LoRA weights"))
 
 
 def not_run_content(path: Path) -> list[str]:
