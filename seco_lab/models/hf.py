@@ -370,8 +370,7 @@ class HFChunkModel(nn.Module):
 
     @property
     def deterministic(self) -> bool:
-        if not any(m.training for m in self.model.modules()):  # the wrapped model's own modes decide (campaign 33
-            return True  # W6: the wrapper in eval mode, the model put back in training mode, dropout active)
+        """No randomness in the forward (:attr:`randomness`; the wrapped model's own modes decide, campaign 33 W6)."""
         return self.randomness is None
 
     @property
