@@ -1100,14 +1100,9 @@ def test_campaign35_overwrite_keeps_a_users_files_under_the_adapter_and_sharded_
     """Campaign 35 O13b, O38 (data loss, arguable): a user's notes written into a LoRA run's adapter/README.md, or a
     user's torch.save archive as checkpoints/step_000005.dcp/extra.pt, were deleted by --overwrite; the run's own
     adapter (peft's card, config and weights) is still replaced."""
-    from helpers import FAST
-
     from seco_lab.cli import main
 
-    lora = [*FAST[:FAST.index("--d-model")], "--hf-model", "llama", "--hf-override", "hidden_size=32",
-            "--hf-override", "num_hidden_layers=1",
-            "--hf-override", "num_attention_heads=4", "--hf-override", "num_key_value_heads=4",
-            "--hf-override", "intermediate_size=64", "--lora"]
+    lora = _lora_flags()
     run = tmp_path / "r"
     assert main(["train", *lora, "--run-dir", str(run)]) == 0
     assert main(["train", *lora, "--run-dir", str(run), "--overwrite"]) == 0  # its own adapter files
@@ -1222,3 +1217,74 @@ def test_campaign36_fields_that_only_mention_noise_do_not_refuse_a_deterministic
     _, dense = dense_grad(model, x, x)
     _, seco = seco_grad(model, x, x, 8)
     assert float((flatten(seco) - flatten(dense)).norm() / flatten(dense).norm()) < 1e-13
+
+
+def _lora_flags(*extra):
+    from helpers import FAST
+
+    return [*FAST[:FAST.index("--d-model")], "--hf-model", "llama", "--hf-override", "hidden_size=32",
+            "--hf-override", "num_hidden_layers=1", "--hf-override", "num_attention_heads=4",
+            "--hf-override", "num_key_value_heads=4", "--hf-override", "intermediate_size=64", "--lora", *extra]
+
+
+def _crafted_header(path):
+    """Campaign 36 Y6l: a user's notes behind an 8-byte length and a JSON header that names LoRA tensors."""
+    import json
+
+    header = json.dumps({"base_model.model.q.lora_A.weight": {"dtype": "F32", "shape": [4, 32],
+                                                              "data_offsets": [0, 512]},
+                         "base_model.model.q.lora_B.weight": {"dtype": "F32", "shape": [32, 4],
+                                                              "data_offsets": [512, 1024]}}).encode()
+    path.write_bytes(len(header).to_bytes(8, "little") + header + b"my notes, not tensors\n")
+
+
+def _other_rank(path):
+    """A user's LoRA factors of rank 3 beside a peft config of rank 4."""
+    from safetensors.torch import save_file
+
+    save_file({"base_model.model.q.lora_A.weight": torch.ones(3, 32),
+               "base_model.model.q.lora_B.weight": torch.ones(32, 3)}, str(path))
+
+
+@pytest.mark.parametrize("name, write, says", [
+    ("adapter_model.bin", lambda p: p.write_text("my notes\n"), "adapter/adapter_model.bin"),
+    ("adapter_model.bin", lambda p: torch.save({"base_model.model.q.lora_A.weight": torch.ones(4, 32)}, p),
+     "adapter/adapter_model.bin"),
+    ("adapter_model.safetensors", _crafted_header, "adapter/adapter_model.safetensors (not peft's LoRA weights)"),
+    ("adapter_model.safetensors", _other_rank, "adapter/adapter_model.safetensors (not peft's LoRA weights)"),
+])
+def test_campaign36_overwrite_keeps_a_users_file_under_the_adapters_weight_names(tmp_path, capsys, name, write,
+                                                                                  says):
+    """Campaign 36 Y6k, Y6l (data loss, arguable): a user's file kept as adapter/adapter_model.bin (judged by its name:
+    peft writes safetensors only, so a .bin is never the run's) or as adapter_model.safetensors behind a crafted
+    header, or LoRA factors of another rank than the adapter's config, was deleted by --overwrite."""
+    from seco_lab.cli import main
+
+    run = tmp_path / "r"
+    assert main(["train", *_lora_flags(), "--run-dir", str(run)]) == 0
+    path = run / "adapter" / name
+    write(path)
+    content = path.read_bytes()
+    capsys.readouterr()
+    assert main(["train", *_lora_flags(), "--run-dir", str(run), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert says in err, err
+    assert path.read_bytes() == content
+
+
+def test_campaign36_overwrite_replaces_its_own_adapter_of_an_embedding_and_an_output_head(tmp_path, capsys):
+    """peft saves the base weight of an adapted embedding or output head beside its factors
+    (``...embed_tokens.base_layer.weight``): the run's own adapter of ``--lora-targets embed_tokens,lm_head,q_proj``
+    is its own, replaced by --overwrite (the check of campaign 36 Y6g took it for a user's file)."""
+    from safetensors import safe_open
+
+    from seco_lab.cli import main
+
+    flags = _lora_flags("--lora-targets", "embed_tokens,lm_head,q_proj", "--lora-r", "2")
+    run = tmp_path / "r"
+    assert main(["train", *flags, "--run-dir", str(run)]) == 0
+    with safe_open(str(run / "adapter" / "adapter_model.safetensors"), framework="numpy") as f:
+        assert {"base_model.model.model.embed_tokens.base_layer.weight",
+                "base_model.model.lm_head.base_layer.weight"} <= set(f.keys())
+    capsys.readouterr()
+    assert main(["train", *flags, "--run-dir", str(run), "--overwrite"]) == 0, capsys.readouterr().err

@@ -29,7 +29,7 @@ RUN_TREE = {
     r"config\.json(\.seco-tmp\d+)?": FILE, r"metrics\.jsonl(\.seco-tmp\d+)?": FILE, r"loss\.png(\.seco-tmp\d+)?": FILE,
     re.escape(LOCK_NAME): FILE, re.escape(MARKER_NAME) + r"(\.seco-tmp\d+)?": FILE, "checkpoints": CHECKPOINTS_TREE,
     "tensorboard": {r"events\.out\.tfevents\..+": FILE},
-    "adapter": {r"adapter_config\.json": FILE, r"adapter_model\.(safetensors|bin)": FILE, r"README\.md": FILE},
+    "adapter": {r"adapter_config\.json": FILE, r"adapter_model\.safetensors": FILE, r"README\.md": FILE},
 }
 
 
@@ -234,30 +234,56 @@ def _is_peft_config(path: Path) -> bool:
     return isinstance(d, dict) and isinstance(d.get("peft_type"), str)
 
 
-def _is_lora_safetensors(path: Path) -> bool:
-    """peft's LoRA weights in safetensors: an 8-byte little-endian header length, then a JSON header whose every
-    tensor is a LoRA factor (``...lora_A...``, ``...lora_B...``): another safetensors file is a user's (campaign 36
-    Y6g)."""
-    import json
+#: a tensor peft's ``save_pretrained`` writes for a LoRA adapter: a factor of a module (``lora_A``/``lora_B`` of a
+#: linear layer, ``lora_embedding_A``/``_B`` of an embedding) or, with ``save_embedding_layers``, the base weight of an
+#: adapted embedding or output head (``...embed_tokens.base_layer.weight``)
+_LORA_TENSOR = re.compile(r"base_model\.model\.(?P<module>.+)\."
+                          r"(?P<part>lora_A\.weight|lora_B\.weight|lora_embedding_A|lora_embedding_B|base_layer\.weight)")
 
-    head = _head(path, 8)
-    if len(head) < 8:
-        return False
-    size = int.from_bytes(head, "little")
-    if not 2 <= size <= min(path.stat().st_size - 8, 64 << 20):
-        return False
+
+def _adapter_rank(folder: Path) -> int | None:
+    """The LoRA rank ``r`` the peft config beside the weights records (None where it records none, or ranks per
+    module)."""
     try:
-        with open(path, "rb") as f:
-            f.seek(8)
-            header = json.loads(f.read(size))
+        d = read_json(folder / "adapter_config.json", "adapter config", CONFIG_MAX_BYTES)
     except (OSError, ValueError, RecursionError):
+        return None
+    r = d.get("r") if isinstance(d, dict) and not d.get("rank_pattern") else None
+    return r if type(r) is int and r >= 1 else None
+
+
+def _is_lora_safetensors(path: Path) -> bool:
+    """peft's LoRA weights in safetensors: a file safetensors itself reads (a header whose tensors fill the file
+    exactly: campaign 36 Y6l, a user's notes behind a crafted header), every tensor one peft writes for a LoRA adapter
+    (:data:`_LORA_TENSOR`; campaign 36 Y6g, a user's own tensors), each adapted module with both factors, of one
+    rank, the rank of ``adapter_config.json`` where it records one, and a base weight only of an adapted module."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception:  # safetensors raises its own error (and OSError, ValueError) for a file it cannot read
         return False
-    names = [k for k in header if k != "__metadata__"] if isinstance(header, dict) else []
-    return bool(names) and all("lora_" in k for k in names)
+    parts = {}
+    for name, shape in shapes.items():
+        m = _LORA_TENSOR.fullmatch(name)
+        if m is None or len(shape) != 2:
+            return False
+        parts.setdefault(m["module"], {})[m["part"].removesuffix(".weight")] = shape
+    ranks = set()
+    for module in parts.values():
+        factors = {k for k in module if k != "base_layer"}
+        if factors not in ({"lora_A", "lora_B"}, {"lora_embedding_A", "lora_embedding_B"}):
+            return False
+        a, b = (module[k] for k in sorted(factors))
+        ranks |= {a[0], b[1]}
+    rank = _adapter_rank(path.parent)
+    return len(ranks) == 1 and (rank is None or ranks == {rank})
 
 
 #: what peft writes into a LoRA run's ``adapter/`` (``save_lora_adapter``): a user's file of one of these names is
-#: kept (``adapter_model.bin``, torch's archive, is judged by its name only)
+#: kept.  peft writes its weights as safetensors only (``safe_serialization``), so an ``adapter_model.bin`` is never a
+#: run's (:data:`RUN_TREE` leaves it out; campaign 36 Y6k)
 ADAPTER_CONTENT = (("README.md", _is_peft_card, "model card"), ("adapter_config.json", _is_peft_config, "config"),
                    ("adapter_model.safetensors", _is_lora_safetensors, "LoRA weights"))
 
