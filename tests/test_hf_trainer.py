@@ -11,6 +11,8 @@ import torch
 from trainer_case import (
     VOCAB,
     displacement_error,
+    float64_causal_loss,
+    for_seco,
     make_trainer,
     pad_collate,
     padded_examples,
@@ -48,8 +50,9 @@ def test_seco_trainer_equals_stock_trainer(tmp_path, lora):
     for a, b in zip(seco_logs, logs):
         assert a["loss"] == pytest.approx(b["loss"], rel=TOL)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=TOL)
-    # evaluation is the Trainer's own full-sequence forward, on the trained weights
+    # evaluation is the Trainer's own full-sequence forward, on the trained weights (with the stock run's float64 loss)
     held_out = padded_examples(4, seed=9)
+    (seco.model.get_base_model() if lora else seco.model).loss_function = float64_causal_loss
     assert seco.evaluate(held_out)["eval_loss"] == pytest.approx(stock.evaluate(held_out)["eval_loss"], rel=TOL)
 
 
@@ -227,7 +230,8 @@ def test_mixin_composes_with_trl_sft_trainer(tmp_path):
                          max_steps=3, learning_rate=1e-2, max_grad_norm=0.05, lr_scheduler_type="constant",
                          use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True, seed=0, bf16=False,
                          activation_checkpointing=False)  # SFTConfig turns it on; SeCO refuses it
-        trainer = cls(model=tiny_llama(), args=args, train_dataset=rows, processing_class=word_tokenizer(), **extra)
+        model = for_seco(tiny_llama()) if extra else tiny_llama()
+        trainer = cls(model=model, args=args, train_dataset=rows, processing_class=word_tokenizer(), **extra)
         before = trainable_state(trainer.model)
         trainer.train()
         states[name] = (trainable_state(trainer.model), before)

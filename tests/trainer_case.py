@@ -84,7 +84,15 @@ def make_trainer(out, seco: SeCOArguments | None = None, lora: bool = False, exa
     model = model if model is not None else tiny_llama(lora=lora)
     kw = dict(model=model, args=training_args(out, **overrides), train_dataset=examples or padded_examples(),
               data_collator=pad_collate, callbacks=callbacks)
-    return Trainer(**kw) if seco is None else SeCOTrainer(seco_args=seco, **kw)
+    return Trainer(**kw) if seco is None else SeCOTrainer(seco_args=seco, **{**kw, "model": for_seco(model)})
+
+
+def for_seco(model):
+    """``model`` without the float64 loss function :func:`tiny_llama` sets for the stock Trainer: SeCOTrainer
+    refuses a loss function it would not call, and computes the cross-entropy in the model's dtype itself."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.__dict__.pop("_loss_function", None)
+    return model
 
 
 def trainable_state(model) -> dict[str, torch.Tensor]:

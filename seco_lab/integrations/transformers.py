@@ -132,10 +132,16 @@ class SeCOTrainerMixin:
                 reasons.append(f"{name[4:6]} parallelism of size {size} (it splits the sequence or the layers)")
         inner = self.accelerator.unwrap_model(self.model)
         inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-        if getattr(self, "_loss_shifts_labels", True) is False and not self._seco_causal_lm_loss(inner):
-            # the Trainer goes by loss_type; GPT-2's is None and its loss transformers' causal-LM one (campaign 36 V5)
-            reasons.append("a model whose loss is not the causal-LM cross-entropy (loss_type "
-                           f"{getattr(inner, 'loss_type', None)!r}: the engine computes that cross-entropy)")
+        if not self._seco_causal_lm_loss(inner):
+            # by the loss the forward computes, not the Trainer's loss_type: GPT-2's is None and its loss transformers'
+            # causal-LM one (campaign 36 V5); a loss_function set on the model is not (campaign 37 A4)
+            own, loss_type = getattr(inner, "_loss_function", None), getattr(inner, "loss_type", None)
+            reasons.append(
+                f"a loss_function set on the model ({getattr(own, '__name__', type(own).__name__)}), which the engine "
+                "would not call: it computes transformers' causal-LM cross-entropy itself (remove it with "
+                "del model._loss_function, or train that loss with the stock Trainer)" if own is not None else
+                f"a model whose loss is not the causal-LM cross-entropy (loss_type {loss_type!r}: the engine computes "
+                "that cross-entropy)")
         text = self.accelerator.unwrap_model(self.model).config
         text = text.get_text_config(decoder=True) if hasattr(text, "get_text_config") else text
         if getattr(text, "output_router_logits", False) and (getattr(text, "router_aux_loss_coef", 0) or 0) > 0:

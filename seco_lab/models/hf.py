@@ -172,13 +172,26 @@ _RANDOM_FIELD = re.compile(r"dropout|pdrop|layerdrop|jitter_noise|jitter_eps")
 _UNUSED_HEADS = ("summary_", "classifier_")
 
 
+def _number(value) -> float | None:
+    """``value`` as a float where it is a real number (a Python or numpy scalar, a one-element tensor), else None."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_complex:
+        value = value.item()
+    return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
+
+
 def _random_values(items) -> dict[str, float]:
     """The dropout probabilities and jitter magnitudes among ``items`` (name, value): a name of
-    :data:`_RANDOM_FIELD` and a value in (0, 1] -- a field merely mentioning noise (``denoise_steps=10``,
-    ``jitter_seed``: campaign 36 Z1) is not one; randomness a name does not show is found by the first training
-    forward (:class:`_NoRandomness`)."""
-    return {k: v for k, v in items if isinstance(k, str) and _RANDOM_FIELD.search(k) and not k.startswith(_UNUSED_HEADS)
-            and isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 < v <= 1}
+    :data:`_RANDOM_FIELD` and a dropout probability in (0, 1] or a jitter magnitude above 0 (campaign 37 A3: a
+    ``jitter_noise`` of 2, or a tensor, draws noise too), read from a number or a one-element tensor -- a field merely
+    mentioning noise (``denoise_steps=10``, ``jitter_seed``: campaign 36 Z1) is not one; randomness a name does not
+    show is found by the first training forward (:class:`_NoRandomness`)."""
+    out = {}
+    for k, v in items:
+        if isinstance(k, str) and _RANDOM_FIELD.search(k) and not k.startswith(_UNUSED_HEADS):
+            x = _number(v)
+            if x is not None and 0 < x and (x <= 1 or "jitter" in k):
+                out[k] = v if isinstance(v, numbers.Real) else x  # as written; a tensor as its number
+    return out
 
 
 def random_fields(config) -> dict[str, float]:
@@ -919,7 +932,9 @@ def add_lora(model: nn.Module, r: int = 8, alpha: int = 16, targets=("q_proj", "
                      task_type="CAUSAL_LM", init_lora_weights=init_lora_weights)
     with warnings.catch_warnings():  # peft reads transformers' deprecated alias: a FutureWarning per model
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-        return get_peft_model(model, cfg)
+        # peft keeps the adapters of a float16/bfloat16 model in float32 by default: one model of two dtypes, which
+        # the chunk engine refuses (campaign 37 A2); the adapters take the dtype of the layers they wrap
+        return get_peft_model(model, cfg, autocast_adapter_dtype=False)
 
 
 def wrapped_lm(model) -> nn.Module | None:

@@ -13,8 +13,8 @@ from ..store import CONFIG_MAX_BYTES, protected_paths, read_json
 from .checkpoint_archive import ANY_RUN, is_own_checkpoint
 
 __all__ = ["CHECKPOINTS_TREE", "DCP_TREE", "FILE", "MARKER_NAME", "RUN_TREE", "RunDirError", "check_path_given",
-           "checkpoint_steps", "orphan_checkpoints",
-           "check_replaceable", "check_usable", "foreign_entries", "is_run", "remove_own", "run_contents", "run_tree"]
+           "check_replaceable", "check_usable", "checkpoint_steps", "foreign_entries", "is_run", "not_peft_adapter",
+           "not_run_file", "orphan_checkpoints", "remove_own", "run_contents", "run_tree"]
 
 MARKER_NAME = ".seco-lab-run"
 
@@ -192,24 +192,22 @@ def _is_run_png(path: Path, run_id: str | None) -> bool:
 
 def _marker(path: Path) -> dict | None:
     """The JSON object of the run folder ``path``'s marker; None where it is missing or unreadable."""
+    return _marker_record(Path(path) / MARKER_NAME)
+
+
+def _marker_record(file: Path) -> dict | None:
+    """The JSON object of the marker file ``file`` (``{"tool": "seco-lab", ...}``); None where it is not one."""
     try:
-        record = read_json(Path(path) / MARKER_NAME, "run marker", 4096)  # a FIFO or a folder is never read
+        record = read_json(file, "run marker", 4096)  # a FIFO or a folder is never read
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return None
-    return record if isinstance(record, dict) else None
+    return record if isinstance(record, dict) and record.get("tool") == "seco-lab" else None
 
 
 def marker_run_id(path: Path) -> str | None:
     """The run id the marker of the run folder ``path`` records (None where it records none or is unreadable)."""
     run_id = (_marker(path) or {}).get("run_id")
     return run_id if isinstance(run_id, str) and re.fullmatch(r"[0-9a-f]{16}", run_id) else None
-
-
-#: what a run's own file of each name holds (campaign 32 V5: a user's own config.json and metrics.jsonl in a folder
-#: that still had a run's marker were replaced by --overwrite)
-RUN_CONTENT = (("config.json", lambda p, run_id: _is_run_config(p), "config"),
-               ("metrics.jsonl", lambda p, run_id: _is_metrics_log(p), "metrics log"),
-               ("loss.png", _is_run_png, "loss curve"))
 
 
 def _head(path: Path, size: int) -> bytes:
@@ -241,6 +239,10 @@ _LORA_TENSOR = re.compile(r"base_model\.model\.(?P<module>.+)\."
                           r"(?P<part>lora_A\.weight|lora_B\.weight|lora_embedding_A|lora_embedding_B|base_layer\.weight)")
 
 
+#: the safetensors dtypes of a model's weights (a LoRA factor is one)
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+
+
 def _adapter_rank(folder: Path) -> int | None:
     """The LoRA rank ``r`` the peft config beside the weights records (None where it records none, or ranks per
     module)."""
@@ -254,20 +256,23 @@ def _adapter_rank(folder: Path) -> int | None:
 
 def _is_lora_safetensors(path: Path) -> bool:
     """peft's LoRA weights in safetensors: a file safetensors itself reads (a header whose tensors fill the file
-    exactly: campaign 36 Y6l, a user's notes behind a crafted header), every tensor one peft writes for a LoRA adapter
-    (:data:`_LORA_TENSOR`; campaign 36 Y6g, a user's own tensors), each adapted module with both factors, of one
-    rank, the rank of ``adapter_config.json`` where it records one, and a base weight only of an adapted module."""
+    exactly: campaign 36 Y6l, a user's notes behind a crafted header) with peft's metadata, every tensor one peft writes
+    for a LoRA adapter (:data:`_LORA_TENSOR`, 2-D, floating point; campaign 36 Y6g, a user's own tensors), each
+    adapted module with both factors, of one rank, the rank of ``adapter_config.json`` where it records one, and a base
+    weight only of an adapted module."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="numpy") as f:
-            shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+            if f.metadata() not in (None, {"format": "pt"}):  # what peft records; a note of the user's is not
+                return False
+            tensors = {k: (f.get_slice(k).get_dtype(), list(f.get_slice(k).get_shape())) for k in f.keys()}
     except Exception:  # safetensors raises its own error (and OSError, ValueError) for a file it cannot read
         return False
     parts = {}
-    for name, shape in shapes.items():
+    for name, (dtype, shape) in tensors.items():
         m = _LORA_TENSOR.fullmatch(name)
-        if m is None or len(shape) != 2:
+        if m is None or len(shape) != 2 or dtype not in _FLOAT_DTYPES:  # campaign 37 A1: a user's text as uint8
             return False
         parts.setdefault(m["module"], {})[m["part"].removesuffix(".weight")] = shape
     ranks = set()
@@ -288,34 +293,90 @@ ADAPTER_CONTENT = (("README.md", _is_peft_card, "model card"), ("adapter_config.
                    ("adapter_model.safetensors", _is_lora_safetensors, "LoRA weights"))
 
 
+#: the name a temporary file of :func:`seco_lab.store.atomic_write` becomes: ``NAME.seco-tmp<pid>`` -> ``NAME``
+_TEMPORARY = re.compile(r"(?P<name>.+)\.seco-tmp\d+")
+
+#: what a run's own file of each name holds, as ``(name regex relative to the run folder, check(file, run_id, owner,
+#: match), what it should be)``: campaign 32 V5 (a user's own config.json and metrics.jsonl in a folder that still had
+#: a run's marker were replaced by --overwrite), 33 W2 (``latest``), 34 X2 and 35 O38 (a user's ``torch.save`` or zip
+#: as a checkpoint or a sharded checkpoint's ``extra.pt``), 37 (a user's notes written into the marker)
+RUN_FILE_CONTENT = (
+    (r"config\.json", lambda f, run_id, owner, m: _is_run_config(f), "a run's config"),
+    (r"metrics\.jsonl", lambda f, run_id, owner, m: _is_metrics_log(f), "a run's metrics log"),
+    (r"loss\.png", lambda f, run_id, owner, m: _is_run_png(f, run_id), "a run's loss curve"),
+    (re.escape(MARKER_NAME), lambda f, run_id, owner, m: _marker_record(f) is not None, "a run's marker"),
+    (r"checkpoints/latest", lambda f, run_id, owner, m: _is_latest_pointer(f), "the name of a checkpoint"),
+    (r"checkpoints/step_(\d+)\.pt|checkpoints/step_(\d+)\.dcp(\.tmp|\.old)?/extra\.pt",
+     lambda f, run_id, owner, m: is_own_checkpoint(f, owner, step=int(m[1] or m[2])), "a checkpoint of this run"),
+)
+
+
+def _not_run_file(file: Path, name: str, run_id: str | None, owner) -> str | None:
+    """What ``file``, kept under the name ``name`` in a run folder, should hold where it does not hold it (judged by
+    :data:`RUN_FILE_CONTENT`; a temporary file ``NAME.seco-tmp<pid>`` as the ``NAME`` it was written for); None
+    where it does, or where the name's content is not checked (the lock, a sharded checkpoint's shards)."""
+    temporary = _TEMPORARY.fullmatch(name)
+    for pattern, check, what in RUN_FILE_CONTENT:
+        m = re.fullmatch(pattern, temporary["name"] if temporary else name)
+        if m is not None:
+            if check(file, run_id, owner, m):
+                return None
+            return what if not temporary else (f"a complete {m[0].rsplit('/', 1)[-1]} of this run: a write killed "
+                                               "half-way leaves such a file; delete it if that is what it is")
+    return None
+
+
+def not_run_file(path: Path, name: str) -> str | None:
+    """What the file ``name`` (relative to the run folder ``path``) should hold where it does not hold what a run
+    writes under that name (:func:`_not_run_file`); None for a run's file, an empty file (nothing to lose) or a name
+    whose content is not checked."""
+    file = Path(path) / name
+    if not file.is_file() or file.is_symlink() or file.stat().st_size == 0:
+        return None
+    return _not_run_file(file, name, marker_run_id(path), ANY_RUN if _marker(path) is None else marker_run_id(path))
+
+
 def not_run_content(path: Path) -> list[str]:
-    """The files of the run folder ``path`` that carry a run's name but not what a run writes there (a user's own
-    ``config.json``, ``metrics.jsonl`` or ``loss.png``; a ``checkpoints/step_N.pt`` that is no checkpoint of the
-    run: campaign 34 X2, a user's ``torch.save`` or zip under that name), each with what it should be:
-    ``--overwrite`` leaves such a folder alone."""
+    """The files of the run folder ``path`` that carry a run's name but not what a run writes there, each with what
+    it should be (:func:`_not_run_file`): ``--overwrite`` leaves such a folder alone.  Also a sharded checkpoint
+    folder without an ``extra.pt`` (campaign 37: a user's file as its ``__0_0.distcp``), a temporary file
+    ``NAME.seco-tmp<pid>`` not holding what ``NAME`` must (campaign 37: a user's notes under such a name), and the
+    adapter's files (:data:`ADAPTER_CONTENT`).  An empty file holds nothing to lose and a link is never followed."""
     run_id = marker_run_id(path)
-    out = [f"{name} (not a run's {what})" for name, check, what in RUN_CONTENT
-           if (path / name).is_file() and not (path / name).is_symlink() and not check(path / name, run_id)]
-    adapter = path / "adapter"  # campaign 35 O13b: a user's notes written into the adapter's README.md
-    if adapter.is_dir() and not adapter.is_symlink():
-        out += [f"adapter/{name} (not peft's {what})" for name, check, what in ADAPTER_CONTENT
-                if (adapter / name).is_file() and not (adapter / name).is_symlink() and not check(adapter / name)]
     owner = ANY_RUN if _marker(path) is None else run_id  # the marker gone: any run's checkpoint of the step
+    out = []
+
+    def judge(folder: Path, prefix: str = ""):
+        for file in sorted(folder.iterdir()):
+            if file.is_file() and not file.is_symlink() and file.stat().st_size > 0:
+                what = _not_run_file(file, prefix + file.name, run_id, owner)
+                if what is not None:
+                    out.append(f"{prefix}{file.name} (not {what})")
+
+    judge(path)
     folder = path / "checkpoints"
     if folder.is_dir() and not folder.is_symlink():
-        out += [f"checkpoints/{p.name} (not a checkpoint of this run)" for p in sorted(folder.glob("step_*.pt"))
-                if p.is_file() and not p.is_symlink() and p.stat().st_size > 0
-                and not is_own_checkpoint(p, owner)]
-        for d in sorted(folder.glob("step_*.dcp*")):  # campaign 35 O38: a user's archive as a sharded one's extra.pt
-            n = re.fullmatch(r"step_(\d+)\.dcp(\.tmp|\.old)?", d.name)
-            extra = d / "extra.pt"
-            if n and d.is_dir() and not d.is_symlink() and extra.is_file() and not extra.is_symlink() \
-                    and not is_own_checkpoint(extra, owner, step=int(n[1])):
-                out.append(f"checkpoints/{d.name}/extra.pt (not a checkpoint of this run)")
-        latest = folder / "latest"  # campaign 33 W2: a user's notes saved as checkpoints/latest
-        if latest.is_file() and not latest.is_symlink() and not _is_latest_pointer(latest):
-            out.append("checkpoints/latest (not the name of a checkpoint)")
-    return out
+        judge(folder, "checkpoints/")
+        for d in sorted(folder.glob("step_*.dcp*")):
+            if re.fullmatch(r"step_\d+\.dcp(\.tmp|\.old)?", d.name) and d.is_dir() and not d.is_symlink():
+                extra = d / "extra.pt"
+                if extra.is_file() and not extra.is_symlink():
+                    judge(d, f"checkpoints/{d.name}/")
+                elif any(p.is_file() and p.stat().st_size > 0 for p in d.iterdir()):  # no checkpoint of this run
+                    out.append(f"checkpoints/{d.name} (no extra.pt: not a sharded checkpoint of this run; a sharded "
+                               "save killed half-way leaves such a folder, delete it if that is what it is)")
+    return out + not_peft_adapter(path)
+
+
+def not_peft_adapter(path: Path) -> list[str]:
+    """The files under the run folder ``path``'s ``adapter/`` that carry the names peft writes but not what peft
+    writes (:data:`ADAPTER_CONTENT`), each with what it should be: ``--overwrite`` would delete them (campaign 35
+    O13b: a user's notes as the adapter's README.md) and a LoRA run's ``--resume`` write over them (campaign 37 A6)."""
+    adapter = Path(path) / "adapter"
+    if not adapter.is_dir() or adapter.is_symlink():
+        return []
+    return [f"adapter/{name} (not peft's {what})" for name, check, what in ADAPTER_CONTENT
+            if (adapter / name).is_file() and not (adapter / name).is_symlink() and not check(adapter / name)]
 
 
 def is_run(path: Path) -> bool:

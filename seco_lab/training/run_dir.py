@@ -52,6 +52,7 @@ from .run_checks import (  # noqa: F401 (re-export: defined here before)
     check_usable,
     foreign_entries,
     is_run,
+    not_run_file,
     remove_own,
     run_tree,
 )
@@ -138,12 +139,18 @@ class RunDir:
     def _clear_torn_writes(self) -> None:
         """Remove the temporary files a killed run left (``step_000016.pt.seco-tmp<pid>``, ``latest.seco-tmp<pid>``,
         ``config.json.seco-tmp<pid>``...): only names of :data:`RUN_TREE` ending in ``.seco-tmp<pid>``, regular
-        files, and only with the lock held, so no live writer owns them (campaign 22 N3)."""
+        files, and only with the lock held, so no live writer owns them (campaign 22 N3); and only those that hold
+        what a run writes under their name, or nothing: a file torn half-way, or a user's under such a name
+        (campaign 37), is kept with a warning."""
         for folder, tree in ((self.path, RUN_TREE), (self.checkpoints, CHECKPOINTS_TREE)):
             for p in folder.iterdir():
                 if (re.fullmatch(r".+\.seco-tmp\d+", p.name) and _match(p.name, tree) is FILE and p.is_file()
                         and not p.is_symlink()):
-                    p.unlink()
+                    what = not_run_file(self.path, p.relative_to(self.path).as_posix())
+                    if what is None:
+                        p.unlink()
+                    else:
+                        warnings.warn(f"kept {p}: it is not {what}", stacklevel=2)
 
     def _replace(self) -> None:
         """Swap in a fresh directory (built beside, then renamed) and remove the old run's own files.

@@ -71,6 +71,7 @@ from .experiment import (
 from .launch import catch_stop_signals, init_distributed_from_env
 from .metric_log import MetricLogger
 from .replicated import ReplicatedModel
+from .run_checks import not_peft_adapter
 from .run_dir import RunDir, RunDirError, check_usable, read_metrics
 from .sharding import ShardedModel
 from .step import chunk_grads, schedule_factor
@@ -204,6 +205,10 @@ class Trainer:
             raise RunDirError(f"--resume: the config differs from the run in {self.run_dir.path} in: "
                               + ", ".join(diff) + "; resume with the saved settings or start a new --run-dir")
         check_model_record(record, self.model, source)
+        foreign = not_peft_adapter(self.run_dir.path) if self.cfg.lora else []
+        if foreign:  # the adapter saved at the end would write over them (campaign 37 A6)
+            raise RunDirError(f"--resume: {self.run_dir.path} holds {', '.join(foreign)}, which this LoRA run writes "
+                              "its adapter over when it ends; move them out of its adapter/ folder first")
         state = load_newest_checkpoint(self.run_dir, self.model, self.opt, self.cfg, saved)
         if state is not None:
             check_corpus(state, self.data, self.cfg)
