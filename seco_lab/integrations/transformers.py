@@ -111,6 +111,11 @@ class SeCOTrainerMixin:
             reasons.append("label_smoothing_factor > 0 (the engine computes plain cross-entropy; set it to 0)")
         if self.compute_loss_func is not None:
             reasons.append("compute_loss_func (the engine computes the causal-LM cross-entropy itself)")
+        owner = next(c for c in type(self).__mro__ if "compute_loss" in vars(c))
+        if owner.__module__.split(".")[0] not in ("transformers", "trl", "seco_lab"):  # campaign 38 B4
+            reasons.append(f"compute_loss overridden in {owner.__qualname__} (the SeCO training step computes the "
+                           "causal-LM cross-entropy chunk by chunk and would not call it; train that loss with the "
+                           "stock Trainer)")
         if getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing:
             reasons.append("activation_checkpointing=True (a recomputed layer would update the chunk cache twice; "
                            "SeCO already keeps only one chunk's activations: set it to False)")

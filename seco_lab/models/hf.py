@@ -167,8 +167,10 @@ class _KeepFloat64(torch.overrides.TorchFunctionMode):
 #: function (``F.dropout(h, p=config.hidden_dropout, training=self.training)``: OPT's ``dropout``, Bloom's and
 #: Falcon's ``hidden_dropout``, no ``nn.Dropout`` module to find), layers skipped at random (OPT's ``layerdrop``) and
 #: noise (Mixtral's ``router_jitter_noise``, PhiMoE's ``input_jitter_noise``); the heads a causal LM does not run
-#: (``summary_*``, ``classifier_*``) aside
-_RANDOM_FIELD = re.compile(r"dropout|pdrop|layerdrop|jitter_noise|jitter_eps")
+#: (``summary_*``, ``classifier_*``) aside.  The name ends so (``_rate``, ``_prob``, ``_p`` may follow:
+#: ``hidden_dropout_prob``, ``dropout_rate``, ``drop_path_rate``): ``dropout_warmup_steps`` or
+#: ``jitter_noise_warmup_steps`` count steps (campaign 38 B3)
+_RANDOM_FIELD = re.compile(r"(dropout|pdrop|layerdrop|drop_path|jitter_noise|jitter_eps)(_rate|_prob|_p)?$")
 _UNUSED_HEADS = ("summary_", "classifier_")
 
 
@@ -176,15 +178,17 @@ def _number(value) -> float | None:
     """``value`` as a float where it is a real number (a Python or numpy scalar, a one-element tensor), else None."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_complex:
         value = value.item()
+    elif type(value).__module__ == "numpy" and getattr(value, "size", None) == 1 and hasattr(value, "item"):
+        value = value.item()  # a numpy array of one number (campaign 38 B2: np.array(0.5))
     return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
 
 
 def _random_values(items) -> dict[str, float]:
     """The dropout probabilities and jitter magnitudes among ``items`` (name, value): a name of
     :data:`_RANDOM_FIELD` and a dropout probability in (0, 1] or a jitter magnitude above 0 (campaign 37 A3: a
-    ``jitter_noise`` of 2, or a tensor, draws noise too), read from a number or a one-element tensor -- a field merely
-    mentioning noise (``denoise_steps=10``, ``jitter_seed``: campaign 36 Z1) is not one; randomness a name does not
-    show is found by the first training forward (:class:`_NoRandomness`)."""
+    ``jitter_noise`` of 2, or a tensor, draws noise too), read from a number or a one-element tensor or array -- a
+    field merely mentioning noise (``denoise_steps=10``, ``jitter_seed``: campaign 36 Z1) is not one; randomness a
+    name does not show is found by the first training forward (:class:`_NoRandomness`)."""
     out = {}
     for k, v in items:
         if isinstance(k, str) and _RANDOM_FIELD.search(k) and not k.startswith(_UNUSED_HEADS):
@@ -201,15 +205,27 @@ def random_fields(config) -> dict[str, float]:
 
 
 _DROPOUTS = {F.dropout, F.alpha_dropout, F.feature_alpha_dropout, F.dropout1d, F.dropout2d, F.dropout3d,
-             torch.dropout}
+             torch.dropout, torch.alpha_dropout, torch.feature_dropout, torch.feature_alpha_dropout,
+             torch.native_dropout}
+#: randomized leaky ReLU: a random slope in training (``training``, the fourth argument)
+_RRELUS = {F.rrelu, F.rrelu_, torch.rrelu, torch.rrelu_}
 #: functions that draw random numbers: in a training forward they make it random whatever they are called for
 _SAMPLERS = {torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.bernoulli_, torch.Tensor.exponential_,
              torch.Tensor.geometric_, torch.Tensor.cauchy_, torch.Tensor.log_normal_, torch.Tensor.random_,
-             torch.bernoulli, torch.multinomial, torch.normal, torch.poisson, torch.rand_like, torch.randn_like,
-             torch.randint_like}
+             torch.Tensor.bernoulli, torch.Tensor.multinomial, torch.bernoulli, torch.multinomial, torch.normal,
+             torch.poisson, torch.rand_like, torch.randn_like, torch.randint_like}
 #: random factories: a draw of one number is a decision (OPT draws its layerdrop coin even when layerdrop is 0, and
 #: :func:`random_fields` refuses a layerdrop above 0); a draw of many is noise on activations
 _FACTORIES = {torch.rand, torch.randn, torch.randint, torch.randperm}
+
+
+def _rng_states(device: torch.device) -> tuple[bytes, ...]:
+    """The state of the default random number generators a forward on ``device`` may draw from (the CPU one, and
+    the device's)."""
+    states = [torch.random.get_rng_state()]
+    if device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    return tuple(bytes(s.numpy()) for s in states)
 
 
 class _NoRandomness(torch.overrides.TorchFunctionMode):
@@ -217,6 +233,10 @@ class _NoRandomness(torch.overrides.TorchFunctionMode):
     attention with ``dropout_p > 0``), or a draw of random numbers (Mixtral's router jitter is
     ``torch.empty_like(h).uniform_(...)``).  Run around a training-mode forward, it finds what
     :attr:`HFChunkModel.deterministic` cannot read from modules, attributes and config fields."""
+
+    def __init__(self):
+        super().__init__()
+        self.decisions = 0  # draws of one number (a coin: OPT's layerdrop), allowed
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -226,13 +246,20 @@ class _NoRandomness(torch.overrides.TorchFunctionMode):
             train = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else True))
         elif func is F.scaled_dot_product_attention:
             p, train = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0), True
+        elif func in _RRELUS and kwargs.get("training", args[3] if len(args) > 3 else False):
+            raise ValueError("the model is not deterministic: its forward applies a randomized leaky ReLU (rrelu) in "
+                             "training mode, whose slopes are drawn at random, so a chunk rebuilt in pass 2 would not "
+                             "be the chunk of pass 1 and the gradient would be wrong; call model.eval() or use a "
+                             "fixed activation")
         if train and isinstance(p, numbers.Real) and p > 0:
             raise ValueError(f"the model is not deterministic: its forward applies dropout (p={p}, "
                              f"{getattr(func, '__name__', func)}) in training mode, so a chunk rebuilt in pass 2 "
                              "would not be the chunk of pass 1 and the gradient would be wrong; call model.eval() or "
                              "set that dropout to 0")
         out = func(*args, **kwargs)
-        if func in _SAMPLERS or (func in _FACTORIES and isinstance(out, torch.Tensor) and out.numel() > 1):
+        if func in _FACTORIES and isinstance(out, torch.Tensor) and out.numel() <= 1:
+            self.decisions += 1
+        elif func in _SAMPLERS or func in _FACTORIES:
             raise ValueError(f"the model is not deterministic: its forward draws random numbers "
                              f"({getattr(func, '__name__', func)}) in training mode (noise, jitter or a random "
                              "choice), so a chunk rebuilt in pass 2 would not be the chunk of pass 1 and the gradient "
@@ -368,8 +395,7 @@ class HFChunkModel(nn.Module):
         self._no_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         # the modules transformers' gradient_checkpointing_enable() switches (checked per chunk in training)
         self._rope_limits = length_dependent_rope(base)
-        self._modules_all = list(model.modules())
-        self._probed: set[tuple[bool, ...]] = set()  # the training modes whose forward ran under _NoRandomness
+        self._probed: set[int] = set()  # the forward signatures (modes, modules, hooks) probed by _NoRandomness
         self._checkpointing = [m for m in model.modules() if isinstance(getattr(m, "gradient_checkpointing", None),
                                                                         bool)]
 
@@ -393,8 +419,8 @@ class HFChunkModel(nn.Module):
         ``jitter_noise``) or of the config (:func:`random_fields`) -- or None."""
         if not any(m.training for m in self.model.modules()):
             return None
-        dropouts = sorted({n for n, m in self.model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd)
-                           and m.training and m.p > 0})
+        dropouts = sorted({n for n, m in self.model.named_modules() if m.training and (
+            isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 or isinstance(m, nn.RReLU))})
         if dropouts:
             more = f" and {len(dropouts) - 1} more" if len(dropouts) > 1 else ""
             return f"dropout module {dropouts[0]}{more} {'are' if more else 'is'} active in training mode"
@@ -427,15 +453,33 @@ class HFChunkModel(nn.Module):
         cache = PrefixCache(past, self.n_layers, split=self._split, buffer=self._kv_buffer)
         pos = torch.arange(start, start + t, device=tokens.device).unsqueeze(0).expand(b, t)
         extra = {} if all_logits else self._no_logits
-        modes = tuple(m.training for m in self._modules_all)
-        if any(modes) and modes not in self._probed:  # once per set of modes: dropout however the model applies it
-            with _NoRandomness():
+        modules = list(self.model.modules())
+        modes = self._forward_signature(modules) if any(m.training for m in modules) else None
+        if modes is not None and modes not in self._probed:  # once per set of modes, modules and hooks
+            rng = _rng_states(tokens.device)
+            with _NoRandomness() as probe:
                 out = self.model(input_ids=tokens, position_ids=pos, use_cache=True, **{self._cache_arg: cache},
                                  **extra)
+            if not probe.decisions and _rng_states(tokens.device) != rng:  # a draw by a function no list names
+                raise ValueError("the model is not deterministic: its forward draws random numbers in training mode "
+                                 "(the random number generator advanced), so a chunk rebuilt in pass 2 would not be "
+                                 "the chunk of pass 1 and the gradient would be wrong; call model.eval() or remove "
+                                 "the random draw")
             self._probed.add(modes)
         else:
             out = self.model(input_ids=tokens, position_ids=pos, use_cache=True, **{self._cache_arg: cache}, **extra)
         return out.logits, cache.own()
+
+    @staticmethod
+    def _forward_signature(modules) -> int:
+        """What decides whether the forward draws randomness beyond what :attr:`randomness` reads: each module (by
+        identity: one swapped in later is new, campaign 38 B1), its training mode, its hooks and a forward set on
+        it (a hook registered after the first call draws too: campaign 38 B2), and the global module hooks."""
+        from torch.nn.modules import module as torch_module
+
+        return hash((tuple((id(m), m.training, tuple(m._forward_hooks), tuple(m._forward_pre_hooks),
+                            id(m.__dict__.get("forward"))) for m in modules),
+                     tuple(torch_module._global_forward_hooks), tuple(torch_module._global_forward_pre_hooks)))
 
     def _check_rope_switch(self, past: Sequence[ChunkCache], end: int) -> None:
         """A length-dependent RoPE (:func:`length_dependent_rope`) gives every chunk the frequencies the whole

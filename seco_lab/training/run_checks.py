@@ -195,13 +195,26 @@ def _marker(path: Path) -> dict | None:
     return _marker_record(Path(path) / MARKER_NAME)
 
 
+#: the keys of a run's marker (:func:`seco_lab.training.run_dir.marker_text`, ``RunDir.note_written``)
+MARKER_KEYS = frozenset({"tool", "run_id", "digests", "wrote"})
+
+
 def _marker_record(file: Path) -> dict | None:
-    """The JSON object of the marker file ``file`` (``{"tool": "seco-lab", ...}``); None where it is not one."""
+    """The JSON object of the marker file ``file`` (``{"tool": "seco-lab", ...}``, only a marker's keys and values);
+    None where it is not one."""
     try:
         record = read_json(file, "run marker", 4096)  # a FIFO or a folder is never read
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return None
-    return record if isinstance(record, dict) and record.get("tool") == "seco-lab" else None
+    if not (isinstance(record, dict) and record.get("tool") == "seco-lab" and record.keys() <= MARKER_KEYS):
+        return None  # campaign 38 B5: a user's note added to the marker
+    run_id, wrote = record.get("run_id"), record.get("wrote", [])
+    if run_id is not None and not (isinstance(run_id, str) and re.fullmatch(r"[0-9a-f]{16}", run_id)):
+        return None
+    if not isinstance(wrote, list) or not set(wrote) <= set(OPTIONAL_FOLDERS) or type(record.get("digests", True)) \
+            is not bool:
+        return None
+    return record
 
 
 def marker_run_id(path: Path) -> str | None:
@@ -360,11 +373,11 @@ def not_run_content(path: Path) -> list[str]:
         for d in sorted(folder.glob("step_*.dcp*")):
             if re.fullmatch(r"step_\d+\.dcp(\.tmp|\.old)?", d.name) and d.is_dir() and not d.is_symlink():
                 extra = d / "extra.pt"
-                if extra.is_file() and not extra.is_symlink():
-                    judge(d, f"checkpoints/{d.name}/")
+                if extra.is_file() and not extra.is_symlink() and extra.stat().st_size > 0:
+                    judge(d, f"checkpoints/{d.name}/")  # its extra.pt this run's: its shards with it
                 elif any(p.is_file() and p.stat().st_size > 0 for p in d.iterdir()):  # no checkpoint of this run
-                    out.append(f"checkpoints/{d.name} (no extra.pt: not a sharded checkpoint of this run; a sharded "
-                               "save killed half-way leaves such a folder, delete it if that is what it is)")
+                    out.append(f"checkpoints/{d.name} (no extra.pt of this run: not a sharded checkpoint of it; a "
+                               "sharded save killed half-way leaves such a folder, delete it if that is what it is)")
     return out + not_peft_adapter(path)
 
 

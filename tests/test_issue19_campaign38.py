@@ -1,0 +1,167 @@
+"""Issue 19, campaign 38 (on adb8591): each finding has a test here that fails on that commit.
+
+B1 (silent-wrong): random draws the probe's lists missed (rrelu, ``Tensor.bernoulli``/``multinomial`` methods,
+``torch.alpha_dropout``/``feature_dropout``/``native_dropout``); B2 (silent-wrong): randomness added after the first
+call by a hook or a module swapped in, or a jitter held in a numpy array; B3 (misleading): counts named like a dropout
+or jitter (``dropout_warmup_steps=1``); B4 (silent-wrong): a Trainer subclass's ``compute_loss``; B5, B6 (data
+loss, arguable): a user's note in the marker, a sharded folder with an empty ``extra.pt``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import FAST, copy_run
+from test_issue19_campaign28 import _tiny_llama
+
+from seco_lab.cli import main
+
+NOTES = "my notes, keep them\n"
+
+
+def _noisy_hook(draw):
+    return lambda mod, i, out: out + 0.1 * draw(out) if mod.training else out
+
+
+DRAWS = {
+    "rrelu module": None,
+    "Tensor.bernoulli": lambda o: torch.full_like(o, 0.5).bernoulli(),
+    "Tensor.multinomial": lambda o: torch.ones(o.shape[-1]).multinomial(o.shape[-1]).to(o.dtype).expand_as(o),
+    "torch.alpha_dropout": lambda o: torch.alpha_dropout(o, 0.2, True),
+    "torch.feature_dropout": lambda o: torch.feature_dropout(o, 0.2, True),
+    "torch.native_dropout": lambda o: torch.native_dropout(o, 0.2, True)[0],
+}
+
+
+@pytest.mark.parametrize("case", ["rrelu module", "Tensor.bernoulli", "Tensor.multinomial", "torch.alpha_dropout",
+                                  "torch.feature_dropout", "torch.native_dropout"])
+@pytest.mark.parametrize("when", ["from the start", "after the first call"])
+def test_b1_b2_random_draws_in_a_training_forward_are_refused_whenever_they_are_added(case, when):
+    """Campaign 38 B1, B2: a Llama with nn.RReLU activations, or a forward hook drawing with the method forms
+    Tensor.bernoulli / Tensor.multinomial or the torch.* dropouts, trained with seco vs dense 1.6e-2 to 1.29 apart; a
+    hook registered (a module swapped in) after the first call was not probed."""
+    from seco_lab import seco_grad
+    from seco_lab.models.hf import HFChunkModel
+
+    base = _tiny_llama().double().train()
+    model = HFChunkModel(base)
+    x = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
+    if when == "after the first call":
+        seco_grad(model, x, x, 8)  # deterministic: accepted, probed
+    if case == "rrelu module":
+        base.model.layers[0].mlp.act_fn = torch.nn.RReLU()
+    else:
+        base.model.layers[0].mlp.register_forward_hook(_noisy_hook(DRAWS[case]))
+    with pytest.raises(ValueError, match="the model is not deterministic|draws dropout or noise in training mode"):
+        seco_grad(model, x, x, 8)
+
+
+def test_b1_a_draw_no_list_names_is_found_by_the_generator_advancing():
+    """The safety net: a draw the probe's function mode does not see (here made with torch functions disabled) still
+    advances the default generator, which the probe compares before and after the first training forward."""
+    from seco_lab import seco_grad
+    from seco_lab.models.hf import HFChunkModel
+
+    base = _tiny_llama().double().train()
+
+    def hook(mod, i, out):
+        with torch._C.DisableTorchFunction():
+            noise = torch.rand(out.shape, dtype=out.dtype)
+        return out + 0.1 * noise
+
+    base.model.layers[0].mlp.register_forward_hook(hook)
+    x = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"the random number generator advanced"):
+        seco_grad(HFChunkModel(base), x, x, 8)
+
+
+def test_b2_a_jitter_held_in_a_numpy_array_is_read():
+    """Campaign 38 B2: jitter_noise = np.array(0.5) set after the first call was accepted (seco vs dense 6.5e-2)."""
+    from seco_lab.models.hf import _random_values
+
+    assert _random_values([("jitter_noise", np.array(0.5)), ("attention_dropout", np.float32(0.25))]) == {
+        "jitter_noise": 0.5, "attention_dropout": np.float32(0.25)}
+
+
+@pytest.mark.parametrize("where, name, value", [
+    ("config", "dropout_warmup_steps", 1), ("config", "jitter_noise_warmup_steps", 100),
+    ("config", "jitter_eps_decay_steps", 5), ("module", "n_jitter_noise_calls", 7)])
+def test_b3_counts_named_like_dropout_or_jitter_do_not_refuse_a_deterministic_model(where, name, value):
+    """Campaign 38 B3 (misleading): counts whose names mention dropout or jitter were refused as noise; the name must
+    end with the field (``hidden_dropout_prob``, ``dropout_rate``, ``router_jitter_noise`` still do). Exact."""
+    from seco_lab import dense_grad, flatten, seco_grad
+    from seco_lab.models.hf import HFChunkModel, _random_values
+
+    base = _tiny_llama().double().train()
+    setattr(base.config if where == "config" else base.model, name, value)
+    model = HFChunkModel(base)
+    assert model.deterministic
+    x = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
+    _, dense = dense_grad(model, x, x)
+    _, seco = seco_grad(model, x, x, 8)
+    assert float((flatten(seco) - flatten(dense)).norm() / flatten(dense).norm()) < 1e-13
+    assert set(_random_values([("hidden_dropout_prob", 0.1), ("dropout_rate", 0.1), ("router_jitter_noise", 0.1),
+                               ("drop_path_rate", 0.1), ("resid_pdrop", 0.1)])) == {
+        "hidden_dropout_prob", "dropout_rate", "router_jitter_noise", "drop_path_rate", "resid_pdrop"}
+
+
+def test_b4_the_hf_trainer_refuses_a_subclass_whose_compute_loss_it_would_not_call(tmp_path):
+    """Campaign 38 B4: a Trainer subclass overriding compute_loss (cross-entropy plus a logit penalty) mixed into
+    SeCOTrainer trained plain cross-entropy without a word (5.3e-6 from the stock Trainer with the same override)."""
+    import transformers
+    from datasets import Dataset
+
+    from seco_lab.integrations.transformers import SeCOArguments, SeCOTrainer, SeCOTrainerMixin
+
+    class Penalised(transformers.Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss, out = super().compute_loss(model, inputs, True, num_items_in_batch)
+            loss = loss + 0.1 * out.logits.pow(2).mean()
+            return (loss, out) if return_outputs else loss
+
+    class SeCOPenalised(SeCOTrainerMixin, Penalised):
+        pass
+
+    class Subclass(SeCOTrainer):
+        compute_loss = Penalised.compute_loss
+
+    ids = torch.randint(0, 64, (2, 32)).tolist()
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "o"), per_device_train_batch_size=2, max_steps=1,
+                                          use_cpu=True, report_to=[], save_strategy="no")
+    data = Dataset.from_dict({"input_ids": ids, "labels": ids})
+    for cls in (SeCOPenalised, Subclass):
+        with pytest.raises(ValueError, match="compute_loss overridden in .*would not call it"):
+            cls(model=_tiny_llama(), args=args, train_dataset=data, seco_args=SeCOArguments(chunk_size=16))
+    SeCOTrainer(model=_tiny_llama(), args=args, train_dataset=data, seco_args=SeCOArguments(chunk_size=16))
+
+
+@pytest.mark.parametrize("case", ["note in the marker", "note as the marker's temporary file", "empty extra.pt"])
+def test_b5_b6_overwrite_keeps_a_users_marker_note_and_a_sharded_folder_without_this_runs_extra(r2, tmp_path, capsys,
+                                                                                                case):
+    """Campaign 38 B5: a user's note added as a key of the run's marker, or a marker-like JSON with a note saved as
+    the marker's temporary file, was deleted by --overwrite; B6: a sharded folder with an empty extra.pt let the
+    user's notes saved as its shards be deleted."""
+    import json
+
+    run = copy_run(r2, tmp_path / "r")
+    marker = run / ".seco-lab-run"
+    if case == "note in the marker":
+        path = marker
+        path.write_text(json.dumps({**json.loads(marker.read_text()), "notes": "trained on the March data"}))
+        says = ".seco-lab-run (not a run's marker)"
+    elif case == "note as the marker's temporary file":
+        path = run / ".seco-lab-run.seco-tmp2"
+        path.write_text(json.dumps({"tool": "seco-lab", "notes": NOTES}))
+        says = ".seco-lab-run.seco-tmp2 (not a complete .seco-lab-run"
+    else:
+        folder = run / "checkpoints" / "step_000005.dcp"
+        folder.mkdir()
+        (folder / "extra.pt").touch()
+        path = folder / "__0_0.distcp"
+        path.write_text(NOTES)
+        says = "checkpoints/step_000005.dcp (no extra.pt of this run"
+    content = path.read_bytes()
+    capsys.readouterr()
+    assert main(["train", *FAST, "--run-dir", str(run), "--overwrite"]) == 2
+    assert says in capsys.readouterr().err
+    assert path.read_bytes() == content
