@@ -1202,10 +1202,14 @@ def test_campaign36_the_hf_trainer_takes_gpt2_whose_loss_type_is_none(tmp_path):
 
 
 @pytest.mark.parametrize("where, name, value", [
-    ("config", "denoise_steps", 10), ("config", "jitter_seed", 42), ("module", "noise_level", 0.5)])
+    ("config", "denoise_steps", 10), ("config", "jitter_seed", 42), ("module", "noise_level", 0.5),
+    # campaign 38 B3: counts whose names mention dropout or jitter
+    ("config", "dropout_warmup_steps", 1), ("config", "jitter_noise_warmup_steps", 100),
+    ("config", "jitter_eps_decay_steps", 5), ("module", "n_jitter_noise_calls", 7)])
 def test_campaign36_fields_that_only_mention_noise_do_not_refuse_a_deterministic_model(where, name, value):
     """Campaign 36 Z1 (misleading): a deterministic Llama whose config held denoise_steps=10 or jitter_seed=42, or a
-    module an unused noise_level=0.5, was refused as drawing noise; it trains, exact."""
+    module an unused noise_level=0.5, was refused as drawing noise; it trains, exact.  Campaign 38 B3: so do counts
+    named like a dropout or jitter field (``dropout_warmup_steps=1``)."""
     from seco_lab import dense_grad, flatten, seco_grad
     from seco_lab.models.hf import HFChunkModel
 

@@ -83,23 +83,14 @@ def test_b2_a_jitter_held_in_a_numpy_array_is_read():
         "jitter_noise": 0.5, "attention_dropout": np.float32(0.25)}
 
 
-@pytest.mark.parametrize("where, name, value", [
-    ("config", "dropout_warmup_steps", 1), ("config", "jitter_noise_warmup_steps", 100),
-    ("config", "jitter_eps_decay_steps", 5), ("module", "n_jitter_noise_calls", 7)])
-def test_b3_counts_named_like_dropout_or_jitter_do_not_refuse_a_deterministic_model(where, name, value):
-    """Campaign 38 B3 (misleading): counts whose names mention dropout or jitter were refused as noise; the name must
-    end with the field (``hidden_dropout_prob``, ``dropout_rate``, ``router_jitter_noise`` still do). Exact."""
-    from seco_lab import dense_grad, flatten, seco_grad
-    from seco_lab.models.hf import HFChunkModel, _random_values
+def test_b3_a_dropout_or_jitter_field_is_a_name_that_ends_with_it():
+    """Campaign 38 B3 (misleading): counts whose names mention dropout or jitter (``dropout_warmup_steps=1``,
+    ``jitter_noise_warmup_steps=100``) were refused as noise (the models train exactly: the campaign 36 Z1 test);
+    the name must end with the field, and the fields of real configs still do."""
+    from seco_lab.models.hf import _random_values
 
-    base = _tiny_llama().double().train()
-    setattr(base.config if where == "config" else base.model, name, value)
-    model = HFChunkModel(base)
-    assert model.deterministic
-    x = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
-    _, dense = dense_grad(model, x, x)
-    _, seco = seco_grad(model, x, x, 8)
-    assert float((flatten(seco) - flatten(dense)).norm() / flatten(dense).norm()) < 1e-13
+    assert _random_values([("dropout_warmup_steps", 1), ("jitter_noise_warmup_steps", 100),
+                           ("jitter_eps_decay_steps", 5), ("n_jitter_noise_calls", 7)]) == {}
     assert set(_random_values([("hidden_dropout_prob", 0.1), ("dropout_rate", 0.1), ("router_jitter_noise", 0.1),
                                ("drop_path_rate", 0.1), ("resid_pdrop", 0.1)])) == {
         "hidden_dropout_prob", "dropout_rate", "router_jitter_noise", "drop_path_rate", "resid_pdrop"}
