@@ -32,6 +32,7 @@ import platform
 import re
 import stat
 import sys
+import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -834,10 +835,21 @@ CELL_FILE = r"[^/]+\.(json|csv|csv\.gz)"
 
 def clear_stale(folder: str | Path) -> None:
     """Remove the temporary files an interrupted :func:`atomic_write` left in ``folder`` (not in
-    subfolders): only ``NAME.seco-tmp<pid>`` files, never anything else a user keeps there."""
+    subfolders): only ``NAME.seco-tmp<pid>`` files, never anything else a user keeps there, and only empty ones; one
+    holding something -- a write killed half-way, or a user's file under such a name (campaign 38 B9) -- is kept,
+    with a warning."""
     for stale in Path(folder).iterdir():
-        if re.fullmatch(TEMP_FILE, stale.name) and stale.is_file() and not stale.is_symlink():
+        if _own_temporary(stale):
             stale.unlink()
+        elif re.fullmatch(TEMP_FILE, stale.name) and stale.is_file() and not stale.is_symlink():
+            warnings.warn(f"kept {stale}: a write killed half-way leaves such a file, and seco-lab cannot tell it "
+                          "from a file of yours under that name; delete it if that is what it is", stacklevel=2)
+
+
+def _own_temporary(path: Path) -> bool:
+    """``path`` is a temporary file of :func:`atomic_write` a study may remove: its name, a regular file, empty."""
+    return bool(re.fullmatch(TEMP_FILE, path.name)) and path.is_file() and not path.is_symlink() \
+        and path.stat().st_size == 0
 
 
 def software_versions(*packages: str) -> dict:
@@ -1062,8 +1074,9 @@ class StudyFolder:
                     pass
         ours, foreign = [], []
         for f in files:
-            mine = re.fullmatch(TEMP_FILE, f.name) or any(f.name == s + ".json" or f.name.startswith(s + ".")
-                                                         for s in stems)
+            temporary = re.fullmatch(TEMP_FILE, f.name)  # ours only empty (clear_stale)
+            mine = _own_temporary(f) if temporary else any(f.name == s + ".json" or f.name.startswith(s + ".")
+                                                           for s in stems)
             if mine and re.fullmatch(f"{CELL_FILE}|{TEMP_FILE}", f.name) and f.is_file() and not f.is_symlink():
                 ours.append(f)
             else:

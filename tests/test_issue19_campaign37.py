@@ -98,11 +98,20 @@ def test_a3_names_that_only_mention_noise_stay_harmless():
         "attention_dropout": 0.25, "jitter_noise": 3.0}
 
 
+def one_step(tmp_path):
+    """TrainingArguments of one CPU step and a dataset of two random 32-token rows (SeCOTrainer's checks)."""
+    import transformers
+    from datasets import Dataset
+
+    ids = torch.randint(0, 64, (2, 32)).tolist()
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "o"), per_device_train_batch_size=2, max_steps=1,
+                                          use_cpu=True, report_to=[], save_strategy="no")
+    return args, Dataset.from_dict({"input_ids": ids, "labels": ids})
+
+
 def test_a4_the_hf_trainer_refuses_a_loss_function_set_on_the_model(tmp_path):
     """Campaign 37 A4: a Llama whose loss_function was replaced (cross-entropy plus a logit penalty) trained plain
     cross-entropy under SeCOTrainer without a word (parameters 5.3e-6 from the stock Trainer's)."""
-    import transformers
-    from datasets import Dataset
     from transformers.loss.loss_utils import ForCausalLMLoss
 
     from seco_lab.integrations.transformers import SeCOArguments, SeCOTrainer
@@ -112,10 +121,7 @@ def test_a4_the_hf_trainer_refuses_a_loss_function_set_on_the_model(tmp_path):
 
     model = _tiny_llama()
     model.loss_function = penalised
-    ids = torch.randint(0, 64, (2, 32)).tolist()
-    args = transformers.TrainingArguments(output_dir=str(tmp_path / "o"), per_device_train_batch_size=2, max_steps=1,
-                                          use_cpu=True, report_to=[], save_strategy="no")
-    data = Dataset.from_dict({"input_ids": ids, "labels": ids})
+    args, data = one_step(tmp_path)
     with pytest.raises(ValueError, match=r"a loss_function set on the model \(penalised\), which the engine would not"):
         SeCOTrainer(model=model, args=args, train_dataset=data, seco_args=SeCOArguments(chunk_size=16))
     model.loss_function = ForCausalLMLoss  # transformers' own: the engine's

@@ -13,6 +13,7 @@ import pytest
 import torch
 from helpers import FAST, copy_run
 from test_issue19_campaign28 import _tiny_llama
+from test_issue19_campaign37 import one_step
 
 from seco_lab.cli import main
 
@@ -100,7 +101,6 @@ def test_b4_the_hf_trainer_refuses_a_subclass_whose_compute_loss_it_would_not_ca
     """Campaign 38 B4: a Trainer subclass overriding compute_loss (cross-entropy plus a logit penalty) mixed into
     SeCOTrainer trained plain cross-entropy without a word (5.3e-6 from the stock Trainer with the same override)."""
     import transformers
-    from datasets import Dataset
 
     from seco_lab.integrations.transformers import SeCOArguments, SeCOTrainer, SeCOTrainerMixin
 
@@ -116,10 +116,7 @@ def test_b4_the_hf_trainer_refuses_a_subclass_whose_compute_loss_it_would_not_ca
     class Subclass(SeCOTrainer):
         compute_loss = Penalised.compute_loss
 
-    ids = torch.randint(0, 64, (2, 32)).tolist()
-    args = transformers.TrainingArguments(output_dir=str(tmp_path / "o"), per_device_train_batch_size=2, max_steps=1,
-                                          use_cpu=True, report_to=[], save_strategy="no")
-    data = Dataset.from_dict({"input_ids": ids, "labels": ids})
+    args, data = one_step(tmp_path)
     for cls in (SeCOPenalised, Subclass):
         with pytest.raises(ValueError, match="compute_loss overridden in .*would not call it"):
             cls(model=_tiny_llama(), args=args, train_dataset=data, seco_args=SeCOArguments(chunk_size=16))
@@ -156,3 +153,109 @@ def test_b5_b6_overwrite_keeps_a_users_marker_note_and_a_sharded_folder_without_
     assert main(["train", *FAST, "--run-dir", str(run), "--overwrite"]) == 2
     assert says in capsys.readouterr().err
     assert path.read_bytes() == content
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "metrics.jsonl.seco-tmp3"])
+def test_b7_a_huge_file_under_the_metrics_names_is_judged_without_reading_it_whole(r2, tmp_path, name):
+    """Campaign 38 B7: a 7 GB file without a newline as metrics.jsonl (or its temporary name) was read whole by the
+    content check: a MemoryError traceback from --overwrite (and --resume) under a 6 GB address-space limit. Lines
+    are read up to a record's size. The file is sparse (no disk used)."""
+    import resource
+    import subprocess
+    import sys
+
+    run = copy_run(r2, tmp_path / "r")
+    path = run / name
+    with open(path, "wb") as f:
+        f.truncate(7 << 30)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    out = subprocess.run([sys.executable, "-m", "seco_lab.cli", "train", *FAST, "--run-dir", str(run), "--overwrite"],
+                         capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    assert out.returncode == 2 and f"{name} (not" in out.stderr, out.stderr[-2000:]
+    assert path.stat().st_size == 7 << 30
+
+
+def test_b1_a_one_number_draw_is_a_coin_only_in_a_model_with_layerdrop():
+    """Campaign 38 (P-c5e-coin): a hook zeroing a layer's output on a torch.rand(()) coin (stochastic depth) was
+    taken for OPT's layerdrop coin and accepted (seco vs dense 7.6e-2); a model without a layerdrop field is
+    refused."""
+    from seco_lab import seco_grad
+    from seco_lab.models.hf import HFChunkModel
+
+    base = _tiny_llama().double().train()
+    base.model.layers[0].mlp.register_forward_hook(
+        lambda mod, i, out: out * float(torch.rand(()) < 0.5) if mod.training else out)
+    x = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"the random number generator advanced"):
+        seco_grad(HFChunkModel(base), x, x, 8)
+
+
+def test_b4_the_hf_trainer_refuses_a_model_class_whose_forward_may_add_a_loss(tmp_path):
+    """Campaign 38 (P-c6d-V1b): a LlamaForCausalLM subclass whose forward adds a z-loss to out.loss trained plain
+    cross-entropy under SeCOTrainer without a word; a forward of the user's own class is refused unless the class
+    says its loss is the cross-entropy."""
+    import transformers
+
+    from seco_lab.integrations.transformers import SeCOArguments, SeCOTrainer
+
+    class ZLoss(transformers.LlamaForCausalLM):
+        def forward(self, *args, **kw):
+            out = super().forward(*args, **kw)
+            if out.loss is not None:
+                out.loss = out.loss + 1e-4 * out.logits.logsumexp(-1).pow(2).mean()
+            return out
+
+    model = ZLoss(_tiny_llama().config)
+    args, data = one_step(tmp_path)
+    with pytest.raises(ValueError, match=r"a forward of your own model class \(.*ZLoss\)"):
+        SeCOTrainer(model=model, args=args, train_dataset=data, seco_args=SeCOArguments(chunk_size=16))
+    ZLoss.seco_loss_is_cross_entropy = True  # the user's word that it is
+    SeCOTrainer(model=model, args=args, train_dataset=data, seco_args=SeCOArguments(chunk_size=16))
+
+
+@pytest.mark.parametrize("file, edit", [
+    ("README.md", lambda text: text + "\n## My notes\nTrained on the March data.\n"),
+    ("adapter_config.json", lambda text: text.rstrip().rstrip("}") + ', "my_notes": "keep"}\n')])
+def test_b8_the_adapter_files_a_run_saved_are_known_by_their_digest(tmp_path, capsys, file, edit):
+    """Campaign 38 B8 (data loss, arguable): notes a user added to the adapter's README.md (under peft's front matter)
+    were deleted by --overwrite, and a key added to adapter_config.json was written over by a LoRA --resume: the
+    marker records the SHA-256 of each file the last save wrote."""
+    from test_issue19_campaign30 import _lora_flags
+
+    run = tmp_path / "r"
+    assert main(["train", *_lora_flags(), "--run-dir", str(run)]) == 0
+    assert main(["train", *_lora_flags(), "--run-dir", str(run), "--overwrite"]) == 0  # its own files
+    path = run / "adapter" / file
+    path.write_text(edit(path.read_text()))
+    content = path.read_bytes()
+    capsys.readouterr()
+    assert main(["train", *_lora_flags(), "--run-dir", str(run), "--overwrite"]) == 2
+    assert f"adapter/{file} (not the file this run saved" in capsys.readouterr().err
+    assert main(["train", *_lora_flags("--steps", "3"), "--run-dir", str(run), "--resume"]) == 2
+    assert f"adapter/{file} (not the file this run saved" in capsys.readouterr().err
+    assert path.read_bytes() == content
+
+
+def test_b9_a_study_rerun_keeps_a_users_file_under_a_temporary_name(tmp_path):
+    """Campaign 38 B9 (data loss, arguable): rerunning ``study bias`` deleted a user's notes saved as
+    ``cells/L1_k8_s0.results.csv.seco-tmp3`` or ``study.json.seco-tmp7`` as stale temporaries (``clear_stale``, and
+    --fresh's clearing of the cells folder); only empty ones are removed now, others kept with a warning."""
+    from seco_lab.store import StudyFolder, clear_stale
+
+    folder = StudyFolder(tmp_path / "s")
+    folder.cells.mkdir(parents=True)
+    notes = [folder.cells / "L1_k8_s0.results.csv.seco-tmp3", folder.root / "study.json.seco-tmp7"]
+    for path in notes:
+        path.write_text(NOTES)
+    empty = folder.cells / "L1_k8_s0.json.seco-tmp4"
+    empty.touch()
+    (folder.cells / "L1_k8_s0.json").write_text("{}")
+    with pytest.warns(UserWarning, match="kept"):
+        clear_stale(folder.cells)
+        clear_stale(folder.root)
+    assert not empty.exists() and all(p.read_text() == NOTES for p in notes)
+    ours, foreign = folder._cell_files()
+    assert notes[0] not in ours and notes[0].name in foreign

@@ -331,7 +331,7 @@ def test_a_folder_of_user_files_named_like_temporaries_is_not_a_study_folder(tmp
         main(["study", "bias", "--quick", "--out", str(user), "--no-progress"])
     assert e.value.code == 2 and "is not a seco-lab study folder" in capsys.readouterr().err
     assert sorted(p.name for p in user.iterdir()) == ["draft.tmp2", "report.tmp1"]
-    (user / "results.csv.seco-tmp4242").write_text("half a table")  # an interrupted atomic write of the study's
+    (user / "results.csv.seco-tmp4242").touch()  # an interrupted atomic write of the study's, before any byte
     clear_stale(user)
     assert sorted(p.name for p in user.iterdir()) == ["draft.tmp2", "report.tmp1"]
     fresh = tmp_path / "fresh"

@@ -47,7 +47,9 @@ def test_f22_overwrite_never_takes_a_users_file_for_a_run_temporary(tmp_path, ca
     assert (run / "config.json.tmp1").read_text() == "mine" and (run / "metrics.jsonl.tmp").read_text() == "mine"
     (run / "config.json.tmp1").unlink()
     (run / "metrics.jsonl.tmp").unlink()
-    (run / "metrics.jsonl.seco-tmp4242").write_text("torn")  # a killed writer's own temporary still goes
+    torn = (run / "metrics.jsonl").read_text()[:40]  # a killed writer's own temporary (a torn log) still goes
+    assert torn.startswith('{"step": ') and "\n" not in torn
+    (run / "metrics.jsonl.seco-tmp4242").write_text(torn)
     assert main(["train", *FAST, "--run-dir", str(run), "--overwrite"]) == 0
     assert not (run / "metrics.jsonl.seco-tmp4242").exists()
 
@@ -61,10 +63,14 @@ def test_f23_a_study_never_clears_a_users_file_named_like_a_temporary(tmp_path):
     for name in ("results.json.tmp2", "notes.md.tmp1", "x.csv.gz.tmp3", ".gitignore.tmp4"):
         assert not re.fullmatch(TEMP_FILE, name), name
         (tmp_path / name).write_text("important")
-    (tmp_path / "results.csv.seco-tmp99").write_text("torn")
+    (tmp_path / "results.csv.seco-tmp99").touch()  # a write killed before it wrote anything
     clear_stale(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".gitignore.tmp4", "notes.md.tmp1", "results.json.tmp2",
                                                          "x.csv.gz.tmp3"]
+    (tmp_path / "results.csv.seco-tmp99").write_text("torn")  # torn, or a user's under that name: kept (c38 B9)
+    with pytest.warns(UserWarning, match="kept .*results.csv.seco-tmp99: a write killed half-way"):
+        clear_stale(tmp_path)
+    assert (tmp_path / "results.csv.seco-tmp99").read_text() == "torn"
 
 
 def test_atomic_write_leaves_only_a_tagged_temporary(tmp_path, monkeypatch):

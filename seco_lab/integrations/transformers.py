@@ -137,6 +137,13 @@ class SeCOTrainerMixin:
                 reasons.append(f"{name[4:6]} parallelism of size {size} (it splits the sequence or the layers)")
         inner = self.accelerator.unwrap_model(self.model)
         inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+        forward = next(c for c in type(inner).__mro__ if "forward" in vars(c))
+        if not forward.__module__.startswith(("transformers.", "transformers_modules.")) \
+                and getattr(inner, "seco_loss_is_cross_entropy", False) is not True:  # campaign 38: a z-loss added
+            reasons.append(f"a forward of your own model class ({forward.__qualname__}): a loss it adds to the "
+                           "cross-entropy would be left out, since the SeCO step computes the causal-LM cross-entropy "
+                           "from the logits chunk by chunk; if its loss is that cross-entropy, set "
+                           f"{forward.__qualname__}.seco_loss_is_cross_entropy = True")
         if not self._seco_causal_lm_loss(inner):
             # by the loss the forward computes, not the Trainer's loss_type: GPT-2's is None and its loss transformers'
             # causal-LM one (campaign 36 V5); a loss_function set on the model is not (campaign 37 A4)

@@ -396,6 +396,9 @@ class HFChunkModel(nn.Module):
         # the modules transformers' gradient_checkpointing_enable() switches (checked per chunk in training)
         self._rope_limits = length_dependent_rope(base)
         self._probed: set[int] = set()  # the forward signatures (modes, modules, hooks) probed by _NoRandomness
+        # a layerdrop field: the model draws a coin per layer even at layerdrop 0, which random_fields refuses above 0;
+        # in another model a one-number draw is a random choice like any other (campaign 38: stochastic depth)
+        self._layerdrop = any("layerdrop" in k for k in self.config.to_dict())
         self._checkpointing = [m for m in model.modules() if isinstance(getattr(m, "gradient_checkpointing", None),
                                                                         bool)]
 
@@ -460,7 +463,8 @@ class HFChunkModel(nn.Module):
             with _NoRandomness() as probe:
                 out = self.model(input_ids=tokens, position_ids=pos, use_cache=True, **{self._cache_arg: cache},
                                  **extra)
-            if not probe.decisions and _rng_states(tokens.device) != rng:  # a draw by a function no list names
+            coins = probe.decisions and self._layerdrop  # OPT's layerdrop coin (its layerdrop is 0, else refused)
+            if not coins and _rng_states(tokens.device) != rng:  # a draw no list names, or a coin of another model
                 raise ValueError("the model is not deterministic: its forward draws random numbers in training mode "
                                  "(the random number generator advanced), so a chunk rebuilt in pass 2 would not be "
                                  "the chunk of pass 1 and the gradient would be wrong; call model.eval() or remove "

@@ -13,8 +13,8 @@ from ..store import CONFIG_MAX_BYTES, protected_paths, read_json
 from .checkpoint_archive import ANY_RUN, is_own_checkpoint
 
 __all__ = ["CHECKPOINTS_TREE", "DCP_TREE", "FILE", "MARKER_NAME", "RUN_TREE", "RunDirError", "check_path_given",
-           "check_replaceable", "check_usable", "checkpoint_steps", "foreign_entries", "is_run", "not_peft_adapter",
-           "not_run_file", "orphan_checkpoints", "remove_own", "run_contents", "run_tree"]
+           "check_replaceable", "check_usable", "checkpoint_steps", "file_sha256", "foreign_entries", "is_run",
+           "not_peft_adapter", "not_run_file", "orphan_checkpoints", "remove_own", "run_contents", "run_tree"]
 
 MARKER_NAME = ".seco-lab-run"
 
@@ -141,6 +141,10 @@ def _is_metric_record(record, steps: int | None) -> bool:
     return STEP_RECORD_KEYS <= keys <= METRIC_KEYS and 1 <= step <= (steps if steps is not None else step)
 
 
+#: a line of ``metrics.jsonl`` is one record of a few numbers: a longer one is no run's
+METRIC_LINE_MAX_BYTES = 1 << 16
+
+
 def _is_metrics_log(path: Path) -> bool:
     """``metrics.jsonl`` as a run writes it: one JSON object per line, each a record a run writes
     (:func:`_is_metric_record`: campaign 34 X1, 35 O01, O29 -- a user's records with a step and a loss were taken for
@@ -153,19 +157,20 @@ def _is_metrics_log(path: Path) -> bool:
         config = None
     steps = config.get("steps") if isinstance(config, dict) and type(config.get("steps")) is int else None
     try:
-        with open(path, "rb") as f:
-            lines = f.read().splitlines()
+        with open(path, "rb") as f:  # line by line, each at most a record's size: a file of any size is never held
+            while line := f.readline(METRIC_LINE_MAX_BYTES):  # whole (campaign 38 B7: 7 GB without a newline)
+                if not line.endswith(b"\n") and len(line) == METRIC_LINE_MAX_BYTES:
+                    return False
+                try:
+                    record = json.loads(line)
+                except (ValueError, RecursionError):
+                    if not line.endswith(b"\n") and line.startswith(b'{"step": '):  # the last line, torn
+                        continue
+                    return False
+                if not _is_metric_record(record, steps):
+                    return False
     except OSError:
         return False
-    for i, line in enumerate(lines):
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            if i == len(lines) - 1 and line.startswith(b'{"step": '):
-                continue
-            return False
-        if not _is_metric_record(record, steps):
-            return False
     return True
 
 
@@ -196,7 +201,7 @@ def _marker(path: Path) -> dict | None:
 
 
 #: the keys of a run's marker (:func:`seco_lab.training.run_dir.marker_text`, ``RunDir.note_written``)
-MARKER_KEYS = frozenset({"tool", "run_id", "digests", "wrote"})
+MARKER_KEYS = frozenset({"tool", "run_id", "digests", "wrote", "adapter_files"})
 
 
 def _marker_record(file: Path) -> dict | None:
@@ -213,6 +218,10 @@ def _marker_record(file: Path) -> dict | None:
         return None
     if not isinstance(wrote, list) or not set(wrote) <= set(OPTIONAL_FOLDERS) or type(record.get("digests", True)) \
             is not bool:
+        return None
+    files = record.get("adapter_files", {})  # name -> SHA-256 of each file the last adapter save wrote
+    if not isinstance(files, dict) or not all(name in {n for n, _, _ in ADAPTER_CONTENT} and isinstance(h, str)
+                                              and re.fullmatch(r"[0-9a-f]{64}", h) for name, h in files.items()):
         return None
     return record
 
@@ -388,8 +397,28 @@ def not_peft_adapter(path: Path) -> list[str]:
     adapter = Path(path) / "adapter"
     if not adapter.is_dir() or adapter.is_symlink():
         return []
-    return [f"adapter/{name} (not peft's {what})" for name, check, what in ADAPTER_CONTENT
-            if (adapter / name).is_file() and not (adapter / name).is_symlink() and not check(adapter / name)]
+    saved = (_marker(path) or {}).get("adapter_files")  # what the run's last save wrote (campaign 38 B8)
+    out = []
+    for name, check, what in ADAPTER_CONTENT:
+        file = adapter / name
+        if not file.is_file() or file.is_symlink():
+            continue
+        if not check(file):
+            out.append(f"adapter/{name} (not peft's {what})")
+        elif saved is not None and saved.get(name) != file_sha256(file):  # none recorded: a run saved before
+            out.append(f"adapter/{name} (not the file this run saved: changed since)")
+    return out
+
+
+def file_sha256(file: Path) -> str:
+    """The SHA-256 of the file ``file``, read in blocks."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def is_run(path: Path) -> bool:

@@ -335,6 +335,17 @@ class RunDir:
             record["wrote"] = sorted({*record.get("wrote", []), folder})
             atomic_write(self.path / MARKER_NAME, json.dumps(record) + "\n")
 
+    def note_adapter_files(self, files: dict[str, str] | None) -> None:
+        """Record in the marker the SHA-256 of each file the adapter save wrote (``{name: digest}``), or clear the
+        record (None) before a save: ``--overwrite`` and a LoRA resume then take only those files as the run's
+        (campaign 38 B8: a user's notes added to the adapter's README.md, a key to its config)."""
+        record = self._marker_record()
+        if record:
+            record.pop("adapter_files", None)
+            if files is not None:
+                record["adapter_files"] = files
+            atomic_write(self.path / MARKER_NAME, json.dumps(record) + "\n")
+
     def resume_run_id(self) -> str | None:
         """The run id a resumed run's checkpoint must carry: the marker's; when the marker is missing (deleted) or
         older than run ids, the one id this folder's checkpoints record (None when they record none: a run made

@@ -71,7 +71,7 @@ from .experiment import (
 from .launch import catch_stop_signals, init_distributed_from_env
 from .metric_log import MetricLogger
 from .replicated import ReplicatedModel
-from .run_checks import not_peft_adapter
+from .run_checks import ADAPTER_CONTENT, file_sha256, not_peft_adapter
 from .run_dir import RunDir, RunDirError, check_usable, read_metrics
 from .sharding import ShardedModel
 from .step import chunk_grads, schedule_factor
@@ -300,8 +300,12 @@ class Trainer:
         if self.rank != 0:
             return None
         self.run_dir.note_written("adapter")  # before peft writes it: --overwrite may then remove it
-        return save_lora_adapter(self.model, self.run_dir.path / "adapter", self.cfg.hf_model, self.cfg.lora_targets,
-                                 state)
+        self.run_dir.note_adapter_files(None)  # while peft writes, judged by content (a save killed half-way)
+        out = save_lora_adapter(self.model, self.run_dir.path / "adapter", self.cfg.hf_model, self.cfg.lora_targets,
+                                state)
+        self.run_dir.note_adapter_files({name: file_sha256(out / name) for name, _, _ in ADAPTER_CONTENT
+                                         if (out / name).is_file() and not (out / name).is_symlink()})
+        return out
 
     def _barrier(self):
         if self.world > 1:
