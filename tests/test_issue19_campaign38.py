@@ -259,3 +259,30 @@ def test_b9_a_study_rerun_keeps_a_users_file_under_a_temporary_name(tmp_path):
     assert not empty.exists() and all(p.read_text() == NOTES for p in notes)
     ours, foreign = folder._cell_files()
     assert notes[0] not in ours and notes[0].name in foreign
+
+
+def test_campaign39_c9_a_trl_sft_loss_other_than_nll_is_refused(tmp_path):
+    """Campaign 39 C9 (silent-wrong): TRL's SFTTrainer with SFTConfig(loss_type='dft') through SeCOTrainerMixin
+    trained plain cross-entropy (parameters 7.3e-4 from the stock DFT SFTTrainer); the default 'nll' is taken."""
+    from datasets import Dataset
+    from test_hf_trainer import word_tokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from seco_lab.integrations.transformers import SeCOArguments, SeCOTrainerMixin
+
+    class SeCOSFTTrainer(SeCOTrainerMixin, SFTTrainer):
+        pass
+
+    ids = torch.randint(0, 64, (2, 32)).tolist()
+    data = Dataset.from_dict({"input_ids": ids})
+    for loss_type, refused in (("dft", True), ("nll", False)):
+        args = SFTConfig(output_dir=str(tmp_path / loss_type), per_device_train_batch_size=2, max_steps=1,
+                         use_cpu=True, report_to=[], save_strategy="no", activation_checkpointing=False,
+                         loss_type=loss_type, bf16=False)
+        kw = dict(model=_tiny_llama(), args=args, train_dataset=data, processing_class=word_tokenizer(),
+                  seco_args=SeCOArguments(chunk_size=16))
+        if refused:
+            with pytest.raises(ValueError, match="loss_type='dft'"):
+                SeCOSFTTrainer(**kw)
+        else:
+            SeCOSFTTrainer(**kw)

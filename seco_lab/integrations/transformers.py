@@ -111,6 +111,9 @@ class SeCOTrainerMixin:
             reasons.append("label_smoothing_factor > 0 (the engine computes plain cross-entropy; set it to 0)")
         if self.compute_loss_func is not None:
             reasons.append("compute_loss_func (the engine computes the causal-LM cross-entropy itself)")
+        if getattr(args, "loss_type", None) not in (None, "nll"):  # TRL's SFTConfig (campaign 39 C9: 'dft')
+            reasons.append(f"loss_type={args.loss_type!r} (the SeCO step computes the causal-LM cross-entropy, "
+                           "TRL's 'nll'; set loss_type='nll' or train that loss with the stock trainer)")
         owner = next(c for c in type(self).__mro__ if "compute_loss" in vars(c))
         if owner.__module__.split(".")[0] not in ("transformers", "trl", "seco_lab"):  # campaign 38 B4
             reasons.append(f"compute_loss overridden in {owner.__qualname__} (the SeCO training step computes the "
