@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from seco_lab.cli import main
 
 
@@ -117,13 +119,17 @@ def test_campaign22_n3_a_resume_removes_the_temporaries_a_killed_run_left_and_no
     rd.close()
     torn = [rd.checkpoints / "step_000016.pt.seco-tmp4242", rd.checkpoints / "latest.seco-tmp4242",
             rd.path / "metrics.jsonl.seco-tmp7"]
-    for p in torn:
-        p.write_bytes(b"half")
+    for p in torn:  # killed before a byte was written (campaign 37 A5: one holding something is kept, below)
+        p.write_bytes(b"")
     kept = [rd.checkpoints / "step_000016.pt.seco-tmp", rd.checkpoints / "notes.seco-tmp1"]  # not the run's names
     for p in kept:
         p.write_text("mine")
-    RunDir(rd.path).open(resume=True, overwrite=False).close()
+    half = rd.checkpoints / "step_000017.pt.seco-tmp4243"  # torn half-way, or a user's: kept, with a warning
+    half.write_bytes(b"half")
+    with pytest.warns(UserWarning, match="kept .*step_000017.pt.seco-tmp4243"):
+        RunDir(rd.path).open(resume=True, overwrite=False).close()
     assert [p for p in torn if p.exists()] == [] and all(p.read_text() == "mine" for p in kept)
+    assert half.read_bytes() == b"half"
     assert (rd.checkpoints / "step_000003.pt").is_file()
 
 

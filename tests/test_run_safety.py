@@ -316,7 +316,8 @@ def test_a_study_folder_removes_only_its_own_temporaries_and_cells(tmp_path):
     gone = [tmp_path / "study.json.seco-tmp123", tmp_path / "cells" / "L1_k2_s0.json", tmp_path / "cells" / "a.json",
             tmp_path / "cells" / "a.rows.csv", tmp_path / "cells" / "a.json.seco-tmp99"]
     for p in keep + gone:  # a cell's record is a JSON object; a user's file with a cell's extension is not one
-        p.write_text('{"cell": 1}' if p.name in ("L1_k2_s0.json", "a.json") else "x")
+        # a temporary is the study's only empty (campaign 38 B9: one holding something is kept, with a warning)
+        p.write_text('{"cell": 1}' if p.name in ("L1_k2_s0.json", "a.json") else "" if "seco-tmp" in p.name else "x")
     folder.open("digest", fresh=True)
     assert all(p.exists() for p in keep)
     assert not any(p.exists() for p in gone)

@@ -83,7 +83,7 @@ def test_study_folder_refuses_another_definition_and_fresh_discards_cells(tmp_pa
     assert folder.open("aaaa") == {}
     folder.write_manifest({"fingerprint": "aaaa"})
     folder.write_cell("one", {"v": 1}, {"rows": pd.DataFrame({"a": [1]})})
-    (folder.cells / "two.json.seco-tmp123").write_text("torn")  # left by a killed writer
+    (folder.cells / "two.json.seco-tmp123").write_text("")  # left by a writer killed before its first byte
     assert folder.open("aaaa") == {"fingerprint": "aaaa"} and folder.done("one")
     assert not list(folder.cells.glob("*tmp*"))
     with pytest.raises(DefinitionMismatch, match="different study definition"):
