@@ -13,7 +13,7 @@ STUDIES       := bias train real audit
 QUICK_STUDIES := bias train audit
 JOBS_real     := 1
 
-.PHONY: install test test-unit lint report train-demo train-compare bench bench-hf bench-hf-chunks bench-hf-lora-recheck bench-hf-spans bench-hf-fused bench-hf-keep bench-fsdp clean \
+.PHONY: install test test-unit lint report train-demo train-compare bench bench-hf bench-hf-chunks bench-hf-lora-recheck bench-hf-spans bench-hf-fused bench-hf-keep bench-hf-values-check bench-fsdp clean \
         $(addsuffix -study,$(STUDIES)) $(addsuffix -study-quick,$(QUICK_STUDIES))
 
 install: $(STAMP)
@@ -155,6 +155,14 @@ bench-hf-fused: $(STAMP)
 	$(HF) --layers 30 --lengths 8192 --chunk-sizes 64 128 --methods forward spaco --schemes released-unbiased \
 	  --compare fused --no-memory --no-lora --rounds 1 --warmup 0 --tag fused-side
 	$(HF) --layers 30 --lengths 2048 --chunk-sizes 64 --methods seco --no-memory --no-time --profile 2048 --tag fused-after
+	$(BIN)/seco-lab report bench
+
+# Issue 19 (campaign 39): the values check of rebuilt chunks (seco_lab.core.checks, the default) against the
+# metadata-only check, interleaved in one process (--compare values, tag values-side): SeCO and SpaCO at 2K, chunk 64
+# (full parameters; SpaCO the mean over 4 random draws).  About 20 CPU-minutes, single-threaded.
+bench-hf-values-check: $(STAMP)
+	$(HF) --layers 30 --lengths 2048 --chunk-sizes 64 --methods forward seco spaco --schemes released-unbiased \
+	  --draws 4 --compare values --no-memory --rounds 2 --warmup 0 --no-lora --tag values-side
 	$(BIN)/seco-lab report bench
 
 # Per-rank memory and step time of --shard fsdp against replicated data parallelism (2 CPU ranks, ~5 min).

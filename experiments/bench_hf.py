@@ -143,7 +143,14 @@ def build(cfg: HFBenchConfig, n: int, lora: bool):
 def engine_variant(adapter, name: str):
     """Within: the adapter runs the engine as it was before a change -- ``pass1``: pass 1 chunk by chunk
     (before pass-1 spans); ``fused``: every layer gradient through autograd (before
-    seco_lab.models.fused_grads); ``keep``: SpaCO rebuilds every drawn chunk (no graph kept from pass 1)."""
+    seco_lab.models.fused_grads); ``keep``: SpaCO rebuilds every drawn chunk (no graph kept from pass 1);
+    ``values``: rebuilt chunks compared by metadata only (before the values check)."""
+    if name == "values":
+        from seco_lab.core.checks import recompute_check
+
+        with recompute_check("metadata"):
+            yield
+        return
     attr, value = {"pass1": ("pass1_tokens", None), "fused": ("fused_grads", None), "keep": ("keep_graphs", 0)}[name]
     had = attr in vars(adapter)
     saved, _ = getattr(adapter, attr), setattr(adapter, attr, value)

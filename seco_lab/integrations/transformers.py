@@ -33,6 +33,13 @@ never armed; gradients are averaged over processes by one all-reduce of a flat b
 the last micro-batch of each optimizer step (when ``accelerator.sync_gradients``), i.e. once
 per optimizer step, as DDP under ``no_sync`` does.
 
+**The loss is checked, not assumed.**  On the first micro-batch of every ``train()`` call, and again whenever
+``compute_loss`` or the model's ``forward`` is set on an instance or a forward hook is added to the model (or
+globally), the stock ``compute_loss`` runs once without a graph on the first two chunks of the micro-batch
+(labels = the tokens) and its loss must equal the engine's cross-entropy on them up to rounding
+(``SeCOTrainerMixin._seco_loss_rounding``): a z-loss or any other term put in by a forward, a hook or a
+``compute_loss`` -- where the class checks cannot see it -- is refused before any gradient is computed.
+
 **Padding.**  A right-padded batch (attention mask 1...1 0...0 per row, pad targets -100) is
 exact: causal attention never lets a real token see a later pad.  Left padding or holes in
 the mask would change what the real tokens attend to, and are refused.
@@ -46,6 +53,7 @@ checkpoint callback in :mod:`.trainer_callbacks`, the packing helper in :mod:`.p
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from pathlib import Path
@@ -54,7 +62,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..core.checks import ceil_div, check_subset
+from ..core.checks import ceil_div, check_subset, computed_dtype
 from ..core.engine import forward_loss, seco_step
 from ..estimators.spaco import spaco_grad
 from ..models.hf import HFChunkModel
@@ -95,6 +103,7 @@ class SeCOTrainerMixin:
         self.seco_draws: list[tuple[int, int, tuple[int, ...]]] = []
         self._seco_micro = 0
         self._seco_adapters: dict[int, HFChunkModel] = {}
+        self._seco_loss_checked = None  # the loss signature (_seco_loss_signature) the loss was last checked under
         super().__init__(*args, **kwargs)
         self._seco_refuse_unsupported()
         self.seco_adapter(self.model)  # a model the engine cannot drive fails here, with the reason
@@ -223,6 +232,9 @@ class SeCOTrainerMixin:
         inputs = self._prepare_inputs(inputs)
         tokens, targets = chunk_targets(inputs)
         adapter = self.seco_adapter(model)
+        signature = self._seco_loss_signature(model)
+        if signature != self._seco_loss_checked and self._seco_check_loss(model, adapter, inputs):
+            self._seco_loss_checked = signature
         params = [p for p in adapter.parameters() if p.requires_grad]
         n_targets = int((targets != -100).sum())
         factor = self.seco_loss_factor(num_items_in_batch, n_targets)
@@ -242,6 +254,67 @@ class SeCOTrainerMixin:
         else:
             self._seco_micro += 1
         return (loss.detach() * (n_targets * factor)).to(self.args.device)
+
+    def _seco_loss_signature(self, model) -> tuple:
+        """What can change the loss ``compute_loss`` returns while every class stays the same (campaign 39 C2):
+        ``compute_loss``/``forward`` set on the instance, forward hooks on the model or its wrappers, global ones."""
+        from torch.nn.modules import module as M
+
+        unwrapped = self.accelerator.unwrap_model(model)
+        chain = [model, unwrapped, unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped]
+        return (id(vars(self).get("compute_loss")), id(vars(self).get("compute_loss_func")),
+                tuple((id(m), id(vars(m).get("forward")), tuple(m._forward_hooks), tuple(m._forward_pre_hooks))
+                      for m in chain),
+                tuple(M._global_forward_hooks), tuple(M._global_forward_pre_hooks))
+
+    def _seco_check_loss(self, model, adapter: HFChunkModel, inputs) -> bool:
+        """Compare the stock ``compute_loss`` with the engine's cross-entropy on the micro-batch's first two chunks
+        (labels = the tokens, padding -100), both without a graph; raise ValueError if they differ by more than
+        rounding allows (:meth:`_seco_loss_rounding`).  Returns False when there was nothing to compare (no token)."""
+        n, c = inputs["input_ids"].shape[-1], self.seco_args.chunk_size
+        span = min(n, 2 * c)
+        prefix = {key: value[..., :span] for key, value in inputs.items()
+                  if key not in ("labels", "shift_labels") and torch.is_tensor(value) and value.shape[-1] == n}
+        labels = prefix["input_ids"].clone()
+        if "attention_mask" in prefix:
+            labels[prefix["attention_mask"] == 0] = -100
+        prefix["labels"] = labels
+        tokens, targets = chunk_targets(prefix)
+        if not bool((targets != -100).any()):
+            return False
+        # TRL's compute_loss records metrics and token counts: this call is not a step
+        kept = copy.deepcopy({name: vars(self)[name] for name in ("_metrics", "_total_train_tokens")
+                              if name in vars(self)})
+        try:
+            with torch.no_grad(), self.compute_loss_context_manager(), self.accelerator.autocast():
+                ours = float(forward_loss(adapter, tokens, targets, c))  # first: the adapter's probe names dropout
+                stock = self.compute_loss(model, prefix)
+                computed = computed_dtype(next(iter(adapter.parameters())))  # autocast's dtype where it is on
+        finally:
+            vars(self).update(kept)
+        stock = stock[0] if isinstance(stock, tuple) else stock
+        allowed = self._seco_loss_rounding(stock, computed)
+        stock = float(stock)
+        if not abs(stock - ours) <= allowed * max(abs(ours), 1.0):
+            raise ValueError(
+                f"SeCOTrainer: the loss the stock Trainer computes (compute_loss) on the first {span} tokens of this "
+                f"batch is {stock!r}, the causal-LM cross-entropy the SeCO step trains {ours!r} (relative difference "
+                f"{abs(stock - ours) / max(abs(ours), 1.0):.3g}, rounding allows {allowed:.2g}): something adds to or "
+                "changes the loss where the trainer's class checks cannot see it -- a forward or compute_loss set on "
+                "the instance, a forward hook on the model, a subclass's extra term, or randomness in the forward -- "
+                "and the SeCO step would leave it out; remove it, or train that loss with the stock Trainer")
+        return True
+
+    @staticmethod
+    def _seco_loss_rounding(stock, dtype: torch.dtype) -> float:
+        """The relative difference rounding may put between the stock loss and the engine's on the same tokens:
+        1024 eps of the stock loss's dtype (transformers' loss is float32 whatever the model's: 1.2e-4; float64:
+        2.3e-13), and sqrt(eps) of 16-bit weights or autocast, whose two forwards round apart (0.088 in bfloat16,
+        0.031 in float16).  Measured on the 2-layer test Llama: 9.3e-8 in float64 (float32 loss), 0 in float32
+        (also under bf16 autocast), 1.2e-3 in bfloat16, 1.9e-4 in float16."""
+        loss_dtype = stock.dtype if torch.is_tensor(stock) and stock.is_floating_point() else torch.float32
+        allowed = 1024 * torch.finfo(loss_dtype).eps
+        return max(allowed, torch.finfo(dtype).eps ** 0.5) if torch.finfo(dtype).bits <= 16 else allowed
 
     def _seco_backward(self, adapter: HFChunkModel, tokens, targets, scale: float) -> torch.Tensor:
         """Add ``scale`` times the gradient (SeCO) or its estimate (SpaCO) of the mean token loss into
@@ -319,6 +392,7 @@ class SeCOTrainerMixin:
                 logger.warning("resuming from %s, written with SeCO settings %s, with %s: the run will not equal an "
                                "uninterrupted one", folder, saved, self.seco_args.to_dict())
         self._seco_micro = 0
+        self._seco_loss_checked = None  # every train() checks the loss on its first micro-batch
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
 

@@ -25,4 +25,10 @@ ENGINE_VARIANTS = {
              "instead of rebuilding the chunks (spaco_grad(keep_graphs=n), HFChunkModel.keep_graphs): n chunk "
              "forwards fewer for n chunks' activations held from pass 1 to pass 2. The same steps rebuilding every "
              "drawn chunk, timed in the same process, are the 'before'."),
+    "values": (" (rebuilt caches compared by metadata)", "metadata", "values",
+                "The values check of rebuilt chunks, side by side (one process, interleaved rounds)",
+                "Pass 2 compares every rebuilt chunk's keys/values with its first pass by value (seco_lab.core.checks:"
+                " the relative L2 difference within rounding), which refuses randomness user code puts in a forward; "
+                "the same steps comparing shape, dtype and device only (recompute_check('metadata')), timed in the "
+                "same process, are the 'before'."),
 }

@@ -1,0 +1,125 @@
+"""Issue 19, campaign 39 (on 9be73a1), Python API: each finding has a test here that fails on that commit.
+
+C1, C3, C4, C8 (silent-wrong): randomness that user code puts into a model's forward where no name shows it -- a
+hook drawing in eval mode (MC dropout, noise), a second coin beside OPT's layerdrop coin, a private
+``torch.Generator``, numpy, ``random``, a draw that starts at a later call.  The probe of
+:class:`~seco_lab.models.hf.HFChunkModel` cannot prove arbitrary code deterministic; the general answer is the
+comparison of every rebuilt chunk's cache with its first pass, by value and by default
+(:func:`seco_lab.core.checks.check_recomputed`).  C2 (silent-wrong): a loss changed on the instance is tested in
+tests/test_hf_trainer_loss_check.py."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+import transformers as T
+
+from seco_lab import dense_grad, seco_grad, spaco_grad
+from seco_lab.core.checks import RECOMPUTE_ENV, RecomputationError, rebuild_rounding, recompute_check
+from seco_lab.models.hf import HFChunkModel, build_hf_model
+
+GEN = torch.Generator().manual_seed(3)
+CALLS = {"n": 0}
+
+
+def _counted(k):
+    """Noise from the k-th call of the hooked layer on (warm-up noise): the probe saw only the first calls."""
+    def draw(o):
+        CALLS["n"] += 1
+        return o + 0.1 * torch.randn_like(o) if CALLS["n"] >= k else o
+    return draw
+
+
+NOISE = {  # campaign 39's probes: the hook's output given its input (every one draws, none by a name the probe reads)
+    "eval: MC dropout": (True, lambda o: torch.nn.functional.dropout(o, 0.2, training=True)),
+    "eval: randn_like": (True, lambda o: o + 0.1 * torch.randn_like(o)),
+    "private generator: binomial": (False, lambda o: o * torch.binomial(torch.ones_like(o), torch.full_like(o, 0.9),
+                                                                        generator=GEN) / 0.9),
+    "private generator: one-number scale": (False, lambda o: o * (1.0 + float(torch.rand((), generator=GEN)))),
+    "numpy": (False, lambda o: o + 0.1 * torch.from_numpy(np.random.randn(*o.shape)).to(o.dtype)),
+    "python random coin": (False, lambda o: o * 0.0 if random.random() < 0.5 else o),
+    "from the 3rd call": (False, _counted(3)),
+    "from the 5th call": (False, _counted(5)),
+}
+
+
+def _llama64():
+    """Two layers: noise in layer 0's MLP reaches layer 1's keys and values, the cache the later chunks read."""
+    torch.manual_seed(0)
+    return build_hf_model("llama", {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                    "num_key_value_heads": 4, "intermediate_size": 64, "vocab_size": 64,
+                                    "max_position_embeddings": 64}).double()
+
+
+@pytest.mark.parametrize("case", list(NOISE))
+def test_c1_c4_c8_randomness_put_in_by_user_code_is_refused_naming_the_chunk(case):
+    eval_mode, noise = NOISE[case]
+    CALLS["n"] = 0
+    model = _llama64()
+    model.train(not eval_mode)
+    model.model.layers[0].mlp.register_forward_hook(lambda mod, i, o: noise(o))
+    x = torch.randint(0, 64, (2, 64), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(RecomputationError, match=r"chunk \d's rebuilt cache tensor \d+ differs from its first pass .*"
+                                                 r"not reproducible"):
+        seco_grad(HFChunkModel(model), x, torch.roll(x, -1, 1), 16)
+
+
+def test_c3_a_coin_beside_opts_layerdrop_coin_is_refused():
+    torch.manual_seed(0)
+    model = T.OPTForCausalLM(T.OPTConfig(vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                                         num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=32,
+                                         dropout=0.0, attention_dropout=0.0, layerdrop=0.0)).double()
+
+    def coin(mod, i, o):
+        h = o[0] if isinstance(o, tuple) else o
+        h = h * 0.5 if float(torch.rand(())) < 0.5 else h
+        return (h,) + tuple(o[1:]) if isinstance(o, tuple) else h
+
+    model.model.decoder.layers[0].register_forward_hook(coin)
+    x = torch.randint(0, 64, (2, 64), generator=torch.Generator().manual_seed(1))
+    for training in (True, False):
+        model.train(training)
+        with pytest.raises(RecomputationError, match="differs from its first pass"):
+            seco_grad(HFChunkModel(model), x, torch.roll(x, -1, 1), 16)
+
+
+def test_a_deterministic_model_keeps_its_exact_gradient_under_the_default_check():
+    model = HFChunkModel(_llama64())
+    x = torch.randint(0, 64, (2, 64), generator=torch.Generator().manual_seed(1))
+    y = torch.roll(x, -1, 1)
+    _, got = seco_grad(model, x, y, 16)
+    _, ref = dense_grad(model, x, y)
+    assert max(float((got[n] - ref[n]).norm() / ref[n].norm()) for n in ref) < 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_values_check_passes_the_rounding_of_low_precision_spans(dtype):
+    """Pass 1 runs 512-token spans, the rebuild one chunk: their rounding differs and must stay below the allowance
+    (measured on SmolLM2 in float32/float16/bfloat16: rebuild_rounding's docstring)."""
+    torch.manual_seed(0)
+    model = HFChunkModel(T.LlamaForCausalLM(T.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024)).to(dtype))
+    x = torch.randint(0, 128, (1, 512), generator=torch.Generator().manual_seed(1))
+    loss, grads = seco_grad(model, x, torch.roll(x, -1, 1), 32)
+    assert torch.isfinite(loss)
+    assert rebuild_rounding(dtype) == pytest.approx(torch.finfo(dtype).eps ** 0.5 * (1 if dtype == torch.float32
+                                                                                    else 4))
+
+
+def test_the_default_check_is_set_by_the_environment_and_a_bad_value_is_refused(monkeypatch):
+    eval_mode, noise = NOISE["eval: randn_like"]
+    model = _llama64().eval()
+    model.model.layers[0].mlp.register_forward_hook(lambda mod, i, o: noise(o))
+    x = torch.randint(0, 64, (1, 32), generator=torch.Generator().manual_seed(1))
+    monkeypatch.setenv(RECOMPUTE_ENV, "metadata")
+    seco_grad(HFChunkModel(model), x, torch.roll(x, -1, 1), 16)  # the user's choice: metadata only
+    with recompute_check("values"), pytest.raises(RecomputationError):  # the block's mode wins over the environment
+        seco_grad(HFChunkModel(model), x, torch.roll(x, -1, 1), 16)
+    monkeypatch.setenv(RECOMPUTE_ENV, "sometimes")
+    with pytest.raises(ValueError, match=rf"{RECOMPUTE_ENV}='sometimes' is not a recompute check: use one of "
+                                         r"\('values', 'metadata', 'none'\)"):
+        spaco_grad(HFChunkModel(model), x, torch.roll(x, -1, 1), 16, "paper", budget=1, subset=(1,))
