@@ -45,6 +45,7 @@ from .config import (
     load_config_file,
     tiny_config_from_dict,
 )
+from .core.checks import recompute_mode
 from .field_types import unwrap_optional
 from .models.tiny_config import TinyConfig
 from .store import DuplicateKeyError, check_image_target, loads_json
@@ -278,6 +279,7 @@ def train_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
     created = False  # a process group this command created (under torchrun), not one of its caller
     try:
+        recompute_mode()  # a bad SECO_LAB_RECOMPUTE_CHECK is refused before anything starts
         created = init_distributed_from_env()
         trainer = Trainer(cfg, run)
         trainer.prepare()
@@ -297,6 +299,7 @@ def train_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
 def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
     """Fit a prepared trainer, turning its ends into messages and exit statuses."""
+    from .core.checks import RecomputationError
     from .training.run_dir import RunDirError
     from .training.trainer import NonFiniteLoss, TrainingInterrupted
 
@@ -330,8 +333,9 @@ def run_training(trainer, cfg: TrainConfig, run: RunControl) -> int:
     first, began = trainer.step, time.perf_counter()
     try:
         last = trainer.fit()
-    except (NonFiniteLoss, RunDirError, ValueError) as e:  # a diverged run; a checkpoint that could not be written;
-        # a check of the model at its first forward (dropout active in a checkpoint's config: campaign 27 H20)
+    except (NonFiniteLoss, RunDirError, ValueError, RecomputationError) as e:  # a diverged run; a checkpoint that
+        # could not be written; a check of the model at its first forward (dropout active in a checkpoint's config:
+        # campaign 27 H20); a rebuilt chunk that did not reproduce its first pass (randomness in the forward)
         print(f"seco-lab train: error: {e}", file=sys.stderr)
         return 1
     except FloatingPointError as e:  # the engine refused a NaN/inf forward the trainer did not turn into a step

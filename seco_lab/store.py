@@ -5,7 +5,8 @@ Every stored result of the package (a study's cells and tables, a training run's
 checkpoints and metrics, a report) is written through :func:`atomic_write`: the bytes go to
 ``NAME.seco-tmp<pid>`` beside the target, are flushed to disk (``fsync``), and the temporary file
 is renamed over the target (``os.replace``, atomic on POSIX), so a reader never sees half a file
-and a kill leaves at most a stale ``NAME.seco-tmp<pid>``, which :func:`clear_stale` removes (the
+and a kill leaves at most a stale ``NAME.seco-tmp<pid>`` (:func:`clear_stale` removes an empty one and keeps,
+with a warning, one that holds something, which may be a user's: campaign 38 B9; the
 tag is the package's own: a user's ``results.json.tmp2`` or ``metrics.jsonl.tmp`` is never taken for one).  The
 argument order is always (path, content), like ``open(path)``.
 

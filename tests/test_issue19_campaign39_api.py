@@ -123,3 +123,82 @@ def test_the_default_check_is_set_by_the_environment_and_a_bad_value_is_refused(
     with pytest.raises(ValueError, match=rf"{RECOMPUTE_ENV}='sometimes' is not a recompute check: use one of "
                                          r"\('values', 'metadata', 'none'\)"):
         spaco_grad(HFChunkModel(model), x, torch.roll(x, -1, 1), 16, "paper", budget=1, subset=(1,))
+
+
+# --------------------------------------------------------------------------- the review of the campaign-39 fixes
+
+
+def test_a_rebuilt_chunk_that_differs_ends_a_cli_training_with_a_message(r2, tmp_path, monkeypatch, capsys):
+    """A RecomputationError (a RuntimeError) in the CLI's training loop is a one-line error, not a traceback; a bad
+    SECO_LAB_RECOMPUTE_CHECK is refused before anything starts."""
+    from helpers import FAST
+
+    import seco_lab.core.engine as engine
+    from seco_lab.cli import main
+
+    def differs(first, rebuilt, j):
+        raise RecomputationError(f"chunk {j}'s rebuilt cache tensor 0 differs from its first pass")
+
+    monkeypatch.setattr(engine, "check_recomputed", differs)
+    assert main(["train", *FAST, "--mode", "seco", "--run-dir", str(tmp_path / "a")]) == 1
+    assert "seco-lab train: error: chunk" in capsys.readouterr().err
+    monkeypatch.undo()
+    monkeypatch.setenv(RECOMPUTE_ENV, "sometimes")
+    assert main(["train", *FAST, "--run-dir", str(tmp_path / "b")]) == 2
+    assert f"{RECOMPUTE_ENV}='sometimes' is not a recompute check" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_marker_listing_a_non_name_is_not_a_marker_and_gives_no_traceback(r2, tmp_path, capsys):
+    import json
+
+    from helpers import FAST, copy_run
+
+    from seco_lab.cli import main
+
+    run = copy_run(r2, tmp_path / "r")
+    marker = run / ".seco-lab-run"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "wrote": [["adapter"]]}))
+    assert main(["train", *FAST, "--run-dir", str(run), "--overwrite"]) == 2
+    assert ".seco-lab-run (not a run's marker)" in capsys.readouterr().err
+
+
+def test_tensor_hooks_do_not_re_probe_the_forward_but_module_hooks_do():
+    """FSDP registers a tensor hook on every forward with gradients: that must not count as a new forward (the
+    probe would run on every chunk); a forward hook on a module, or a global one, must."""
+    model = _llama64().train()
+    adapter = HFChunkModel(model)
+    before = adapter._forward_signature()
+    torch.zeros(2, requires_grad=True).register_hook(lambda g: g)
+    assert adapter._forward_signature() == before
+    handle = model.model.layers[1].mlp.register_forward_hook(lambda *a: None)
+    assert adapter._forward_signature() != before
+    handle.remove()
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda *a: None)
+    try:
+        assert adapter._forward_signature() != before
+    finally:
+        handle.remove()
+    assert adapter._forward_signature() == before
+
+
+def test_a_library_class_method_replaced_by_the_users_function_is_the_users(tmp_path, monkeypatch):
+    """``LlamaForCausalLM.forward = mine`` (or a Trainer's compute_loss): the function's module is the user's."""
+    import trainer_case as tc
+    from transformers import Trainer
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+
+    from seco_lab.integrations.transformers import SeCOArguments, SeCOTrainer
+
+    def forward(self, *args, **kwargs):
+        return T.LlamaForCausalLM.__mro__[1].forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(T.LlamaForCausalLM, "forward", forward)
+    with pytest.raises(ValueError, match=r"a forward of your own model class \(LlamaForCausalLM\)"):
+        tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4))
+    monkeypatch.undo()
+    monkeypatch.setattr(SeCOTrainer, "compute_loss", compute_loss)
+    with pytest.raises(ValueError, match="compute_loss overridden in SeCOTrainer"):
+        tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4))

@@ -18,8 +18,9 @@ reproducible -- dropout, noise from any generator (torch's, numpy's, ``random``)
 mode, a draw that starts at some later call -- is caught with an error that names the chunk instead of giving a
 silently wrong gradient, whenever its randomness reaches a cache that a later chunk reads.  Randomness that
 reaches no such cache (noise on the last chunk, or on the logits only) leaves the gradient exact for the loss
-the rebuilds compute, as dropout does in dense training.  The check costs one subtraction over a chunk's
-own keys and values (docs/cost.md).  "metadata" keeps the cheaper comparison; "none" switches it off.
+the rebuilds compute, as dropout does in dense training.  The check costs a subtraction and two norms over a
+chunk's own keys and values and one read back to the host a chunk (measured beside the metadata check:
+``make bench-hf-values-check``).  "metadata" keeps the cheaper comparison; "none" switches it off.
 """
 
 from __future__ import annotations
@@ -390,21 +391,25 @@ def check_recomputed(first: Sequence[torch.Tensor], rebuilt: Sequence[torch.Tens
             raise RecomputationError(
                 f"chunk {j}'s rebuilt cache tensor {r} is {tuple(b.shape)} {b.dtype} on {b.device}, its first pass "
                 f"{tuple(a.shape)} {a.dtype} on {a.device}: {hint}")
-        if mode in ("values", "checksum") and a.numel():
-            a, b = a.detach(), b.detach()
-            if a.is_floating_point():
-                norm = torch.linalg.vector_norm
-                diff, scale, allowed = float(norm(b - a, dtype=torch.float64)), float(norm(a, dtype=torch.float64)), \
-                    rebuild_rounding(computed_dtype(a))
-            else:
-                diff, scale, allowed = float((b != a).sum()), 0.0, 0.0
-            if not diff <= allowed * scale:  # a NaN difference is one too
-                raise RecomputationError(
-                    f"chunk {j}'s rebuilt cache tensor {r} differs from its first pass (|rebuilt - first| = "
-                    f"{diff / scale if scale else float('inf'):.3g} |first|; rounding is allowed {allowed:.2g}): "
-                    f"{hint}; if the forward is deterministic and only rounds differently between a chunk's first "
-                    "pass and its rebuild, compare metadata only (seco_lab.core.checks.recompute_check('metadata'), "
-                    f"or the environment variable {RECOMPUTE_ENV}=metadata)")
+    if mode not in ("values", "checksum"):
+        return
+    # ||b - a|| and ||a|| of every tensor (float64; an integer tensor: its count of differing entries, and 0), read
+    # back to the host at once: one device sync a chunk, not two a tensor
+    norm, f64 = torch.linalg.vector_norm, torch.float64
+    pairs = [(a.detach(), b.detach()) for a, b in zip(first, rebuilt)]
+    home = pairs[0][0].device if pairs else None  # layers on several devices (a device map): gathered on one
+    sizes = torch.stack([(torch.stack([norm(b - a, dtype=f64), norm(a, dtype=f64)]) if a.is_floating_point() else
+                          torch.stack([(b != a).sum().to(f64), torch.zeros((), dtype=f64, device=a.device)])).to(home)
+                         for a, b in pairs]).tolist() if pairs else []
+    for r, ((a, _), (diff, scale)) in enumerate(zip(pairs, sizes)):
+        allowed = rebuild_rounding(computed_dtype(a)) if a.is_floating_point() else 0.0
+        if a.numel() and not diff <= allowed * scale:  # a NaN difference is one too
+            raise RecomputationError(
+                f"chunk {j}'s rebuilt cache tensor {r} differs from its first pass (|rebuilt - first| = "
+                f"{diff / scale if scale else float('inf'):.3g} |first|; rounding is allowed {allowed:.2g}): "
+                f"{hint}; if the forward is deterministic and only rounds differently between a chunk's first "
+                "pass and its rebuild, compare metadata only (seco_lab.core.checks.recompute_check('metadata'), "
+                f"or the environment variable {RECOMPUTE_ENV}=metadata)")
 
 
 def as_float(value, what: str, *, finite: bool = True, allowed: str | None = None) -> float:

@@ -216,8 +216,8 @@ def _marker_record(file: Path) -> dict | None:
     run_id, wrote = record.get("run_id"), record.get("wrote", [])
     if run_id is not None and not (isinstance(run_id, str) and re.fullmatch(r"[0-9a-f]{16}", run_id)):
         return None
-    if not isinstance(wrote, list) or not set(wrote) <= set(OPTIONAL_FOLDERS) or type(record.get("digests", True)) \
-            is not bool:
+    if not isinstance(wrote, list) or not all(isinstance(w, str) and w in OPTIONAL_FOLDERS for w in wrote) \
+            or type(record.get("digests", True)) is not bool:
         return None
     files = record.get("adapter_files", {})  # name -> SHA-256 of each file the last adapter save wrote
     if not isinstance(files, dict) or not all(name in {n for n, _, _ in ADAPTER_CONTENT} and isinstance(h, str)
