@@ -12,9 +12,10 @@ from ..folder_lock import LOCK_NAME, is_own_lock, lock_holder
 from ..store import CONFIG_MAX_BYTES, protected_paths, read_json
 from .checkpoint_archive import ANY_RUN, is_own_checkpoint
 
-__all__ = ["CHECKPOINTS_TREE", "DCP_TREE", "FILE", "MARKER_NAME", "RUN_TREE", "RunDirError", "check_path_given",
-           "check_replaceable", "check_usable", "checkpoint_steps", "file_sha256", "foreign_entries", "is_run",
-           "not_peft_adapter", "not_run_file", "orphan_checkpoints", "remove_own", "run_contents", "run_tree"]
+__all__ = ["CHECKPOINTS_TREE", "DCP_TREE", "FILE", "MARKER_NAME", "RUN_TREE", "RunDirError", "check_adapter_digests",
+           "check_path_given", "check_replaceable", "check_usable", "checkpoint_steps", "file_sha256",
+           "foreign_entries", "is_run", "not_peft_adapter", "not_run_file", "orphan_checkpoints", "remove_own",
+           "run_contents", "run_tree"]
 
 MARKER_NAME = ".seco-lab-run"
 
@@ -219,7 +220,7 @@ def _marker_record(file: Path) -> dict | None:
     if not isinstance(wrote, list) or not all(isinstance(w, str) and w in OPTIONAL_FOLDERS for w in wrote) \
             or type(record.get("digests", True)) is not bool:
         return None
-    files = record.get("adapter_files", {})  # name -> SHA-256 of each file the last adapter save wrote
+    files = record.get("adapter_files") or {}  # name -> SHA-256 of each file the last save wrote (null: one under way)
     if not isinstance(files, dict) or not all(name in {n for n, _, _ in ADAPTER_CONTENT} and isinstance(h, str)
                                               and re.fullmatch(r"[0-9a-f]{64}", h) for name, h in files.items()):
         return None
@@ -410,6 +411,20 @@ def not_peft_adapter(path: Path) -> list[str]:
     return out
 
 
+def check_adapter_digests(path: Path, option: str) -> None:
+    """Refuse (:class:`RunDirError`) ``--overwrite`` or a LoRA ``--resume`` (``option``) of the run folder ``path``
+    whose ``adapter/`` holds files while its marker records no digests of them (``adapter_files``, written by every
+    adapter save since campaign 38 B8; null while a save is under way): a run saved by an older seco-lab, whose files
+    nothing proves the run's -- notes appended to its README.md pass peft's model-card check (campaign 39 C5)."""
+    adapter = Path(path) / "adapter"
+    if not adapter.is_dir() or adapter.is_symlink() or "adapter_files" in (_marker(path) or {}):
+        return
+    if any(p.is_symlink() or not p.is_file() or p.stat().st_size > 0 for p in adapter.iterdir()):
+        raise RunDirError(f"{option}: {path} is a LoRA run saved by a seco-lab that predates adapter digests, so "
+                          f"nothing proves the files in {adapter} are the run's (notes added to them would be lost); "
+                          f"nothing is replaced: move or delete {adapter} yourself, then rerun")
+
+
 def file_sha256(file: Path) -> str:
     """The SHA-256 of the file ``file``, read in blocks."""
     import hashlib
@@ -455,6 +470,7 @@ def check_replaceable(path: Path) -> None:
         names = ", ".join(str(p.relative_to(path)) for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
         raise RunDirError(f"--overwrite: {path} holds files seco-lab did not write ({names}); move them out "
                           "or choose another --run-dir")
+    check_adapter_digests(path, "--overwrite")
     unlike = not_run_content(path)
     if unlike:
         raise RunDirError(f"--overwrite: {path} holds files with a run's names that seco-lab did not write "

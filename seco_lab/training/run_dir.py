@@ -336,14 +336,14 @@ class RunDir:
             atomic_write(self.path / MARKER_NAME, json.dumps(record) + "\n")
 
     def note_adapter_files(self, files: dict[str, str] | None) -> None:
-        """Record in the marker the SHA-256 of each file the adapter save wrote (``{name: digest}``), or clear the
-        record (None) before a save: ``--overwrite`` and a LoRA resume then take only those files as the run's
-        (campaign 38 B8: a user's notes added to the adapter's README.md, a key to its config)."""
+        """Record in the marker the SHA-256 of each file the adapter save wrote (``{name: digest}``), or
+        mark a save under way (None: recorded as null, the files then judged by their content, as a save killed
+        half-way leaves them): ``--overwrite`` and a LoRA resume then take only those files as the run's (campaign 38
+        B8: a user's notes added to the adapter's README.md, a key to its config).  A marker without the key is a run
+        saved before the digests, whose adapter files are refused as unproven (campaign 39 C5)."""
         record = self._marker_record()
         if record:
-            record.pop("adapter_files", None)
-            if files is not None:
-                record["adapter_files"] = files
+            record["adapter_files"] = files
             atomic_write(self.path / MARKER_NAME, json.dumps(record) + "\n")
 
     def resume_run_id(self) -> str | None:

@@ -71,7 +71,7 @@ from .experiment import (
 from .launch import catch_stop_signals, init_distributed_from_env
 from .metric_log import MetricLogger
 from .replicated import ReplicatedModel
-from .run_checks import ADAPTER_CONTENT, file_sha256, not_peft_adapter
+from .run_checks import ADAPTER_CONTENT, check_adapter_digests, file_sha256, not_peft_adapter
 from .run_dir import RunDir, RunDirError, check_usable, read_metrics
 from .sharding import ShardedModel
 from .step import chunk_grads, schedule_factor
@@ -205,6 +205,8 @@ class Trainer:
             raise RunDirError(f"--resume: the config differs from the run in {self.run_dir.path} in: "
                               + ", ".join(diff) + "; resume with the saved settings or start a new --run-dir")
         check_model_record(record, self.model, source)
+        if self.cfg.lora:  # a run saved before the adapter digests: nothing proves its adapter/ the run's
+            check_adapter_digests(self.run_dir.path, "--resume")
         foreign = not_peft_adapter(self.run_dir.path) if self.cfg.lora else []
         if foreign:  # the adapter saved at the end would write over them (campaign 37 A6)
             raise RunDirError(f"--resume: {self.run_dir.path} holds {', '.join(foreign)}, which this LoRA run writes "
@@ -300,7 +302,7 @@ class Trainer:
         if self.rank != 0:
             return None
         self.run_dir.note_written("adapter")  # before peft writes it: --overwrite may then remove it
-        self.run_dir.note_adapter_files(None)  # while peft writes, judged by content (a save killed half-way)
+        self.run_dir.note_adapter_files(None)  # while peft writes (null), judged by content (a save killed half-way)
         out = save_lora_adapter(self.model, self.run_dir.path / "adapter", self.cfg.hf_model, self.cfg.lora_targets,
                                 state)
         self.run_dir.note_adapter_files({name: file_sha256(out / name) for name, _, _ in ADAPTER_CONTENT
