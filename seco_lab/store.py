@@ -53,6 +53,7 @@ __all__ = ["COMPRESSED", "CONFIG_MAX_BYTES", "RECORD_MAX_BYTES", "TABLE_MAX_BYTE
            "VerifiedFiles", "file_identity", "pinned", "pinned_bytes", "pinned_stream", "stored_stream",
            "pandas_source", "load_tensor",
            "DuplicateKeyError", "loads_json", "CHECKSUMS", "ChecksumError", "start_checksums", "record_checksum",
+           "check_tables_unedited",
            "verify_checksums", "seal", "as_written", "forget_checksums"]
 
 #: the tag of atomic_write's temporary files, ``NAME.seco-tmp<pid>``
@@ -436,7 +437,9 @@ CHECKSUMS = "checksums.sha256"
 #: the files a report may read, which must be recorded: tables, records, tensors (a user's notes are not)
 RESULT_FILE = r"[^/]+\.(csv|csv\.gz|json|pt)"
 #: set to 1 to read results without their checksums (the test suite's tests of the per-file checks, which edit
-#: stored files on purpose); never needed otherwise: ``seco-lab seal FOLDER`` vouches for edited files instead
+#: stored files on purpose); never needed otherwise: ``seco-lab seal FOLDER`` vouches for edited files instead.
+#: Files are still recorded; only the verifications are skipped, among them a rerun's check that its tables are
+#: unedited (:func:`check_tables_unedited`): the rerun then replaces a stored table it does not reproduce, and says so
 NO_CHECKSUMS_ENV = "SECO_LAB_NO_CHECKSUMS"
 
 
@@ -551,6 +554,28 @@ def as_written(path: str | Path) -> bool:
         return _read_checksums(path.parent).get(path.name) == file_sha256(path)
     except (OSError, ValueError):
         return False
+
+
+def check_tables_unedited(folder: str | Path, names, rerun: str) -> None:
+    """Before a rerun (``rerun``: what it is, "the study's rerun") writes the tables ``names`` of ``folder`` again,
+    refuse (:class:`ChecksumError`, naming the file) where one of them is no longer the file seco-lab wrote: its SHA-256
+    differs from the one in the folder's checksum file, or the checksum file does not list it -- a table the user
+    edited (a column of notes added) would be replaced (campaign 39 C6).  Nothing to compare where the folder has no
+    checksum file (written before checksums: :func:`start_checksums` says what becomes of its tables) or where
+    :data:`NO_CHECKSUMS_ENV` is 1 (the test suite's switch: the tables are then judged by the rerun alone)."""
+    folder = Path(folder)
+    if os.environ.get(NO_CHECKSUMS_ENV) == "1" or not (folder / CHECKSUMS).is_file():
+        return
+    sums = _read_checksums(folder)
+    for name in names:
+        path = folder / name
+        if not (path.exists() or path.is_symlink()):
+            continue
+        if path.is_symlink() or not path.is_file() or sums.get(name) != file_sha256(path, max_bytes=None):
+            how = ("its SHA-256 differs from the one in" if name in sums else "it is not listed in")
+            raise ChecksumError(f"{path} was edited after seco-lab wrote it ({how} {folder / CHECKSUMS}) and "
+                                f"{rerun} would replace it, so nothing is done; move it away (or restore it) and "
+                                "rerun")
 
 
 #: the record at the top of every results folder a seco-lab study, audit or benchmark wrote before it kept checksums
@@ -958,15 +983,18 @@ class StudyFolder:
     ``stored_fingerprint(manifest)`` reads the fingerprint of a stored manifest (default:
     ``manifest[key]``); a study whose older folders stored it differently passes its own.  ``keeps``: files
     the study may write before its manifest and never overwrites (kept when they exist), so a folder holding
-    only these is still one to start the study in.
+    only these is still one to start the study in.  ``tables``: the tables the study writes into ``ROOT`` from its
+    cells, which a rerun (``--fresh`` too) refuses to start over while one is not as written
+    (:func:`check_tables_unedited`).
     """
 
     def __init__(self, root: str | Path, cells: str = "cells", key: str = "fingerprint",
                  stored_fingerprint: Callable[[dict], str | None] | None = None, keeps: tuple[str, ...] = (),
-                 study: str | None = None):
+                 study: str | None = None, tables: tuple[str, ...] = ()):
         if not str(os.fspath(root)).strip():
             raise StudyFolderError("--out is empty; name a folder for the study's results, e.g. --out results/study")
         self.root, self.key, self.keeps, self.study = Path(root), key, tuple(keeps), study
+        self.tables = tuple(tables)
         self.definition: str | None = None  # the digest open() was given: each cell written records it
         self.cells = self.root / cells
         self.manifest_path = self.root / "study.json"
@@ -1025,6 +1053,10 @@ class StudyFolder:
         self.definition = str(digest)
         stored = self.read_manifest()  # a damaged record is refused before anything is written
         self._check_owner(stored)  # as is a record this study did not write
+        try:  # a table the user edited is never replaced (campaign 39 C6)
+            check_tables_unedited(self.root, self.tables, "the study's rerun")
+        except ChecksumError as e:
+            raise StudyFolderError(str(e)) from None
         self.cells.mkdir(parents=True, exist_ok=True)
         key = self.root.resolve()
         if key not in _HELD_LOCKS:
@@ -1167,7 +1199,8 @@ class StudyFolder:
             forget_checksums(self.root, list(written))
             raise StudyFolderError(f"{changed[0]} changed while the study's tables were made from it (something "
                                    f"writes into {self.cells}); those tables are not recorded as the study's, so no "
-                                   f"report takes them: rerun {redo}")
+                                   f"report takes them (nor a rerun, which keeps a table it cannot tell from one of "
+                                   f"yours): remove {', '.join(written)} from {self.root} and rerun {redo}")
 
     def write_manifest(self, manifest: dict) -> None:
         """Write ``study.json``, stamped with the study's name (:func:`study_owner` reads it back)."""

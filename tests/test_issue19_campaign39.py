@@ -44,3 +44,73 @@ def test_c5_a_lora_run_saved_before_the_adapter_digests_keeps_its_adapter_folder
     run.joinpath("adapter").rmdir()
     assert main(["train", *flags, "--run-dir", str(run), option]) == 0
     assert "adapter_files" in json.loads(marker.read_text())
+
+
+def _add_column(path):
+    lines = path.read_text().splitlines()
+    notes = [line + ",keep: seed 0 looked odd" for line in lines[1:]]
+    path.write_text("\n".join([lines[0] + ",my_note", *notes]) + "\n")
+
+
+@pytest.mark.parametrize("table", ["results.csv", "checks.csv"])
+def test_c6_a_study_rerun_refuses_a_table_the_user_edited(tmp_path, monkeypatch, table):
+    """Campaign 39 C6: a plain rerun of ``study bias`` replaced a results.csv (checks.csv) with a column of the
+    user's notes added -- the folder's checksums.sha256 already showed the edit -- and warned only afterwards.  The
+    rerun (and one with --fresh, which discards only cells) refuses before any work, naming the file."""
+    from dataclasses import replace
+
+    from seco_lab.store import NO_CHECKSUMS_ENV, StudyFolderError
+    from seco_lab.studies.bias.driver import QUICK, run_study
+
+    monkeypatch.setenv(NO_CHECKSUMS_ENV, "0")  # the tests' switch: checksums as a user has them
+    cfg = replace(QUICK, depths=(1,), chunk_counts=(4,), seeds=(0,), draws=100, paper_cells=())
+    run_study(cfg, tmp_path, progress=False)
+    run_study(cfg, tmp_path, progress=False)  # its own tables: a rerun keeps them
+    _add_column(tmp_path / table)
+    edited, cells = (tmp_path / table).read_bytes(), sorted((tmp_path / "cells").iterdir())
+    for fresh in (False, True):
+        with pytest.raises(StudyFolderError, match=f"{table} was edited after seco-lab wrote it .* move it away "
+                           r"\(or restore it\) and rerun"):
+            run_study(cfg, tmp_path, fresh=fresh, progress=False)
+        assert (tmp_path / table).read_bytes() == edited and sorted((tmp_path / "cells").iterdir()) == cells
+    (tmp_path / table).unlink()  # moved away: the rerun writes it again
+    run_study(cfg, tmp_path, progress=False)
+    assert "my_note" not in (tmp_path / table).read_text()
+
+
+def test_c6_an_audit_rerun_refuses_a_table_the_user_edited(tmp_path, monkeypatch, capsys):
+    """Campaign 39 C6: ``seco-lab audit --out a`` rerun over a finished audit replaced a bias.csv with a column of
+    the user's added, without a word; it now refuses before any work, naming the file."""
+    from dataclasses import replace
+
+    from seco_lab.store import NO_CHECKSUMS_ENV, ChecksumError
+    from seco_lab.studies.audit import AuditConfig, run_audit
+
+    monkeypatch.setenv(NO_CHECKSUMS_ENV, "0")
+    cfg = AuditConfig(model="tiny", params="full", dtype="float64", length=16, chunk_size=4, budgets=(2,),
+                      max_hops=1, num_sequences=2, mc_sequences=1, mc_budgets=(2,), mc_draws=8, cost_sequences=1,
+                      data_sequences=3, exact_length=8, exact_chunk_size=4, threads=1, batch_sizes=(1, 4))
+    out = tmp_path / "a"
+    run_audit(replace(cfg), out, progress=False)
+    _add_column(out / "bias.csv")
+    edited = (out / "bias.csv").read_bytes()
+    with pytest.raises(ChecksumError, match=r"bias.csv was edited after seco-lab wrote it .* the audit's rerun would "
+                       r"replace it, so nothing is done; move it away \(or restore it\) and rerun"):
+        run_audit(replace(cfg), out, progress=False)
+    assert (out / "bias.csv").read_bytes() == edited
+
+
+def test_c6_a_table_the_checksums_do_not_list_is_refused_too_and_nothing_without_checksums(tmp_path, monkeypatch):
+    """Campaign 39 C6: a table the tool writes that the folder's checksum file does not list is not known to be the
+    tool's either; a folder without a checksum file (before checksums) and the tests' switch compare nothing."""
+    from seco_lab.store import CHECKSUMS, NO_CHECKSUMS_ENV, ChecksumError, check_tables_unedited, start_checksums
+
+    monkeypatch.setenv(NO_CHECKSUMS_ENV, "0")
+    (tmp_path / "results.csv").write_text("a,b\n1,2\n")
+    check_tables_unedited(tmp_path, ["results.csv"], "the study's rerun")  # no checksum file: nothing to compare
+    start_checksums(tmp_path)
+    with pytest.raises(ChecksumError, match=f"results.csv was edited after seco-lab wrote it \\(it is not listed in "
+                       f".*{CHECKSUMS}\\) and the study's rerun would replace it"):
+        check_tables_unedited(tmp_path, ["results.csv", "checks.csv"], "the study's rerun")
+    monkeypatch.setenv(NO_CHECKSUMS_ENV, "1")
+    check_tables_unedited(tmp_path, ["results.csv"], "the study's rerun")

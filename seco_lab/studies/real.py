@@ -159,7 +159,8 @@ def study_folder(out_dir: Path) -> StudyFolder:
             return manifest.get("fingerprint")
         return fingerprint({k: v for k, v in manifest["config"].items() if k not in RUN_ONLY})
 
-    return StudyFolder(out_dir, cells="cells", key="fingerprint", stored_fingerprint=stored, study="real")
+    return StudyFolder(out_dir, cells="cells", key="fingerprint", stored_fingerprint=stored, study="real",
+                       tables=("strata.csv", "results.csv"))
 
 
 def run_cell(args) -> dict:

@@ -235,6 +235,8 @@ def unit_done(path: Path) -> bool:
 
 
 def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
+    # a table the user edited (a column of notes added) is never replaced by the rerun's (campaign 39 C6)
+    store.check_tables_unedited(out, [n for n in DERIVED_TABLES if n.endswith(".csv")], "the audit's rerun")
     (out / "vectors").mkdir(exist_ok=True)
     if not (out / ".gitignore").exists():  # the flat gradients are large and recomputable: never committed
         store.atomic_write(out / ".gitignore", "vectors/\n")

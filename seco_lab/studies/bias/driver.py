@@ -101,7 +101,7 @@ def group_stem(out: Path, n_layers: int, num_chunks: int, seed: int, kind: str =
 
 def study_folder(out: Path) -> StudyFolder:
     """The bias study's results folder (its manifest keeps the fingerprint under 'digest')."""
-    return StudyFolder(out, cells="cells", key="digest", study="bias")
+    return StudyFolder(out, cells="cells", key="digest", study="bias", tables=tuple(f"{t}.csv" for t in TABLES))
 
 
 def _work(args) -> dict:

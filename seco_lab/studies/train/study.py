@@ -22,6 +22,7 @@ from ...store import (
     DefinitionMismatch,
     StudyFolder,
     atomic_write_csv,
+    check_tables_unedited,
     fingerprint,
     read_csv,
     read_json,
@@ -132,7 +133,7 @@ def quick_config() -> StudyConfig:
 def study_folder(out: Path) -> StudyFolder:
     """The results folder: ``study.json`` and one ``runs/<run_id>.csv`` + ``.json`` pair per finished run."""
     return StudyFolder(out, cells="runs", key="fingerprint", keeps=("costs.csv",),  # extensions.write_costs: first
-                       study="train")
+                       study="train", tables=("results.csv.gz", "runs.csv"))
 
 
 def _work(args) -> dict:
@@ -189,8 +190,9 @@ def collect_partial(cfg: StudyConfig, out: Path, ended: bool = False) -> dict:
         raise DefinitionMismatch(f"{out} holds a different study (fingerprint {meta.get('fingerprint')} != "
                                  f"{cfg.fingerprint()}); pass the folder this study wrote with --out")
     specs = cfg.runs()
-    runs = collect(out, specs)
     folder = study_folder(out)
+    check_tables_unedited(out, folder.tables, "the study's rerun")  # a table the user edited is kept (c39 C6)
+    runs = collect(out, specs)
     done = [folder.marker(s.run_id) for s in specs if folder.done(s.run_id)]
     started = meta.get("session_started_at", meta_path.stat().st_mtime)
     latest = max(p.stat().st_mtime for p in done)
