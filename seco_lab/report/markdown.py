@@ -315,6 +315,13 @@ def generated_note(report: str, results: Path, out_md: Path, produce: str) -> st
 
 
 def write_markdown(lines: list[str], out_md: Path) -> Path:
+    """Write the report ``lines`` to ``out_md`` with its digest as the last line; an existing file is written over
+    only where it is a report exactly as seco-lab wrote it (ValueError otherwise: campaign 39 C7)."""
+    from ..studies.registry import report_problem, with_report_digest
+
     out_md = Path(out_md)
+    problem = report_problem(out_md) if out_md.exists() or out_md.is_symlink() else None
+    if problem:
+        raise ValueError(f"{out_md} {problem}")
     out_md.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write(out_md, "\n".join(lines))
+    return atomic_write(out_md, with_report_digest("\n".join(lines)))
