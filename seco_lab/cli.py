@@ -554,6 +554,12 @@ def _dispatch(argv: list[str]) -> int:
                    add_help=False)
     sub.add_parser("seal", help="vouch for a results folder's files as they are (record their checksums)",
                    add_help=False)
+    if argv and argv[0] in ("study", "bias-study", "audit") and not {"-h", "--help"} & set(argv):
+        try:  # campaign 40 D4: a bad SECO_LAB_RECOMPUTE_CHECK is refused before a results folder is made
+            recompute_mode()
+        except ValueError as e:
+            print(f"seco-lab {argv[0]}: error: {e}", file=sys.stderr)
+            return 2
     if argv and argv[0] == "study":
         return study_main(argv[1:])
     if argv and argv[0] == "bias-study":

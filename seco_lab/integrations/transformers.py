@@ -264,12 +264,17 @@ class SeCOTrainerMixin:
 
     def _seco_loss_signature(self, model) -> tuple:
         """What can change the loss ``compute_loss`` returns while every class stays the same (campaign 39 C2):
-        ``compute_loss``/``forward`` set on the instance, forward hooks on the model or its wrappers, global ones."""
+        ``compute_loss``/``forward`` set on the instance, the model's ``loss_function`` (set on it, or transformers'
+        ``LOSS_MAPPING`` patched), forward hooks on the model or its wrappers, global ones."""
         from torch.nn.modules import module as M
 
         unwrapped = self.accelerator.unwrap_model(model)
         chain = [model, unwrapped, unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped]
-        return (id(vars(self).get("compute_loss")), id(vars(self).get("compute_loss_func")),
+        try:  # a loss_function set on the model, or transformers' LOSS_MAPPING entry patched (campaign 40 D1)
+            loss_function = id(chain[-1].loss_function)
+        except (AttributeError, KeyError):
+            loss_function = None
+        return (id(vars(self).get("compute_loss")), id(vars(self).get("compute_loss_func")), loss_function,
                 tuple((id(m), id(vars(m).get("forward")), tuple(m._forward_hooks), tuple(m._forward_pre_hooks))
                       for m in chain),
                 tuple(M._global_forward_hooks), tuple(M._global_forward_pre_hooks))

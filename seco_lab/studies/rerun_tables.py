@@ -18,11 +18,13 @@ the checks by up to 5.2e-15 (168x and 1e9x the tolerance without floors: the WAR
 another CPU printed); every other value by at most 1.6e-13 of its column's largest.
 
 :func:`write_tables` then keeps every stored file byte for byte; otherwise it writes the rerun's tables
-(atomically) and says which stored ones differed, and by how much.
+(atomically), keeps each stored one that differed as ``NAME.replaced-N.csv`` (it may hold edits the user sealed with
+``seco-lab seal``), and says which differed, by how much, and where they are.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +93,7 @@ class TableCheck:
     kept: bool
     worst: float = 0.0
     differed: dict[str, float | None] = field(default_factory=dict)
+    moved: dict[str, Path] = field(default_factory=dict)  # a stored table the rerun did not reproduce: where it went
 
     def summary(self) -> str:
         if self.kept:
@@ -100,7 +103,10 @@ class TableCheck:
             return "tables written"
         what = ", ".join(f"{name} ({'other rows or columns' if d is None else f'{d:.3g} x the tolerance'})"
                          for name, d in self.differed.items())
-        return f"WARNING: the rerun does not reproduce the stored {what}; the rerun's tables replace them"
+        aside = ", ".join(str(p.name) for p in self.moved.values())
+        return (f"WARNING: the rerun does not reproduce the stored {what}; the rerun's tables are written and the "
+                f"stored ones kept as {aside}" if aside else
+                f"WARNING: the rerun does not reproduce the stored {what}; the rerun's tables replace them")
 
 
 def write_tables(folder: str | Path, tables: dict[str, pd.DataFrame], compare: bool = True,
@@ -131,6 +137,21 @@ def write_tables(folder: str | Path, tables: dict[str, pd.DataFrame], compare: b
                 if (folder / CHECKSUMS).is_file():
                     record_checksum(p)
             return TableCheck(kept=True, worst=worst)
+    moved = {name: _move_aside(paths[name]) for name in differed if paths[name].is_file()}
     for name, df in tables.items():
         atomic_write_csv(paths[name], df)
-    return TableCheck(kept=False, worst=worst, differed=differed)
+    return TableCheck(kept=False, worst=worst, differed=differed, moved=moved)
+
+
+def _move_aside(path: Path) -> Path:
+    """Rename a stored table the rerun did not reproduce to ``NAME.replaced-N.csv`` (the first free N) rather than
+    write over it: it may hold edits the user sealed (campaign 40 D5), and a table is cheap to keep."""
+    for n in range(1, 10_000):
+        aside = path.with_name(f"{path.stem}.replaced-{n}{path.suffix}")
+        if not aside.exists() and not aside.is_symlink():
+            os.rename(path, aside)
+            if (path.parent / CHECKSUMS).is_file():  # still a file of the results folder, as it was
+                record_checksum(aside)
+            return aside
+    raise FileExistsError(f"{path.parent} holds 9999 tables named {path.stem}.replaced-N{path.suffix}: move them "
+                          "away and rerun")
