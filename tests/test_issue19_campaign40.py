@@ -120,3 +120,54 @@ def test_d5_a_rerun_keeps_a_sealed_edit_of_its_table_beside_the_new_one(tmp_path
     assert (tmp_path / "results.replaced-1.csv").read_bytes() == edited
     assert "my_note" not in table.read_text()
     verify_checksums(tmp_path, "the bias study")
+
+
+# --------------------------------------------------------------------------- campaign 41 (on 44e710b)
+
+
+class PositionWeightedAtStep(TrainerCallback):
+    """Campaign 41 E1: at step 1, a loss_function equal to cross-entropy on the first 8 tokens and twice it after."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 1:
+            import torch.nn.functional as F
+
+            def weighted(logits, labels, vocab_size, **kw):
+                targets = F.pad(labels, (0, 1), value=-100)[..., 1:]
+                token = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+                weight = (torch.arange(targets.shape[-1]) >= 8).float() + 1.0
+                return (token * weight).sum() / (targets != -100).sum()
+
+            self.model.loss_function = weighted
+
+
+class ZLossHookFromStep(TrainerCallback):
+    """Campaign 41 E2: a hook registered before train() that changes the loss only from step 1 (a counter)."""
+
+    def __init__(self):
+        self.on = False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.on = state.global_step >= 1
+
+
+def test_e1_e2_the_loss_is_checked_on_the_whole_micro_batch_and_again_every_n_steps(tmp_path):
+    model = tc.for_seco(tc.tiny_llama())
+    trainer = tc.make_trainer(tmp_path / "e1", seco=SeCOArguments(chunk_size=4), model=model,
+                              callbacks=[PositionWeightedAtStep(model)])
+    with pytest.raises(ValueError, match=r"the loss the stock Trainer computes .* on the first (9|1\d) tokens"):
+        trainer.train()  # the whole micro-batch (9-18 tokens), not 2 chunks of 4 (8 tokens, where the loss is CE)
+    assert trainer.state.global_step == 1
+
+    model = tc.for_seco(tc.tiny_llama())
+    switch = ZLossHookFromStep()
+    model.register_forward_hook(lambda mod, args, out: setattr(out, "loss", z_loss(out)) or out
+                                if switch.on and out.loss is not None else out)
+    trainer = tc.make_trainer(tmp_path / "e2", seco=SeCOArguments(chunk_size=4), model=model, callbacks=[switch])
+    trainer.seco_loss_check_every = 2
+    with pytest.raises(ValueError, match="something adds"):
+        trainer.train()
+    assert trainer.state.global_step == 2  # checked at steps 0 and 2: the change at step 1 is caught at step 2

@@ -33,11 +33,12 @@ never armed; gradients are averaged over processes by one all-reduce of a flat b
 the last micro-batch of each optimizer step (when ``accelerator.sync_gradients``), i.e. once
 per optimizer step, as DDP under ``no_sync`` does.
 
-**The loss is checked, not assumed.**  On the first micro-batch of every ``train()`` call, and again whenever
-``compute_loss`` or the model's ``forward`` is set on an instance or a forward hook is added to the model (or
-globally), the stock ``compute_loss`` runs once without a graph on the first two chunks of the micro-batch
-(labels = the tokens) and its loss must equal the engine's cross-entropy on them up to rounding
-(``SeCOTrainerMixin._seco_loss_rounding``): a z-loss or any other term put in by a forward, a hook or a
+**The loss is checked, not assumed.**  On the first micro-batch of every ``train()`` call, every 100 optimizer
+steps (``seco_loss_check_every``), and again whenever ``compute_loss``, the model's ``forward`` or its
+``loss_function`` is set on an instance or a forward hook is added to the model (or globally), the stock
+``compute_loss`` runs once without a graph on the micro-batch (its first two chunks where the whole one's logits
+would take more than 1 GiB; labels = the tokens) and its loss must equal the engine's cross-entropy on them up to
+rounding (``SeCOTrainerMixin._seco_loss_rounding``): a z-loss or any other term put in by a forward, a hook or a
 ``compute_loss`` -- where the class checks cannot see it -- is refused before any gradient is computed.
 
 **Padding.**  A right-padded batch (attention mask 1...1 0...0 per row, pad targets -100) is
@@ -102,6 +103,11 @@ class SeCOTrainerMixin:
     of every SpaCO draw this process made.
     """
 
+    #: the loss cross-check (``_seco_check_loss``) runs again every this many optimizer steps (0: only when what
+    #: decides the loss changes), and on the whole micro-batch when its float32 logits take at most this many bytes
+    seco_loss_check_every = 100
+    seco_loss_check_logits_bytes = 1 << 30
+
     def __init__(self, *args, seco_args: SeCOArguments, **kwargs):
         if not isinstance(seco_args, SeCOArguments):
             raise TypeError(f"seco_args must be a SeCOArguments, got {type(seco_args).__name__}")
@@ -110,6 +116,7 @@ class SeCOTrainerMixin:
         self._seco_micro = 0
         self._seco_adapters: dict[int, HFChunkModel] = {}
         self._seco_loss_checked = None  # the loss signature (_seco_loss_signature) the loss was last checked under
+        self._seco_loss_checked_at = None  # ... and the optimizer step
         super().__init__(*args, **kwargs)
         recompute_mode()  # a bad SECO_LAB_RECOMPUTE_CHECK is refused here, not at the first rebuilt chunk
         self._seco_refuse_unsupported()
@@ -240,8 +247,11 @@ class SeCOTrainerMixin:
         tokens, targets = chunk_targets(inputs)
         adapter = self.seco_adapter(model)
         signature = self._seco_loss_signature(model)
-        if signature != self._seco_loss_checked and self._seco_check_loss(model, adapter, inputs):
-            self._seco_loss_checked = signature
+        every = self.seco_loss_check_every
+        due = bool(every) and self.state.global_step % every == 0 and self._seco_micro == 0 \
+            and self.state.global_step != self._seco_loss_checked_at  # a loss that changes by itself (campaign 41 E2)
+        if (signature != self._seco_loss_checked or due) and self._seco_check_loss(model, adapter, inputs):
+            self._seco_loss_checked, self._seco_loss_checked_at = signature, self.state.global_step
         params = [p for p in adapter.parameters() if p.requires_grad]
         n_targets = int((targets != -100).sum())
         factor = self.seco_loss_factor(num_items_in_batch, n_targets)
@@ -280,11 +290,14 @@ class SeCOTrainerMixin:
                 tuple(M._global_forward_hooks), tuple(M._global_forward_pre_hooks))
 
     def _seco_check_loss(self, model, adapter: HFChunkModel, inputs) -> bool:
-        """Compare the stock ``compute_loss`` with the engine's cross-entropy on the micro-batch's first two chunks
-        (labels = the tokens, padding -100), both without a graph; raise ValueError if they differ by more than
-        rounding allows (:meth:`_seco_loss_rounding`).  Returns False when there was nothing to compare (no token)."""
+        """Compare the stock ``compute_loss`` with the engine's cross-entropy on the micro-batch (its first two chunks
+        where the whole one's float32 logits exceed ``seco_loss_check_logits_bytes``; labels = the tokens, padding
+        -100), both without a graph; raise ValueError if they differ by more than rounding allows
+        (:meth:`_seco_loss_rounding`).  Returns False when there was nothing to compare (no token)."""
         n, c = inputs["input_ids"].shape[-1], self.seco_args.chunk_size
-        span = min(n, 2 * c)
+        vocab = getattr(adapter, "vocab_size", None) or 0
+        whole = inputs["input_ids"].numel() * vocab * 4 <= self.seco_loss_check_logits_bytes
+        span = n if whole else min(n, 2 * c)  # the whole micro-batch where its logits fit (campaign 41 E1)
         prefix = {key: value[..., :span] for key, value in inputs.items()
                   if key not in ("labels", "shift_labels") and torch.is_tensor(value) and value.shape[-1] == n}
         labels = prefix["input_ids"].clone()
@@ -404,7 +417,7 @@ class SeCOTrainerMixin:
                 logger.warning("resuming from %s, written with SeCO settings %s, with %s: the run will not equal an "
                                "uninterrupted one", folder, saved, self.seco_args.to_dict())
         self._seco_micro = 0
-        self._seco_loss_checked = None  # every train() checks the loss on its first micro-batch
+        self._seco_loss_checked = self._seco_loss_checked_at = None  # every train() checks its first micro-batch
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
 
