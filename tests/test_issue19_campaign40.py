@@ -171,3 +171,39 @@ def test_e1_e2_the_loss_is_checked_on_the_whole_micro_batch_and_again_every_n_st
     with pytest.raises(ValueError, match="something adds"):
         trainer.train()
     assert trainer.state.global_step == 2  # checked at steps 0 and 2: the change at step 1 is caught at step 2
+
+
+def test_e3_a_16_bit_models_loss_is_summed_in_float32():
+    """Campaign 41 E3: the chunk losses of a bfloat16 model were summed in bfloat16 (4.7% off at 64 chunks); they
+    are computed from float32 logits as transformers' loss does, within 1e-3 of the float64 model's loss."""
+    torch.manual_seed(0)
+    model = build_hf_model("llama", {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                     "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 128,
+                                     "max_position_embeddings": 2048}, dtype=torch.float64)
+    x = torch.randint(0, 128, (1, 2048), generator=torch.Generator().manual_seed(1))
+    ref = float(seco_grad(HFChunkModel(model), x, torch.roll(x, -1, 1), 32)[0])
+    loss = float(seco_grad(HFChunkModel(model.to(torch.bfloat16)), x, torch.roll(x, -1, 1), 32)[0])
+    assert abs(loss - ref) <= 1e-3 * ref, (loss, ref)
+
+
+@pytest.mark.parametrize("how", ["--fresh", "a table deleted"])
+def test_e5_a_sealed_edit_is_kept_by_a_fresh_rerun_and_when_another_table_is_missing(tmp_path, monkeypatch, how):
+    from dataclasses import replace
+
+    from seco_lab.folder_lock import release_lock
+    from seco_lab.store import _HELD_LOCKS, NO_CHECKSUMS_ENV, seal
+    from seco_lab.studies.bias.driver import QUICK, run_study
+
+    monkeypatch.setenv(NO_CHECKSUMS_ENV, "0")
+    cfg = replace(QUICK, depths=(1,), chunk_counts=(4,), seeds=(0,), draws=100, paper_cells=())
+    run_study(cfg, tmp_path, progress=False)
+    table = tmp_path / "checks.csv"
+    lines = table.read_text().splitlines()
+    table.write_text("\n".join([lines[0] + ",my_note"] + [line + ",keep" for line in lines[1:]]) + "\n")
+    edited = table.read_bytes()
+    if how == "a table deleted":
+        (tmp_path / "paper.csv").unlink()
+    release_lock(_HELD_LOCKS.pop(tmp_path.resolve()))
+    seal(tmp_path)
+    run_study(cfg, tmp_path, fresh=how == "--fresh", progress=False)
+    assert (tmp_path / "checks.replaced-1.csv").read_bytes() == edited

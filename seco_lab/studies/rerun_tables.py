@@ -113,31 +113,34 @@ def write_tables(folder: str | Path, tables: dict[str, pd.DataFrame], compare: b
                  floors: dict[str, Callable[[pd.DataFrame], np.ndarray]] | None = None) -> TableCheck:
     """Write ``folder/NAME.csv`` for each table, unless ``compare`` and every one of them is stored already
     and reproduced by the new values (then nothing is written).  ``floors[NAME](stored table)`` gives that
-    table's per-row absolute allowances (see the module docstring)."""
+    table's per-row absolute allowances (see the module docstring).  A stored table the new values do not
+    reproduce is never written over, whether compared or not (``--fresh``) and whether or not the others are
+    stored: it is kept as ``NAME.replaced-N.csv`` (campaigns 40 D5, 41 E5: an edit sealed with ``seco-lab seal``)."""
     folder = Path(folder)
     paths = {name: folder / f"{name}.csv" for name in tables}
     worst, differed = 0.0, {}
-    if compare and all(p.is_file() for p in paths.values()):
-        for name, df in tables.items():
-            try:  # a damaged stored table (a FIFO or device, huge, not CSV) differs: it is written again
-                stored = read_csv(paths[name], "stored table")
-            except (OSError, ValueError):
-                stored = None
-            if stored is None:
-                d = None
-            else:
-                floor = floors[name](stored) if floors and name in floors and len(stored) == len(df) else None
-                d = table_difference(stored, df, floor)
-            if d is None or d > 1:
-                differed[name] = d
-            else:
-                worst = max(worst, d)
-        if not differed:
-            for p in paths.values():  # reproduced by the rerun: recorded as if written now (checksums)
-                if (folder / CHECKSUMS).is_file():
-                    record_checksum(p)
-            return TableCheck(kept=True, worst=worst)
-    moved = {name: _move_aside(paths[name]) for name in differed if paths[name].is_file()}
+    for name, df in tables.items():
+        if not paths[name].is_file():
+            continue
+        try:  # a damaged stored table (huge, not CSV) differs: it is kept aside too
+            stored = read_csv(paths[name], "stored table")
+        except (OSError, ValueError):
+            stored = None
+        if stored is None:
+            d = None
+        else:
+            floor = floors[name](stored) if floors and name in floors and len(stored) == len(df) else None
+            d = table_difference(stored, df, floor)
+        if d is None or d > 1:
+            differed[name] = d
+        else:
+            worst = max(worst, d)
+    if compare and not differed and all(p.is_file() for p in paths.values()):
+        for p in paths.values():  # reproduced by the rerun: recorded as if written now (checksums)
+            if (folder / CHECKSUMS).is_file():
+                record_checksum(p)
+        return TableCheck(kept=True, worst=worst)
+    moved = {name: _move_aside(paths[name]) for name in differed}
     for name, df in tables.items():
         atomic_write_csv(paths[name], df)
     return TableCheck(kept=False, worst=worst, differed=differed, moved=moved)
