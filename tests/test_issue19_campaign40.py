@@ -207,3 +207,35 @@ def test_e5_a_sealed_edit_is_kept_by_a_fresh_rerun_and_when_another_table_is_mis
     seal(tmp_path)
     run_study(cfg, tmp_path, fresh=how == "--fresh", progress=False)
     assert (tmp_path / "checks.replaced-1.csv").read_bytes() == edited
+
+
+def test_e4_an_audit_rerun_keeps_a_sealed_edit_of_its_table(tmp_path, monkeypatch, capsys):
+    """Campaign 41 E4: an audit rerun wrote its tables again from the stored units over a bias.csv the user edited
+    and sealed; a table the units do not give is now kept as bias.replaced-1.csv (and a second rerun keeps going)."""
+    from dataclasses import replace
+
+    from seco_lab.folder_lock import release_lock
+    from seco_lab.store import _HELD_LOCKS, NO_CHECKSUMS_ENV, seal
+    from seco_lab.studies.audit import AuditConfig, run_audit
+
+    monkeypatch.setenv(NO_CHECKSUMS_ENV, "0")
+    cfg = AuditConfig(model="tiny", params="full", dtype="float64", length=16, chunk_size=4, budgets=(2,),
+                      max_hops=1, num_sequences=2, mc_sequences=1, mc_budgets=(2,), mc_draws=8, cost_sequences=1,
+                      data_sequences=3, exact_length=8, exact_chunk_size=4, threads=1, batch_sizes=(1, 4))
+    out = tmp_path / "a"
+    run_audit(replace(cfg), out, progress=False)
+    (out / "report.md").unlink(missing_ok=True)  # the CLI writes one; its digest would refuse a rerun over it
+    table = out / "bias.csv"
+    lines = table.read_text().splitlines()
+    table.write_text("\n".join([lines[0] + ",my_note"] + [line + ",keep" for line in lines[1:]]) + "\n")
+    edited = table.read_bytes()
+    held = _HELD_LOCKS.pop(out.resolve(), None)
+    if held is not None:
+        release_lock(held)
+    seal(out)
+    run_audit(replace(cfg), out, progress=False)
+    assert (out / "bias.replaced-1.csv").read_bytes() == edited and "my_note" not in table.read_text()
+    says = "bias.csv is not what the stored units give (edited?): kept as bias.replaced-1.csv"
+    assert says in capsys.readouterr().err
+    run_audit(replace(cfg), out, progress=False)  # the kept copy is a file of the folder now: a rerun goes on
+    assert not (out / "bias.replaced-2.csv").exists()

@@ -34,7 +34,7 @@ import pandas as pd
 
 from ..store import CHECKSUMS, atomic_write_csv, read_csv, record_checksum
 
-__all__ = ["ATOL", "RTOL", "TableCheck", "table_difference", "values_close", "write_tables"]
+__all__ = ["ATOL", "RTOL", "TableCheck", "keep_aside", "table_difference", "values_close", "write_tables"]
 
 RTOL, ATOL = 1e-9, 1e-12
 
@@ -140,13 +140,13 @@ def write_tables(folder: str | Path, tables: dict[str, pd.DataFrame], compare: b
             if (folder / CHECKSUMS).is_file():
                 record_checksum(p)
         return TableCheck(kept=True, worst=worst)
-    moved = {name: _move_aside(paths[name]) for name in differed}
+    moved = {name: keep_aside(paths[name]) for name in differed}
     for name, df in tables.items():
         atomic_write_csv(paths[name], df)
     return TableCheck(kept=False, worst=worst, differed=differed, moved=moved)
 
 
-def _move_aside(path: Path) -> Path:
+def keep_aside(path: Path) -> Path:
     """Rename a stored table the rerun did not reproduce to ``NAME.replaced-N.csv`` (the first free N) rather than
     write over it: it may hold edits the user sealed (campaign 40 D5), and a table is cheap to keep."""
     for n in range(1, 10_000):

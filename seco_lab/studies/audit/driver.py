@@ -234,6 +234,26 @@ def unit_done(path: Path) -> bool:
     return isinstance(unit, dict)
 
 
+def _keep_tables_it_would_not_write(out: Path) -> None:
+    """Before a rerun writes the tables again from the stored units: a stored table they do not give (an edit the
+    user sealed with ``seco-lab seal``: campaign 41 E4) is kept as ``NAME.replaced-N.csv``, not written over."""
+    from ..rerun_tables import keep_aside, table_difference
+
+    for name, derived in derive_results(out, write_grams=False).items():
+        path = out / name
+        if not name.endswith(".csv") or not path.is_file():
+            continue
+        try:
+            stored = store.read_csv(path, "stored table")
+        except (OSError, ValueError):
+            stored = None
+        difference = None if stored is None else table_difference(stored, derived)
+        if difference is None or difference > 1:
+            aside = keep_aside(path)
+            print(f"seco-lab audit: {name} is not what the stored units give (edited?): kept as {aside.name}",
+                  file=sys.stderr)
+
+
 def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
     # a table the user edited (a column of notes added) is never replaced by the rerun's (campaign 39 C6)
     store.check_tables_unedited(out, [n for n in DERIVED_TABLES if n.endswith(".csv")], "the audit's rerun")
@@ -253,6 +273,7 @@ def _run_units(cfg: AuditConfig, out: Path, progress: bool) -> Path:
     todo = [(stem, job) for stem, job in units if not unit_done(out / "units" / f"{stem}.json")]
     check_units(cfg, load_units(out), out)  # a unit copied from another audit is refused, named
     if len(todo) < len(units):
+        _keep_tables_it_would_not_write(out)
         write_results(out)  # the tables follow the settings just written to config.json
     for stem, job in (bar := tqdm(todo, desc="audit units", disable=not progress)):
         bar.set_postfix_str(stem)
