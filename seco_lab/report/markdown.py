@@ -21,6 +21,8 @@ from ..store import (
     quoted_names,
     read_csv,
     read_json,
+    report_problem,
+    with_report_digest,
 )
 
 __all__ = ["COUNT", "NON_NEGATIVE", "POSITIVE", "MissingResultsError", "check_bounds", "check_derived", "fmt",
@@ -317,8 +319,6 @@ def generated_note(report: str, results: Path, out_md: Path, produce: str) -> st
 def write_markdown(lines: list[str], out_md: Path) -> Path:
     """Write the report ``lines`` to ``out_md`` with its digest as the last line; an existing file is written over
     only where it is a report exactly as seco-lab wrote it (ValueError otherwise: campaign 39 C7)."""
-    from ..studies.registry import report_problem, with_report_digest
-
     out_md = Path(out_md)
     problem = report_problem(out_md) if out_md.exists() or out_md.is_symlink() else None
     if problem:
