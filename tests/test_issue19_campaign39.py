@@ -80,18 +80,25 @@ def test_c6_a_study_rerun_refuses_a_table_the_user_edited(tmp_path, monkeypatch,
     assert "my_note" not in (tmp_path / table).read_text()
 
 
+def tiny_audit_config():
+    """A whole audit of the tiny float64 model in seconds (shared with tests/test_issue19_campaign40.py)."""
+    from seco_lab.studies.audit import AuditConfig
+
+    return AuditConfig(model="tiny", params="full", dtype="float64", length=16, chunk_size=4, budgets=(2,),
+                       max_hops=1, num_sequences=2, mc_sequences=1, mc_budgets=(2,), mc_draws=8, cost_sequences=1,
+                       data_sequences=3, exact_length=8, exact_chunk_size=4, threads=1, batch_sizes=(1, 4))
+
+
 def test_c6_an_audit_rerun_refuses_a_table_the_user_edited(tmp_path, monkeypatch, capsys):
     """Campaign 39 C6: ``seco-lab audit --out a`` rerun over a finished audit replaced a bias.csv with a column of
     the user's added, without a word; it now refuses before any work, naming the file."""
     from dataclasses import replace
 
     from seco_lab.store import NO_CHECKSUMS_ENV, ChecksumError
-    from seco_lab.studies.audit import AuditConfig, run_audit
+    from seco_lab.studies.audit import run_audit
 
     monkeypatch.setenv(NO_CHECKSUMS_ENV, "0")
-    cfg = AuditConfig(model="tiny", params="full", dtype="float64", length=16, chunk_size=4, budgets=(2,),
-                      max_hops=1, num_sequences=2, mc_sequences=1, mc_budgets=(2,), mc_draws=8, cost_sequences=1,
-                      data_sequences=3, exact_length=8, exact_chunk_size=4, threads=1, batch_sizes=(1, 4))
+    cfg = tiny_audit_config()
     out = tmp_path / "a"
     run_audit(replace(cfg), out, progress=False)
     _add_column(out / "bias.csv")

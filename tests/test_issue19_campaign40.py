@@ -214,14 +214,14 @@ def test_e4_an_audit_rerun_keeps_a_sealed_edit_of_its_table(tmp_path, monkeypatc
     and sealed; a table the units do not give is now kept as bias.replaced-1.csv (and a second rerun keeps going)."""
     from dataclasses import replace
 
+    from test_issue19_campaign39 import tiny_audit_config
+
     from seco_lab.folder_lock import release_lock
     from seco_lab.store import _HELD_LOCKS, NO_CHECKSUMS_ENV, seal
-    from seco_lab.studies.audit import AuditConfig, run_audit
+    from seco_lab.studies.audit import run_audit
 
     monkeypatch.setenv(NO_CHECKSUMS_ENV, "0")
-    cfg = AuditConfig(model="tiny", params="full", dtype="float64", length=16, chunk_size=4, budgets=(2,),
-                      max_hops=1, num_sequences=2, mc_sequences=1, mc_budgets=(2,), mc_draws=8, cost_sequences=1,
-                      data_sequences=3, exact_length=8, exact_chunk_size=4, threads=1, batch_sizes=(1, 4))
+    cfg = tiny_audit_config()
     out = tmp_path / "a"
     run_audit(replace(cfg), out, progress=False)
     (out / "report.md").unlink(missing_ok=True)  # the CLI writes one; its digest would refuse a rerun over it
