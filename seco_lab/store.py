@@ -572,7 +572,11 @@ def check_tables_unedited(folder: str | Path, names, rerun: str) -> None:
         path = folder / name
         if not (path.exists() or path.is_symlink()):
             continue
-        if path.is_symlink() or not path.is_file() or sums.get(name) != file_sha256(path, max_bytes=None):
+        if path.is_symlink() or not path.is_file():
+            what = "a link" if path.is_symlink() else "a directory" if path.is_dir() else "not a regular file"
+            raise ChecksumError(f"{path} is {what}, not the table seco-lab wrote, and {rerun} would write a table "
+                                "there, so nothing is done; move it away and rerun")
+        if sums.get(name) != file_sha256(path, max_bytes=None):
             how = ("its SHA-256 differs from the one in" if name in sums else "it is not listed in")
             raise ChecksumError(f"{path} was edited after seco-lab wrote it ({how} {folder / CHECKSUMS}) and "
                                 f"{rerun} would replace it, so nothing is done; move it away (or restore it) and "

@@ -40,7 +40,7 @@ from .chunk_vjp import chunk_products as _products  # noqa: F401
 from .chunk_vjp import seed_vjp as _seed_vjp  # noqa: F401
 from .chunk_vjp import summed_seed as _summed  # noqa: F401
 from .chunk_vjp import vjp as _vjp  # noqa: F401
-from .grads import GradDict, grads_in_isolation, named_grads
+from .grads import GradDict, float16_seed_scale, float32_accumulation, grads_in_isolation, named_grads
 from .protocol import ChunkCache, ChunkModel, flat_cache, unflat_cache
 
 __all__ = ["ChunkedBatch", "accumulate_into", "backward_sweep", "cache_leaves", "checked_batch", "dense_grad",
@@ -391,7 +391,9 @@ def relay_sweep(
     relayed gradient into the earlier leaves' ``.grad`` -- the relay buffers, released
     once used.  A model with ``fused_grads(params)`` (a context; :class:`~seco_lab.models.hf.HFChunkModel`)
     has its layers add their weight gradients into ``.grad`` themselves, one in-place product per
-    chunk instead of a product and an add (:mod:`seco_lab.models.fused_grads`).
+    chunk instead of a product and an add (:mod:`seco_lab.models.fused_grads`).  A 16-bit parameter's chunk
+    gradients are summed in float32 and rounded once at the end (:func:`~seco_lab.core.grads.float32_accumulation`);
+    a float16 model's seeds are scaled up while they run (:func:`~seco_lab.core.grads.float16_seed_scale`).
     relay_factor = 1 is SeCO; a constant c_q = c is constant-relay SpaCO
     (each hop multiplies by c exactly once, when the buffer seeds its chunk).
     ``kept``: chunk outputs built with a graph in pass 1 (:func:`cache_leaves` ``keep``), backpropagated
@@ -408,10 +410,12 @@ def relay_sweep(
         for leaf in own_leaves[j]:
             leaf.grad = None
     fuse = getattr(model, "fused_grads", None)
-    with fuse(params) if fuse is not None else nullcontext():
+    relays = [leaf for j in order for leaf in own_leaves[j]]  # 16-bit relay buffers summed in float32 too
+    seed_scale = float16_seed_scale(params + relays, len(order))
+    with float32_accumulation(params + relays, seed_scale), fuse(params) if fuse is not None else nullcontext():
         for j in order:
             loss_sum = loss_sum + _relay_chunk(model, batch, leaves, params, own_leaves[j], visited, j,
-                                               direct_scale, relay_factor, kept)
+                                               direct_scale * seed_scale, relay_factor, kept)
     return loss_sum if isinstance(loss_sum, torch.Tensor) else torch.zeros(())
 
 

@@ -36,7 +36,7 @@ from ..core.engine import (
     require_autograd,
     trainable,
 )
-from ..core.grads import GradDict, flatten, named_grads
+from ..core.grads import GradDict, accumulation_dtype, flatten, named_grads
 from .schemes import Scheme, get_scheme
 
 __all__ = ["ChainBasis", "HopStrata", "chain_basis", "hop_strata", "spaco_grad"]
@@ -83,7 +83,7 @@ def spaco_grad(
     subset = check_subset(subset, k, t if scheme.sampler.kind == "uniform" else None)
     keep_graphs = as_int(getattr(model, "keep_graphs", 0) if keep_graphs is None else keep_graphs, "keep_graphs", 0)
     params = trainable(model)
-    acc = [torch.zeros_like(p) for _, p in params]
+    acc = [torch.zeros_like(p, dtype=accumulation_dtype(p.dtype)) for _, p in params]  # 16-bit: summed in float32
     kept: dict = {}
     leaves, loss = cache_leaves(model, batch, keep=subset[len(subset) - min(keep_graphs, len(subset)):], kept=kept)
     depth = len(leaves[0])  # cache layers
@@ -96,7 +96,7 @@ def spaco_grad(
                        relay=lambda lab, j, i: (0, relay_factor), collect=collect, collect_total=True, kept=kept)
     else:
         hop_sweep(model, batch, leaves, tensors, subset, P, collect, factors=c, collect_total=True, kept=kept)
-    return loss, named_grads(params, acc)
+    return loss, named_grads(params, [a.to(p.dtype) for a, (_, p) in zip(acc, params)])
 
 
 @dataclass

@@ -18,7 +18,8 @@ runs with no gradient): only callers that want parameter gradients summed into `
 (the engine's :func:`~seco_lab.core.engine.relay_sweep`), never a caller that collects gradients from
 ``torch.autograd.grad``.  A layer runs as it would without it under autocast, when one of its trainable
 parameters is not named, is not a Parameter (``weight_norm``), carries a tensor hook, keeps its
-gradient in another dtype (``grad_dtype``), or has a ``.grad`` of another dtype or layout.  On CUDA,
+gradient in another dtype (``grad_dtype``; float32 for a 16-bit weight is supported: the 16-bit product is added into
+it), or has a ``.grad`` of another dtype or layout.  On CUDA,
 ``index_add_`` adds the embedding rows with atomics: not bit-reproducible unless
 ``torch.use_deterministic_algorithms(True)``.
 """
@@ -35,9 +36,15 @@ import torch.nn.functional as F
 __all__ = ["fused_param_grads"]
 
 
+def _grad_dtype(param: torch.Tensor) -> torch.dtype:
+    """The dtype ``.grad`` is kept in: the parameter's, or float32 for a 16-bit one within the engine's
+    :func:`~seco_lab.core.grads.float32_accumulation`."""
+    return getattr(param, "grad_dtype", None) or param.dtype
+
+
 def _accumulate(param: torch.Tensor, grad: torch.Tensor) -> None:
     if param.grad is None:
-        param.grad = grad
+        param.grad = grad.to(_grad_dtype(param))
     else:
         param.grad.add_(grad)
 
@@ -57,9 +64,11 @@ class _LinearIntoGrad(torch.autograd.Function):
         w_param, b_param = ctx.params
         g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
         if w_param.grad is None:
-            w_param.grad = torch.mm(g2.t(), x2)
-        else:
+            w_param.grad = torch.mm(g2.t(), x2).to(_grad_dtype(w_param))
+        elif w_param.grad.dtype == g2.dtype:
             w_param.grad.addmm_(g2.t(), x2)
+        else:  # a 16-bit product summed in float32, as autograd's AccumulateGrad does
+            w_param.grad.add_(torch.mm(g2.t(), x2))
         if b_param is not None:
             _accumulate(b_param, g2.sum(0))
         dx = g @ weight if ctx.needs_input_grad[0] else None
@@ -84,18 +93,20 @@ class _EmbeddingIntoGrad(torch.autograd.Function):
             ids, g = ids[keep], g[keep]
         w = ctx.param
         if w.grad is None:
-            w.grad = torch.zeros_like(w)
-        w.grad.index_add_(0, ids, g)
+            w.grad = torch.zeros_like(w, dtype=_grad_dtype(w))
+        w.grad.index_add_(0, ids, g.to(w.grad.dtype))
         return None, None, None
 
 
 def _plain_grad(p: torch.Tensor | None) -> bool:
     """A parameter whose gradient autograd would simply add into ``.grad``: a Parameter, no tensor hooks (they
-    would see no gradient), gradients kept in its own dtype, and ``.grad`` absent or a dense tensor of that dtype."""
+    would see no gradient), gradients kept in its own dtype (or in float32 for a 16-bit one, the engine's
+    float32 accumulation), and ``.grad`` absent or a dense tensor of that dtype."""
+    kept_in = _grad_dtype(p)
     return (isinstance(p, nn.Parameter) and not getattr(p, "_backward_hooks", None)
             and not getattr(p, "_post_accumulate_grad_hooks", None)
-            and getattr(p, "grad_dtype", None) in (None, p.dtype)
-            and (p.grad is None or (p.grad.dtype == p.dtype and p.grad.layout == torch.strided)))
+            and (kept_in == p.dtype or (kept_in == torch.float32 and p.dtype in (torch.float16, torch.bfloat16)))
+            and (p.grad is None or (p.grad.dtype == kept_in and p.grad.layout == torch.strided)))
 
 
 def _fused_forward(module: nn.Module, names: set[int]):

@@ -207,6 +207,8 @@ class TinyTransformer(nn.Module):
             loss = h.new_zeros(())
         else:
             logits = self.logits_from_hidden(h)
+            if logits.dtype in (torch.float16, torch.bfloat16):  # a 16-bit sum of token losses is ~1% off
+                logits = logits.float()  # (campaign 42): from float32 logits, as HFChunkModel and transformers
             loss = F.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index, reduction="sum"
             )
