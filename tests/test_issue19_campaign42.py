@@ -245,3 +245,86 @@ def test_a_table_that_is_not_a_regular_file_is_named_as_such_before_a_rerun(tmp_
     with pytest.raises(StudyFolderError, match=f"results.csv is {what}, not the table seco-lab wrote"):
         run_study(cfg, tmp_path, progress=False)
     assert (table / "mine.txt").read_text() == "mine" if kind == "directory" else table.is_fifo()
+
+
+# ---------------------------------------------------------------------------------- campaign 43 (N1-N3)
+
+
+def _bf16_terms():
+    def smooth_in_16_bits(logits, labels):  # no .float(): the loss comes back in the model's 16-bit dtype
+        y = F.pad(labels, (0, 1), value=-100)[..., 1:]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), label_smoothing=0.1)
+
+    def scaled_in_16_bits(logits, labels):
+        return (1.5 * F.cross_entropy(*_shifted(logits, labels))).to(torch.bfloat16)
+
+    return [("label smoothing 0.1 on bf16 logits", smooth_in_16_bits), ("x1.5 returned in bf16", scaled_in_16_bits)]
+
+
+@pytest.mark.parametrize("name,term", _bf16_terms(), ids=[n for n, _ in _bf16_terms()])
+def test_n1_a_16_bit_stock_loss_gets_the_16_bit_rounding_allowance_not_1024_of_its_eps(tmp_path, name, term):
+    """Campaign 43 N1: a stock loss returned in bfloat16 was allowed 1024 of its own eps (8.0): label smoothing 0.1
+    and a 1.5x scale passed.  The same-logits allowance of a 16-bit loss is 4 eps (0.031)."""
+    model = _model(torch.bfloat16)
+    model.register_forward_hook(_hook(term), with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=model)
+    with pytest.raises(ValueError, match=SAYS):
+        trainer.train()
+
+
+def test_n1_the_plain_cross_entropy_computed_in_bf16_is_not_refused(tmp_path):
+    model = _model(torch.bfloat16)
+
+    def plain_in_16_bits(logits, labels):
+        y = F.pad(labels, (0, 1), value=-100)[..., 1:]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+    model.register_forward_hook(_hook(plain_in_16_bits), with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
+    trainer.train()
+    assert trainer.seco_loss_check_measured["gradient"] <= trainer.seco_loss_check_measured["allowed"]
+
+
+def _first_answer_token_2x(logits, labels):
+    """Each row's first target (the first label that is not -100) counts twice."""
+    z, y = _shifted(logits, labels)
+    losses = F.cross_entropy(z, y, reduction="none").view(labels.shape)
+    real = F.pad(labels, (0, 1), value=-100)[..., 1:] != -100
+    first = real & (real.cumsum(-1) == 1)
+    return (losses * (1.0 + first)).sum() / real.sum()
+
+
+def test_n2_a_term_that_depends_on_the_masked_labels_or_on_num_items_is_seen(tmp_path):
+    """Campaign 43 N2: the check replaced the labels by the tokens and passed no num_items_in_batch, so a term on
+    the first answer token of prompt-masked data (tc.padded_examples masks 3 prompt labels), or one applied only
+    when num_items_in_batch is passed, was zero there and passed."""
+    model = _model(torch.float64)
+    model.register_forward_hook(_hook(_first_answer_token_2x), with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path / "a", seco=SeCOArguments(chunk_size=4), model=model)
+    with pytest.raises(ValueError, match="SeCOTrainer: .*(something adds|would be left out)"):
+        trainer.train()
+
+    model = _model(torch.float64)
+
+    def only_with_items(module, args, kwargs, out):
+        if kwargs.get("num_items_in_batch") is not None and out.loss is not None:
+            out.loss = 1.5 * out.loss
+        return out
+
+    model.register_forward_hook(only_with_items, with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path / "b", seco=SeCOArguments(chunk_size=4), model=model)
+    with pytest.raises(ValueError, match="SeCOTrainer: .*(something adds|would be left out)"):
+        trainer.train()
+
+
+def test_n3_an_output_layer_that_does_not_compute_the_logits_gives_a_warning_not_a_false_refusal(tmp_path, caplog):
+    """Campaign 43 N3: where get_output_embeddings() names a layer that is called once but does not compute the
+    logits (here the input embedding), the plain loss was refused blaming a loss term; the check now compares the
+    values only and says so."""
+    model = _model(torch.float32)
+    embed = model.get_input_embeddings()
+    model.get_output_embeddings = lambda: embed
+    trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert "compared loss values only" in caplog.text

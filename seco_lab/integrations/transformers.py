@@ -37,12 +37,14 @@ per optimizer step, as DDP under ``no_sync`` does.
 steps (``seco_loss_check_every``), and again whenever ``compute_loss``, the model's ``forward`` or its
 ``loss_function`` is set on an instance or a forward hook is added to the model (or globally), the stock
 ``compute_loss`` runs once on the micro-batch (its first two chunks where the whole one's logits would take more
-than 1 GiB; labels = the tokens), with a graph from the output layer's logits z on (parameters frozen: none before
-them), and must agree with the engine's cross-entropy up to rounding (``SeCOTrainerMixin._seco_loss_rounding``):
+than 1 GiB; the batch's labels and num_items_in_batch), with a graph from the output layer's logits z on
+(parameters frozen: none before them), and must agree with the engine's cross-entropy up to rounding
+(``SeCOTrainerMixin._seco_loss_rounding``, ``_seco_same_logits_rounding``):
 
     |L_stock - L_engine| <= a max(|L_engine|, 1)       (each on its own forward: a = 1024 eps, 4 eps in 16 bits)
-    |L_stock(z) - L_engine(z)|,  ||dL_stock/dz - dL_engine/dz|| / ||dL_engine/dz|| <= 1024 eps(float32)
-                                                      (on the same z: the forwards' rounding does not enter)
+    |L_stock(z) - L_engine(z)|,  ||dL_stock/dz - dL_engine/dz|| / ||dL_engine/dz|| <= b
+                    (on the same z, so the forwards' rounding does not enter: b = 1024 eps of a 32/64-bit stock
+                     loss, 1.2e-4 for transformers' float32 one; 4 eps of a stock loss computed in 16 bits)
 
 so a z-loss, label smoothing, a weight on some targets or any other term put in by a forward, a hook or a
 ``compute_loss`` -- where the class checks cannot see it -- is refused before any gradient is computed (a term that
@@ -122,38 +124,31 @@ def _output_hook(layer, hook):
         handle.remove()
 
 
-def _as_leaf(into: list):
-    """A forward hook replacing the layer's output by a leaf that requires a gradient, kept in ``into``."""
+def _as_leaf(into: list, vocab: int):
+    """A forward hook replacing the layer's output by a leaf that requires a gradient, kept in ``into`` -- where its
+    last axis is the vocabulary (a layer ``get_output_embeddings`` names that computes something else, or a
+    hidden state that would pull the whole forward into the graph, is left as it is: campaign 43 N3)."""
     def hook(_module, _args, out):
+        if not torch.is_tensor(out) or out.dim() < 2 or out.shape[-1] != vocab:
+            into.append(None)
+            return None
         into.append(out.detach().requires_grad_(True))
         return into[-1]
     return hook
 
 
-def _slices_of(whole: torch.Tensor, into: list):
-    """A forward hook replacing each output of the layer by the next positions of ``whole`` (dim -2), in order;
-    the slices go to ``into``.  An output that does not fit is left as it is (and the positions stop adding up)."""
+def _next_slice_of(whole: torch.Tensor, into: list):
+    """A forward hook replacing each output of the layer by the next positions of ``whole`` (dim -2), in order, as a
+    leaf of its own (kept in ``into``); an output that does not fit is left as it is (``into`` gets None)."""
     def hook(_module, _args, out):
-        start = sum(p.shape[-2] for p in into)
+        start = sum(p.shape[-2] for p in into if p is not None)
         piece = whole[..., start:start + out.shape[-2], :]
-        if piece.shape != out.shape:
+        if not torch.is_tensor(out) or piece.shape != out.shape:
+            into.append(None)
             return None
-        into.append(piece)
-        return piece
+        into.append(piece.detach().requires_grad_(True))
+        return into[-1]
     return hook
-
-
-def _chunk_loss_with_graph(adapter: HFChunkModel, tokens, targets, chunk_size: int) -> torch.Tensor:
-    """The engine's mean token loss, chunk after chunk as pass 1 computes it, with the graph autograd records from
-    whatever requires a gradient within a chunk (each chunk reads the earlier ones' caches detached)."""
-    batch = checked_batch(adapter, tokens, targets, chunk_size)
-    past, total = [], 0.0
-    for j in range(batch.num_chunks):
-        tok, tgt, start = batch.span(j, 1)
-        out = checked_chunk(adapter.chunk_forward(tok, tgt, past, start, batch.ignore_index), j)
-        total = total + out.loss_sum
-        past.append(unflat_cache([t.detach() for t in flat_cache(out.cache)]))
-    return total / batch.n_targets
 
 
 def _defined_in(cls: type, name: str) -> str:
@@ -358,37 +353,43 @@ class SeCOTrainerMixin:
 
     def _seco_check_loss(self, model, adapter: HFChunkModel, inputs) -> bool:
         """Compare the stock ``compute_loss`` with the engine's cross-entropy on the micro-batch (its first two chunks
-        where the whole one's float32 logits exceed ``seco_loss_check_logits_bytes``; labels = the tokens, padding
-        -100), both without a graph; raise ValueError if they differ by more than rounding allows
-        (:meth:`_seco_loss_rounding`).  Returns False when there was nothing to compare (no token)."""
+        where the whole one's float32 logits exceed ``seco_loss_check_logits_bytes``), with the batch's own labels
+        and ``num_items_in_batch`` (a term that depends on which targets are masked, or on that argument, is seen:
+        campaign 43 N2); raise ValueError if they differ by more than rounding allows (:meth:`_seco_loss_rounding`),
+        in value on their own forwards and, on the same logits, in value and gradient
+        (:meth:`_seco_check_loss_gradient`).  Returns False when there was nothing to compare (no target)."""
         n, c = inputs["input_ids"].shape[-1], self.seco_args.chunk_size
         vocab = getattr(adapter, "vocab_size", None) or 0
         whole = inputs["input_ids"].numel() * vocab * 4 <= self.seco_loss_check_logits_bytes
         span = n if whole else min(n, 2 * c)  # the whole micro-batch where its logits fit (campaign 41 E1)
         prefix = {key: value[..., :span] for key, value in inputs.items()
-                  if key not in ("labels", "shift_labels") and torch.is_tensor(value) and value.shape[-1] == n}
-        labels = prefix["input_ids"].clone()
-        if "attention_mask" in prefix:
-            labels[prefix["attention_mask"] == 0] = -100
-        prefix["labels"] = labels
-        tokens, targets = chunk_targets(prefix)
-        if not bool((targets != -100).any()):
+                  if torch.is_tensor(value) and value.dim() >= 1 and value.shape[-1] == n}
+        if "labels" not in prefix and "shift_labels" not in prefix:
             return False
+        tokens, targets = chunk_targets(prefix)
+        n_targets = int((targets != -100).sum())
+        if not n_targets:
+            return False
+        # the stock loss given num_items_in_batch: S / items, times the processes where tokens are averaged across
+        # them (Trainer.compute_loss): items = the span's targets (times the processes) make it the mean S / n
+        spread = self.accelerator.num_processes // self.get_tp_size() if (
+            self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs) else 1
+        items = torch.tensor(n_targets * spread, device=tokens.device)
         # TRL's compute_loss records metrics and token counts: this call is not a step
         kept = copy.deepcopy({name: vars(self)[name] for name in ("_metrics", "_total_train_tokens")
                               if name in vars(self)})
         unwrapped = self.accelerator.unwrap_model(model)  # no DDP collective
         head = adapter.model.get_base_model() if hasattr(adapter.model, "get_base_model") else adapter.model
         head = head.get_output_embeddings()
-        logits: list[torch.Tensor] = []  # the output layer's outputs in the stock forward, as leaves
+        logits: list[torch.Tensor | None] = []  # the output layer's outputs in the stock forward, as leaves
         try:
             with torch.no_grad(), self.compute_loss_context_manager(), self.accelerator.autocast():
                 ours = float(forward_loss(adapter, tokens, targets, c))  # first: the adapter's probe names dropout
                 computed = computed_dtype(next(iter(adapter.parameters())))  # autocast's dtype where it is on
             # the stock loss as a function of the logits: a graph from the output layer's output on, none before
-            with _no_parameter_grads(unwrapped), torch.enable_grad(), _output_hook(head, _as_leaf(logits)), \
+            with _no_parameter_grads(unwrapped), torch.enable_grad(), _output_hook(head, _as_leaf(logits, vocab)), \
                     self.compute_loss_context_manager(), self.accelerator.autocast():
-                stock = self.compute_loss(unwrapped, prefix)
+                stock = self.compute_loss(unwrapped, prefix, num_items_in_batch=items)
         finally:
             vars(self).update(kept)
         stock = stock[0] if isinstance(stock, tuple) else stock
@@ -409,32 +410,48 @@ class SeCOTrainerMixin:
                                   span: int) -> None:
         """The second half of the loss check (campaign 42 F1): on the *same* logits z (the stock forward's output
         layer), the stock loss and the engine's cross-entropy must agree in value and in gradient dL/dz up to the
-        rounding of a float32 loss (1024 eps of the stock loss's dtype, :meth:`_seco_loss_rounding`): the two
-        forwards' rounding no longer enters, so a term far below the value allowance (label smoothing 0.01: 3.7e-5
-        of the value, 1e-2 of the gradient) is refused.  A term that does not pass through the logits (a penalty on
-        the weights) is compared by value only.  Where the logits cannot be paired (the output layer not called once
-        on the whole span, or the stock loss not a function of them) only the values were compared: warned."""
+        rounding of the loss (:meth:`_seco_same_logits_rounding`): the two forwards' rounding no longer enters, so a
+        term far below the value allowance (label smoothing 0.01: 3.7e-5 of the value, 1e-2 of the gradient) is
+        refused.  The engine's side runs chunk by chunk, each chunk's gradient compared with its slice of the stock
+        one as it comes (memory: the stock loss's own graph on the logits, then one chunk's; campaign 43 N4: one step of
+        a V = 32000 Llama on 2 x 1024 tokens peaks at 1518 MiB RSS with the check, the stock Trainer at 1293 MiB).  A
+        term that does not pass through the logits (a penalty on the weights) is compared by value only.  Where the
+        logits cannot be paired (the output layer not called once on the whole span with the vocabulary as its last
+        axis, or the stock loss not a function of its output) only the values were compared: warned."""
         leaf = logits[0] if len(logits) == 1 else None
         if leaf is None or tuple(leaf.shape[:-1]) != tuple(tokens.shape) or not stock.requires_grad:
             logger.warning("SeCOTrainer: the loss check compared loss values only: the stock forward's output layer "
-                           "(%s) was called %d times on this batch%s", type(head).__name__, len(logits),
-                           "" if logits else " (a loss computed without it is not compared by gradient)")
+                           "(%s, get_output_embeddings()) did not compute the logits of this batch's %d tokens in "
+                           "one call, so the gradients w.r.t. the logits could not be paired", type(head).__name__,
+                           span)
             return
         (stock_grad,) = torch.autograd.grad(stock, leaf, allow_unused=True)
-        same = leaf.detach().requires_grad_(True)
-        pieces: list[torch.Tensor] = []
-        with _no_parameter_grads(unwrapped), torch.enable_grad(), _output_hook(head, _slices_of(same, pieces)), \
+        stock_grad = torch.zeros_like(leaf) if stock_grad is None else stock_grad
+        same = leaf.detach()
+        del leaf
+        pieces: list[torch.Tensor | None] = []
+        batch = checked_batch(adapter, tokens, targets, self.seco_args.chunk_size)
+        past, total, diff2, norm2 = [], 0.0, 0.0, 0.0
+        with _no_parameter_grads(unwrapped), torch.enable_grad(), _output_hook(head, _next_slice_of(same, pieces)), \
                 self.compute_loss_context_manager(), self.accelerator.autocast():
-            ours = _chunk_loss_with_graph(adapter, tokens, targets, self.seco_args.chunk_size)
-        if sum(p.shape[-2] for p in pieces) != span or not ours.requires_grad:
-            logger.warning("SeCOTrainer: the loss check compared loss values only: the engine's chunks did not read "
-                           "the output layer's logits of the whole span")
-            return
-        (our_grad,) = torch.autograd.grad(ours, same)
-        stock_grad = torch.zeros_like(same) if stock_grad is None else stock_grad
-        allowed = self._seco_loss_rounding(stock, torch.float32)
-        value = abs(float(stock.detach()) - float(ours.detach())) / max(abs(float(ours.detach())), 1.0)
-        diff = float((stock_grad.double() - our_grad.double()).norm() / max(float(our_grad.double().norm()), 1e-300))
+            for j in range(batch.num_chunks):
+                tok, tgt, start = batch.span(j, 1)
+                out = checked_chunk(adapter.chunk_forward(tok, tgt, past, start, batch.ignore_index), j)
+                past.append(unflat_cache([t.detach() for t in flat_cache(out.cache)]))
+                piece = pieces[-1] if len(pieces) == j + 1 else None
+                if piece is None or not out.loss_sum.requires_grad:
+                    logger.warning("SeCOTrainer: the loss check compared loss values only: the engine's chunk %d did "
+                                   "not read the output layer's logits", j)
+                    return
+                loss = out.loss_sum / batch.n_targets
+                (ours,) = torch.autograd.grad(loss, piece)
+                theirs = stock_grad[..., start:start + piece.shape[-2], :]
+                diff2 += float((theirs.double() - ours.double()).square().sum())
+                norm2 += float(ours.double().square().sum())
+                total += float(loss.detach())
+        allowed = self._seco_same_logits_rounding(stock)
+        value = abs(float(stock.detach()) - total) / max(abs(total), 1.0)
+        diff = (diff2 / norm2) ** 0.5 if norm2 > 0 else float(diff2 > 0)
         self.seco_loss_check_measured = {"value": value, "gradient": diff, "allowed": allowed, "tokens": span}
         if not (value <= allowed and diff <= allowed):
             raise ValueError(
@@ -444,6 +461,15 @@ class SeCOTrainerMixin:
                 f"{allowed:.2g}): a term in the stock loss -- label smoothing, a weight on some targets, a scale, "
                 "a penalty on the logits, put in by a hook, a forward or a compute_loss -- would be left out by the "
                 "SeCO step; remove it, or train that loss with the stock Trainer")
+
+    @staticmethod
+    def _seco_same_logits_rounding(stock) -> float:
+        """What rounding may put between two losses of the same logits: 1024 eps of a 32- or 64-bit stock loss
+        (transformers' float32 loss: 1.2e-4; measured 3.7e-8 for a float64 model, 0 for float32, bfloat16 and
+        float16 models), 4 eps of a loss computed in 16 bits (0.031 in bfloat16: a 16-bit loss's own 1024 eps would
+        allow 8.0, campaign 43 N1)."""
+        dtype = stock.dtype if torch.is_tensor(stock) and stock.is_floating_point() else torch.float32
+        return 4 * torch.finfo(dtype).eps if torch.finfo(dtype).bits <= 16 else 1024 * torch.finfo(dtype).eps
 
     @staticmethod
     def _seco_loss_rounding(stock, dtype: torch.dtype) -> float:
