@@ -268,7 +268,7 @@ def test_n1_a_16_bit_stock_loss_gets_the_16_bit_rounding_allowance_not_1024_of_i
     model = _model(torch.bfloat16)
     model.register_forward_hook(_hook(term), with_kwargs=True)
     trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=model)
-    with pytest.raises(ValueError, match=SAYS):
+    with pytest.raises(ValueError, match="SeCOTrainer: .*(something adds|would be left out)"):  # value or gradient
         trainer.train()
 
 
@@ -328,3 +328,62 @@ def test_n3_an_output_layer_that_does_not_compute_the_logits_gives_a_warning_not
     trainer.train()
     assert trainer.state.global_step == 1
     assert "compared loss values only" in caplog.text
+
+
+# ---------------------------------------------------------------------------------- campaign 44 (M1-M3)
+
+
+def test_m1_the_value_check_allows_4_eps_of_a_16_bit_stock_loss_also_where_the_logits_are_not_paired(tmp_path, caplog):
+    """Campaign 44 M1: where the output layer cannot be paired (here: get_output_embeddings() names the input
+    embedding), only values are compared -- and a stock loss returned in bfloat16 was allowed 1024 of its eps (8.0):
+    a 1.5x scale passed.  Now 4 eps (0.031)."""
+    model = _model(torch.float32)
+    embed = model.get_input_embeddings()
+    model.get_output_embeddings = lambda: embed
+    model.register_forward_hook(_hook(lambda logits, labels: scaled(1.5)(logits, labels).to(torch.bfloat16)),
+                                with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=model)
+    with pytest.raises(ValueError, match="SeCOTrainer: the loss the stock Trainer computes .* something adds"):
+        trainer.train()
+
+
+def test_m2_a_prefix_check_reaches_the_first_target_and_says_when_it_cannot(tmp_path, caplog):
+    """Campaign 44 M2: where the micro-batch's logits exceed seco_loss_check_logits_bytes the check ran on the first
+    two chunks only, and with a prompt longer than them (labels -100) it had nothing to compare: every term passed,
+    silently.  The prefix now extends to the first two chunks holding a target, within the bound; beyond it the check
+    warns that it could not run."""
+    rows = tc.padded_examples(8, lengths=(30, 40), prompt=20)  # 20 masked prompt labels = 5 chunks of 4
+    model = _model(torch.float64)
+    model.register_forward_hook(_hook(label_smoothing(0.1)), with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path / "a", seco=SeCOArguments(chunk_size=4), model=model, examples=rows)
+    trainer.seco_loss_check_logits_bytes = 2 * 8 * 64 * 4 * 2  # two chunks of both rows' float32 logits
+    trainer.seco_loss_check_logits_bytes *= 4  # ... and room for a prefix of 8 chunks
+    with pytest.raises(ValueError, match="SeCOTrainer: .*(something adds|would be left out)"):
+        trainer.train()
+
+    model = _model(torch.float64)
+    trainer = tc.make_trainer(tmp_path / "b", seco=SeCOArguments(chunk_size=4), model=model, examples=rows,
+                              max_steps=1)
+    trainer.seco_loss_check_logits_bytes = 1  # no prefix reaching a target fits: said, not silent
+    trainer.train()
+    assert "the loss check could not run on this micro-batch: its first target is at position" in caplog.text
+    assert trainer._seco_loss_checked is None
+
+
+def test_m3_shift_labels_with_a_prefix_check_are_passed_contiguous(tmp_path):
+    """Campaign 44 M3: the prefix of a collator's shift_labels was a strided view, which transformers' loss .view()s:
+    a raw RuntimeError where the stock Trainer trains."""
+    def with_shift_labels(rows):
+        batch = tc.pad_collate(rows)
+        batch["shift_labels"] = F.pad(batch["labels"][..., 1:], (0, 1), value=-100)
+        return batch
+
+    model = _model(torch.float64)
+    kw = dict(model=model, args=tc.training_args(tmp_path, max_steps=1, remove_unused_columns=False),
+              train_dataset=tc.padded_examples(), data_collator=with_shift_labels)
+    from seco_lab.integrations.transformers import SeCOTrainer
+
+    trainer = SeCOTrainer(seco_args=SeCOArguments(chunk_size=4), **kw)
+    trainer.seco_loss_check_logits_bytes = 1  # the prefix check: the first chunks that hold a target
+    trainer.train()
+    assert trainer.state.global_step == 1

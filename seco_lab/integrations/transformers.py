@@ -360,10 +360,24 @@ class SeCOTrainerMixin:
         (:meth:`_seco_check_loss_gradient`).  Returns False when there was nothing to compare (no target)."""
         n, c = inputs["input_ids"].shape[-1], self.seco_args.chunk_size
         vocab = getattr(adapter, "vocab_size", None) or 0
-        whole = inputs["input_ids"].numel() * vocab * 4 <= self.seco_loss_check_logits_bytes
-        span = n if whole else min(n, 2 * c)  # the whole micro-batch where its logits fit (campaign 41 E1)
-        prefix = {key: value[..., :span] for key, value in inputs.items()
-                  if torch.is_tensor(value) and value.dim() >= 1 and value.shape[-1] == n}
+        row_bytes = inputs["input_ids"].numel() // n * vocab * 4  # one position's float32 logits, every row
+        span = n  # the whole micro-batch where its logits fit (campaign 41 E1)
+        if n * row_bytes > self.seco_loss_check_logits_bytes:
+            # else from the start to the first two chunks that hold a target (campaign 44 M2: a prompt longer than
+            # two chunks left the check nothing to compare, silently), within the logits bound
+            _, all_targets = chunk_targets(inputs)
+            real = (all_targets != -100).reshape(-1, n).any(0).nonzero()
+            first = int(real[0]) if len(real) else n
+            span = min(n, max(2 * c, (first // c + 2) * c))
+            if span * row_bytes > max(self.seco_loss_check_logits_bytes, 2 * c * row_bytes):
+                logger.warning("SeCOTrainer: the loss check could not run on this micro-batch: its first target is "
+                               "at position %d, beyond the %d positions whose logits fit seco_loss_check_logits_bytes "
+                               "(%d); it runs on the next micro-batch that has one within them", first,
+                               self.seco_loss_check_logits_bytes // max(row_bytes, 1),
+                               self.seco_loss_check_logits_bytes)
+                return False
+        prefix = {key: value[..., :span].contiguous() for key, value in inputs.items()  # (a view .view()s badly:
+                  if torch.is_tensor(value) and value.dim() >= 1 and value.shape[-1] == n}  # campaign 44 M3)
         if "labels" not in prefix and "shift_labels" not in prefix:
             return False
         tokens, targets = chunk_targets(prefix)
@@ -474,12 +488,12 @@ class SeCOTrainerMixin:
     @staticmethod
     def _seco_loss_rounding(stock, dtype: torch.dtype) -> float:
         """The relative difference rounding may put between the stock loss and the engine's on the same tokens:
-        1024 eps of the stock loss's dtype (transformers' loss is float32 whatever the model's: 1.2e-4; float64:
-        2.3e-13), and 4 eps of 16-bit weights or autocast, whose two forwards round apart (0.031 in bfloat16,
-        0.0039 in float16).  Measured on the 2-layer test Llama: 9.3e-8 in float64 (float32 loss), 0 in float32
-        (also under bf16 autocast), 1.2e-3 in bfloat16, 1.9e-4 in float16."""
-        loss_dtype = stock.dtype if torch.is_tensor(stock) and stock.is_floating_point() else torch.float32
-        allowed = 1024 * torch.finfo(loss_dtype).eps
+        1024 eps of a 32- or 64-bit stock loss (transformers' loss is float32 whatever the model's: 1.2e-4;
+        float64: 2.3e-13), 4 eps of a loss computed in 16 bits (campaign 44 M1), and at least 4 eps of 16-bit
+        weights or autocast, whose two forwards round apart (0.031 in bfloat16, 0.0039 in float16).  Measured on
+        the 2-layer test Llama: 9.3e-8 in float64 (float32 loss), 0 in float32 (also under bf16 autocast), 1.2e-3
+        in bfloat16, 1.9e-4 in float16."""
+        allowed = SeCOTrainerMixin._seco_same_logits_rounding(stock)  # 4 eps of a 16-bit loss (campaign 44 M1)
         return max(allowed, 4 * torch.finfo(dtype).eps) if torch.finfo(dtype).bits <= 16 else allowed
 
     def _seco_backward(self, adapter: HFChunkModel, tokens, targets, scale: float) -> torch.Tensor:
