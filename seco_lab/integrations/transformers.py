@@ -36,10 +36,10 @@ per optimizer step, as DDP under ``no_sync`` does.
 **The loss is checked, not assumed.**  On the first micro-batch of every ``train()`` call, every 100 optimizer
 steps (``seco_loss_check_every``), and again whenever ``compute_loss``, the model's ``forward`` or its
 ``loss_function`` is set on an instance or a forward hook is added to the model (or globally), the stock
-``compute_loss`` runs once on the micro-batch (its first two chunks where the whole one's logits would take more
-than 1 GiB; the batch's labels and num_items_in_batch), with a graph from the output layer's logits z on
-(parameters frozen: none before them), and must agree with the engine's cross-entropy up to rounding
-(``SeCOTrainerMixin._seco_loss_rounding``, ``_seco_same_logits_rounding``):
+``compute_loss`` runs once on the micro-batch (from its start to the first two chunks that hold a target where the
+whole one's logits would take more than 1 GiB; the batch's labels and num_items_in_batch), with a graph from the
+output layer's logits z on (parameters frozen: none before them), and must agree with the engine's cross-entropy
+up to rounding (``SeCOTrainerMixin._seco_loss_rounding``, ``_seco_same_logits_rounding``):
 
     |L_stock - L_engine| <= a max(|L_engine|, 1)       (each on its own forward: a = 1024 eps, 4 eps in 16 bits)
     |L_stock(z) - L_engine(z)|,  ||dL_stock/dz - dL_engine/dz|| / ||dL_engine/dz|| <= b
