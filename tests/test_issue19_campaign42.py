@@ -387,3 +387,24 @@ def test_m3_shift_labels_with_a_prefix_check_are_passed_contiguous(tmp_path):
     trainer.seco_loss_check_logits_bytes = 1  # the prefix check: the first chunks that hold a target
     trainer.train()
     assert trainer.state.global_step == 1
+
+
+def test_o1_o2_the_prefix_covers_every_row_s_first_target_or_says_which_rows_it_leaves_out(tmp_path, caplog):
+    """Campaign 45 O2: the M2 prefix ("the first two chunks holding a target") no longer fitted where the first target
+    lay in chunk 1, so the check did not run; now the prefix is the chunks up to the first target's label, at least
+    two.  O1: it covered the earliest row only, silently; now every row's first target where that fits, else the
+    rows left out are named in a warning."""
+    rows = tc.padded_examples(8, lengths=(30, 40), prompt=6)  # first target in chunk 1 of 4-token chunks
+    model = _model(torch.float64)
+    model.register_forward_hook(_hook(label_smoothing(0.1)), with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path / "a", seco=SeCOArguments(chunk_size=4), model=model, examples=rows)
+    trainer.seco_loss_check_logits_bytes = 1  # the prefix check: two chunks, which hold the targets at 5 and 6
+    with pytest.raises(ValueError, match="SeCOTrainer: .*on the first 8 tokens"):
+        trainer.train()
+
+    late = tc.padded_examples(2, lengths=(30, 31), prompt=2) + tc.padded_examples(2, lengths=(30, 31), prompt=24)
+    trainer = tc.make_trainer(tmp_path / "b", seco=SeCOArguments(chunk_size=4), model=_model(torch.float64),
+                              examples=late, max_steps=1, per_device_train_batch_size=4, gradient_accumulation_steps=1)
+    trainer.seco_loss_check_logits_bytes = 1
+    trainer.train()
+    assert "where 2 of its 4 rows have no target" in caplog.text

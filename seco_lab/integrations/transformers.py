@@ -36,10 +36,10 @@ per optimizer step, as DDP under ``no_sync`` does.
 **The loss is checked, not assumed.**  On the first micro-batch of every ``train()`` call, every 100 optimizer
 steps (``seco_loss_check_every``), and again whenever ``compute_loss``, the model's ``forward`` or its
 ``loss_function`` is set on an instance or a forward hook is added to the model (or globally), the stock
-``compute_loss`` runs once on the micro-batch (from its start to the first two chunks that hold a target where the
-whole one's logits would take more than 1 GiB; the batch's labels and num_items_in_batch), with a graph from the
-output layer's logits z on (parameters frozen: none before them), and must agree with the engine's cross-entropy
-up to rounding (``SeCOTrainerMixin._seco_loss_rounding``, ``_seco_same_logits_rounding``):
+``compute_loss`` runs once on the micro-batch (the batch's labels and num_items_in_batch; where the whole one's
+logits would take more than 1 GiB, from its start to every row's first target, or the earliest row's, warned), with
+a graph from the output layer's logits z on (parameters frozen: none before them), and must agree with the
+engine's cross-entropy up to rounding (``SeCOTrainerMixin._seco_loss_rounding``, ``_seco_same_logits_rounding``):
 
     |L_stock - L_engine| <= a max(|L_engine|, 1)       (each on its own forward: a = 1024 eps, 4 eps in 16 bits)
     |L_stock(z) - L_engine(z)|,  ||dL_stock/dz - dL_engine/dz|| / ||dL_engine/dz|| <= b
@@ -363,19 +363,25 @@ class SeCOTrainerMixin:
         row_bytes = inputs["input_ids"].numel() // n * vocab * 4  # one position's float32 logits, every row
         span = n  # the whole micro-batch where its logits fit (campaign 41 E1)
         if n * row_bytes > self.seco_loss_check_logits_bytes:
-            # else from the start to the first two chunks that hold a target (campaign 44 M2: a prompt longer than
-            # two chunks left the check nothing to compare, silently), within the logits bound
+            # else from the start to the chunk after every row's first target where that fits, else after the
+            # earliest row's (campaign 44 M2, 45 O1/O2: the first two chunks may hold no target), within the bound
             _, all_targets = chunk_targets(inputs)
-            real = (all_targets != -100).reshape(-1, n).any(0).nonzero()
-            first = int(real[0]) if len(real) else n
-            span = min(n, max(2 * c, (first // c + 2) * c))
-            if span * row_bytes > max(self.seco_loss_check_logits_bytes, 2 * c * row_bytes):
+            rows = (all_targets != -100).reshape(-1, n)
+            firsts = [int(r.nonzero()[0]) for r in rows if bool(r.any())]
+            fits = max(self.seco_loss_check_logits_bytes, 2 * c * row_bytes) // max(row_bytes, 1)
+            spans = [min(n, max(2 * c, -(-(f + 2) // c) * c)) for f in (max(firsts, default=n), min(firsts, default=n))]
+            span = next((s for s in spans if s <= fits), None)
+            if span is None:
                 logger.warning("SeCOTrainer: the loss check could not run on this micro-batch: its first target is "
                                "at position %d, beyond the %d positions whose logits fit seco_loss_check_logits_bytes "
-                               "(%d); it runs on the next micro-batch that has one within them", first,
-                               self.seco_loss_check_logits_bytes // max(row_bytes, 1),
-                               self.seco_loss_check_logits_bytes)
+                               "(%d); it runs on the next micro-batch that has one within them", min(firsts, default=n),
+                               fits, self.seco_loss_check_logits_bytes)
                 return False
+            if span < spans[0]:
+                logger.warning("SeCOTrainer: the loss check runs on the first %d tokens of this micro-batch (the "
+                               "positions whose logits fit seco_loss_check_logits_bytes), where %d of its %d rows have "
+                               "no target: a loss term on those rows is not compared on this micro-batch", span,
+                               sum(f + 2 > span for f in firsts), len(rows))
         prefix = {key: value[..., :span].contiguous() for key, value in inputs.items()  # (a view .view()s badly:
                   if torch.is_tensor(value) and value.dim() >= 1 and value.shape[-1] == n}  # campaign 44 M3)
         if "labels" not in prefix and "shift_labels" not in prefix:
