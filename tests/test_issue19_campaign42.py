@@ -317,14 +317,24 @@ def test_n2_a_term_that_depends_on_the_masked_labels_or_on_num_items_is_seen(tmp
         trainer.train()
 
 
-def test_n3_an_output_layer_that_does_not_compute_the_logits_gives_a_warning_not_a_false_refusal(tmp_path, caplog):
+def test_n3_an_output_layer_that_does_not_compute_the_logits_is_no_false_refusal(tmp_path, caplog):
     """Campaign 43 N3: where get_output_embeddings() names a layer that is called once but does not compute the
-    logits (here the input embedding), the plain loss was refused blaming a loss term; the check now compares the
-    values only and says so."""
+    logits (here the input embedding), the plain loss was refused blaming a loss term; the check now pairs the
+    decoder's hidden states instead (campaign 46), and compares values only, warned, where those cannot be paired
+    either (a model without a separate decoder module: base_model is the model itself)."""
     model = _model(torch.float32)
     embed = model.get_input_embeddings()
     model.get_output_embeddings = lambda: embed
-    trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
+    trainer = tc.make_trainer(tmp_path / "a", seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert trainer.seco_loss_check_measured["paired"] == "hidden states"
+    assert "compared loss values only" not in caplog.text
+
+    model = _model(torch.float32)
+    model.get_output_embeddings = lambda: embed
+    model.base_model_prefix = "no_such_module"  # base_model is then the model itself
+    trainer = tc.make_trainer(tmp_path / "b", seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
     trainer.train()
     assert trainer.state.global_step == 1
     assert "compared loss values only" in caplog.text
@@ -408,3 +418,69 @@ def test_o1_o2_the_prefix_covers_every_row_s_first_target_or_says_which_rows_it_
     trainer.seco_loss_check_logits_bytes = 1
     trainer.train()
     assert "where 2 of its 4 rows have no target" in caplog.text
+
+
+# ------------------------------------------------------- the M1 residual: pairing on the decoder's hidden states
+
+
+def _logits_without_the_output_layer(model):
+    """``model`` whose forward computes the logits with F.linear on lm_head's weight: the output layer module
+    (get_output_embeddings()) is never called, so the logits cannot be paired (campaign 44 M1's case)."""
+    def forward(input_ids=None, labels=None, attention_mask=None, **kwargs):
+        passed = {"cache" if k == "past_key_values" else k: v for k, v in kwargs.items()
+                  if k in ("position_ids", "past_key_values", "cache", "use_cache")}
+        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, **passed)
+        logits = F.linear(hidden.last_hidden_state, model.lm_head.weight)
+        loss = F.cross_entropy(*_shifted(logits, labels), ignore_index=-100) if labels is not None else None
+        return T.modeling_outputs.CausalLMOutputWithPast(loss=loss, logits=logits,
+                                                         past_key_values=hidden.past_key_values)
+    model.forward = forward
+    return model
+
+
+@pytest.mark.parametrize("dtype,eps", [("float32", 0.01), ("bfloat16", 0.1)])
+def test_m1_residual_logits_that_cannot_be_paired_are_checked_through_the_hidden_states(tmp_path, dtype, eps, caplog):
+    """The M1 residual (campaigns 44-45): where the output layer does not compute the logits, only the loss values
+    were compared, so label smoothing 0.1 in bfloat16 (0.07% of the value, within the 16-bit allowance 0.031)
+    passed with a warning and the SeCO step trained plain cross-entropy (in float32: smoothing 0.01, 6.7e-5 of the
+    value).  The gradients are now compared on the decoder's last hidden state: 0.099 relative apart in bfloat16
+    (rounding allows 0.031), 0.01 in float32 (1.2e-4), and the plain loss agrees exactly (measured 0 in float32 and
+    bfloat16)."""
+    dtype = getattr(torch, dtype)
+    plain = _logits_without_the_output_layer(_model(dtype))
+    trainer = tc.make_trainer(tmp_path / "plain", seco=SeCOArguments(chunk_size=4), model=plain, max_steps=1)
+    trainer.train()
+    measured = trainer.seco_loss_check_measured
+    assert measured["paired"] == "hidden states" and measured["gradient"] <= 1e-6
+    assert "compared loss values only" not in caplog.text
+
+    smoothed = _logits_without_the_output_layer(_model(dtype))
+    smoothed.register_forward_hook(_hook(label_smoothing(eps)), with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path / "smoothed", seco=SeCOArguments(chunk_size=4), model=smoothed)
+    with pytest.raises(ValueError, match="on the same hidden states .* w.r.t. the hidden states"):
+        trainer.train()
+
+
+def test_trl_sft_trainer_s_fused_head_is_checked_through_the_hidden_states(tmp_path, caplog):
+    """TRL's SFTTrainer computes its loss with a fused head that never calls the output layer: the check compared
+    values only (warned on every SFT run); it now pairs the decoder's hidden states (gradient 8e-8 apart in float32:
+    the fused head's float32 tiles)."""
+    from datasets import Dataset
+    from test_hf_trainer import word_tokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from seco_lab.integrations.transformers import SeCOTrainerMixin
+
+    class SeCOSFTTrainer(SeCOTrainerMixin, SFTTrainer):
+        pass
+
+    args = SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=1, use_cpu=True,
+                     report_to=[], save_strategy="no", disable_tqdm=True, seed=0, bf16=False,
+                     activation_checkpointing=False)
+    trainer = SeCOSFTTrainer(model=_model(torch.float32), args=args, processing_class=word_tokenizer(),
+                             train_dataset=Dataset.from_list(tc.padded_examples(4)),
+                             seco_args=SeCOArguments(chunk_size=4))
+    trainer.train()
+    measured = trainer.seco_loss_check_measured
+    assert measured["paired"] == "hidden states" and measured["gradient"] <= 1e-5
+    assert "compared loss values only" not in caplog.text

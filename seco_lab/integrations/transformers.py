@@ -50,7 +50,11 @@ so a z-loss, label smoothing, a weight on some targets or any other term put in 
 ``compute_loss`` -- where the class checks cannot see it -- is refused before any gradient is computed (a term that
 does not pass through the logits, a penalty on the weights, is compared by value only).  Measured on the 2-layer test
 Llama: same-logits gradients 3.7e-8 apart in float64, 0 in float32, bfloat16 and float16; label smoothing 0.01 moves
-the gradient 1e-2.
+the gradient 1e-2.  Where the output layer does not compute the logits (TRL's SFTTrainer projects the decoder's
+output through a fused head; a forward that uses the layer's weight itself), z is the decoder's last hidden state h
+(``base_model``'s first output) and b is at least 4 eps of the model's dtype, since the output layer then runs on
+both sides (measured: 8e-8 apart through TRL's fused head in float32, 0 in bfloat16, 5e-6 in float16; label
+smoothing 0.1 in bfloat16 moves dL/dh 0.099).  Where neither can be paired, the values alone are compared, warned.
 
 **Padding.**  A right-padded batch (attention mask 1...1 0...0 per row, pad targets -100) is
 exact: causal attention never lets a real token see a later pad.  Left padding or holes in
@@ -124,30 +128,55 @@ def _output_hook(layer, hook):
         handle.remove()
 
 
-def _as_leaf(into: list, vocab: int):
-    """A forward hook replacing the layer's output by a leaf that requires a gradient, kept in ``into`` -- where its
-    last axis is the vocabulary (a layer ``get_output_embeddings`` names that computes something else, or a
-    hidden state that would pull the whole forward into the graph, is left as it is: campaign 43 N3)."""
+def _first_tensor(out):
+    """The layer output's first tensor: itself, a tuple's first item, or a ModelOutput's first field
+    (``last_hidden_state`` of a decoder)."""
+    if torch.is_tensor(out):
+        return out
+    first = out[0] if isinstance(out, tuple) and out else next(iter(out.values()), None) if isinstance(
+        out, dict) else None
+    return first if torch.is_tensor(first) else None
+
+
+def _with_first(out, tensor):
+    """``out`` with its first tensor (:func:`_first_tensor`) replaced by ``tensor``."""
+    if torch.is_tensor(out):
+        return tensor
+    if isinstance(out, tuple):
+        return (tensor, *out[1:])
+    out[next(iter(out.keys()))] = tensor  # a ModelOutput: its attribute follows the item
+    return out
+
+
+def _as_leaf(into: list, width: int | None = None):
+    """A forward hook replacing the layer's output (its first tensor: :func:`_first_tensor`) by a leaf that requires
+    a gradient, kept in ``into`` -- where its last axis is ``width`` (the vocabulary for the output layer: one
+    ``get_output_embeddings`` names that computes something else, or a hidden state that would pull the whole forward
+    into the graph, is left as it is: campaign 43 N3); ``width=None`` takes any width."""
     def hook(_module, _args, out):
-        if not torch.is_tensor(out) or out.dim() < 2 or out.shape[-1] != vocab:
+        first = _first_tensor(out)
+        if first is None or first.dim() < 2 or not first.is_floating_point() or (
+                width is not None and first.shape[-1] != width):
             into.append(None)
             return None
-        into.append(out.detach().requires_grad_(True))
-        return into[-1]
+        into.append(first.detach().requires_grad_(True))
+        return _with_first(out, into[-1])
     return hook
 
 
 def _next_slice_of(whole: torch.Tensor, into: list):
-    """A forward hook replacing each output of the layer by the next positions of ``whole`` (dim -2), in order, as a
-    leaf of its own (kept in ``into``); an output that does not fit is left as it is (``into`` gets None)."""
+    """A forward hook replacing each output of the layer (its first tensor) by the next positions of ``whole``
+    (dim -2), in order, as a leaf of its own (kept in ``into``); an output that does not fit is left as it is
+    (``into`` gets None)."""
     def hook(_module, _args, out):
+        first = _first_tensor(out)
         start = sum(p.shape[-2] for p in into if p is not None)
-        piece = whole[..., start:start + out.shape[-2], :]
-        if not torch.is_tensor(out) or piece.shape != out.shape:
+        piece = whole[..., start:start + first.shape[-2], :] if first is not None and first.dim() >= 2 else None
+        if piece is None or piece.shape != first.shape:
             into.append(None)
             return None
         into.append(piece.detach().requires_grad_(True))
-        return into[-1]
+        return _with_first(out, into[-1])
     return hook
 
 
@@ -395,24 +424,14 @@ class SeCOTrainerMixin:
         spread = self.accelerator.num_processes // self.get_tp_size() if (
             self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs) else 1
         items = torch.tensor(n_targets * spread, device=tokens.device)
-        # TRL's compute_loss records metrics and token counts: this call is not a step
-        kept = copy.deepcopy({name: vars(self)[name] for name in ("_metrics", "_total_train_tokens")
-                              if name in vars(self)})
         unwrapped = self.accelerator.unwrap_model(model)  # no DDP collective
-        head = adapter.model.get_base_model() if hasattr(adapter.model, "get_base_model") else adapter.model
-        head = head.get_output_embeddings()
-        logits: list[torch.Tensor | None] = []  # the output layer's outputs in the stock forward, as leaves
-        try:
-            with torch.no_grad(), self.compute_loss_context_manager(), self.accelerator.autocast():
-                ours = float(forward_loss(adapter, tokens, targets, c))  # first: the adapter's probe names dropout
-                computed = computed_dtype(next(iter(adapter.parameters())))  # autocast's dtype where it is on
-            # the stock loss as a function of the logits: a graph from the output layer's output on, none before
-            with _no_parameter_grads(unwrapped), torch.enable_grad(), _output_hook(head, _as_leaf(logits, vocab)), \
-                    self.compute_loss_context_manager(), self.accelerator.autocast():
-                stock = self.compute_loss(unwrapped, prefix, num_items_in_batch=items)
-        finally:
-            vars(self).update(kept)
-        stock = stock[0] if isinstance(stock, tuple) else stock
+        causal = adapter.model.get_base_model() if hasattr(adapter.model, "get_base_model") else adapter.model
+        head = causal.get_output_embeddings()
+        with torch.no_grad(), self.compute_loss_context_manager(), self.accelerator.autocast():
+            ours = float(forward_loss(adapter, tokens, targets, c))  # first: the adapter's probe names dropout
+            computed = computed_dtype(next(iter(adapter.parameters())))  # autocast's dtype where it is on
+        # the stock loss as a function of the logits: a graph from the output layer's output on, none before
+        stock, logits = self._seco_stock_loss(unwrapped, prefix, items, head, vocab)
         allowed = self._seco_loss_rounding(stock, computed)
         value = float(stock.detach())
         if not abs(value - ours) <= allowed * max(abs(ours), 1.0):
@@ -423,11 +442,49 @@ class SeCOTrainerMixin:
                 "changes the loss where the trainer's class checks cannot see it -- a forward or compute_loss set on "
                 "the instance, a forward hook on the model, a subclass's extra term, or randomness in the forward -- "
                 "and the SeCO step would leave it out; remove it, or train that loss with the stock Trainer")
-        self._seco_check_loss_gradient(unwrapped, adapter, head, logits, stock, tokens, targets, span)
+        same_logits = ("logits", head, logits, stock, self._seco_same_logits_rounding(stock))
+        if self._seco_check_loss_gradient(unwrapped, adapter, same_logits, tokens, targets):
+            return True
+        decoder = getattr(causal, "base_model", None)
+        if isinstance(decoder, torch.nn.Module) and decoder is not causal:
+            # the output layer did not compute the logits (TRL's fused head projects the decoder's output itself):
+            # pair on the decoder's last hidden state h instead; the output layer then runs in the model's dtype
+            # on both sides, so its rounding is allowed for
+            stock_h, hidden = self._seco_stock_loss(unwrapped, prefix, items, decoder, None)
+            if self._seco_check_loss_gradient(unwrapped, adapter, ("hidden states", decoder, hidden, stock_h,
+                                                                   self._seco_loss_rounding(stock_h, computed)),
+                                              tokens, targets):
+                return True
+        logger.warning("SeCOTrainer: the loss check compared loss values only: neither the output layer (%s, "
+                       "get_output_embeddings()) nor the decoder (%s, base_model) computed the logits or the hidden "
+                       "states of this batch's %d tokens in one call, in the stock forward and in every chunk of the "
+                       "engine's, so the gradients could not be paired", type(head).__name__,
+                       type(decoder).__name__ if decoder is not causal else "none", span)
         return True
 
-    def _seco_check_loss_gradient(self, unwrapped, adapter: HFChunkModel, head, logits: list, stock, tokens, targets,
-                                  span: int) -> None:
+    def _seco_stock_loss(self, unwrapped, prefix: dict, items, layer, width: int | None):
+        """The stock ``compute_loss`` on ``prefix`` as a function of ``layer``'s output (made a leaf by
+        :func:`_as_leaf` where its last axis is ``width``): (loss, the leaves of each call of the layer).  The
+        parameters are frozen, so the graph starts at that output; TRL's metrics and token counts are restored
+        (this call is not a step)."""
+        kept = copy.deepcopy({name: vars(self)[name] for name in ("_metrics", "_total_train_tokens")
+                              if name in vars(self)})
+        leaves: list[torch.Tensor | None] = []
+        try:
+            with _no_parameter_grads(unwrapped), torch.enable_grad(), _output_hook(layer, _as_leaf(leaves, width)), \
+                    self.compute_loss_context_manager(), self.accelerator.autocast():
+                stock = self.compute_loss(unwrapped, prefix, num_items_in_batch=items)
+        finally:
+            vars(self).update(kept)
+        return (stock[0] if isinstance(stock, tuple) else stock), leaves
+
+    @staticmethod
+    def _seco_paired(leaves: list, stock, tokens) -> bool:
+        """Whether the layer ran once on the whole span (one leaf per token) and the stock loss is a function of it."""
+        leaf = leaves[0] if len(leaves) == 1 else None
+        return leaf is not None and tuple(leaf.shape[:-1]) == tuple(tokens.shape) and stock.requires_grad
+
+    def _seco_check_loss_gradient(self, unwrapped, adapter: HFChunkModel, pair: tuple, tokens, targets) -> bool:
         """The second half of the loss check (campaign 42 F1): on the *same* logits z (the stock forward's output
         layer), the stock loss and the engine's cross-entropy must agree in value and in gradient dL/dz up to the
         rounding of the loss (:meth:`_seco_same_logits_rounding`): the two forwards' rounding no longer enters, so a
@@ -436,15 +493,17 @@ class SeCOTrainerMixin:
         one as it comes (memory: the stock loss's own graph on the logits, then one chunk's; campaign 43 N4: one step of
         a V = 32000 Llama on 2 x 1024 tokens peaks at 1518 MiB RSS with the check, the stock Trainer at 1293 MiB).  A
         term that does not pass through the logits (a penalty on the weights) is compared by value only.  Where the
-        logits cannot be paired (the output layer not called once on the whole span with the vocabulary as its last
-        axis, or the stock loss not a function of its output) only the values were compared: warned."""
-        leaf = logits[0] if len(logits) == 1 else None
-        if leaf is None or tuple(leaf.shape[:-1]) != tuple(tokens.shape) or not stock.requires_grad:
-            logger.warning("SeCOTrainer: the loss check compared loss values only: the stock forward's output layer "
-                           "(%s, get_output_embeddings()) did not compute the logits of this batch's %d tokens in "
-                           "one call, so the gradients w.r.t. the logits could not be paired", type(head).__name__,
-                           span)
-            return
+        output layer does not compute the logits (TRL's fused head; a forward of the user's own), ``pair`` holds the
+        decoder's last hidden state h instead, and dL/dh is compared with the allowance of the model's dtype
+        (:meth:`_seco_loss_rounding`: the output layer runs on both sides).  ``pair`` = (what, layer, its outputs in
+        the stock forward as leaves, the stock loss, allowance).  Returns False where they cannot be paired: the layer
+        not run once on the whole span, the stock loss not a function of its output, or an engine chunk that does
+        not read it."""
+        what, layer, leaves, stock, allowed = pair
+        if not self._seco_paired(leaves, stock, tokens):
+            return False
+        span = tokens.shape[-1]
+        leaf = leaves[0]
         (stock_grad,) = torch.autograd.grad(stock, leaf, allow_unused=True)
         stock_grad = torch.zeros_like(leaf) if stock_grad is None else stock_grad
         same = leaf.detach()
@@ -452,35 +511,34 @@ class SeCOTrainerMixin:
         pieces: list[torch.Tensor | None] = []
         batch = checked_batch(adapter, tokens, targets, self.seco_args.chunk_size)
         past, total, diff2, norm2 = [], 0.0, 0.0, 0.0
-        with _no_parameter_grads(unwrapped), torch.enable_grad(), _output_hook(head, _next_slice_of(same, pieces)), \
+        with _no_parameter_grads(unwrapped), torch.enable_grad(), _output_hook(layer, _next_slice_of(same, pieces)), \
                 self.compute_loss_context_manager(), self.accelerator.autocast():
             for j in range(batch.num_chunks):
                 tok, tgt, start = batch.span(j, 1)
                 out = checked_chunk(adapter.chunk_forward(tok, tgt, past, start, batch.ignore_index), j)
                 past.append(unflat_cache([t.detach() for t in flat_cache(out.cache)]))
                 piece = pieces[-1] if len(pieces) == j + 1 else None
-                if piece is None or not out.loss_sum.requires_grad:
-                    logger.warning("SeCOTrainer: the loss check compared loss values only: the engine's chunk %d did "
-                                   "not read the output layer's logits", j)
-                    return
+                if piece is None or not out.loss_sum.requires_grad:  # the engine's chunk did not read them
+                    return False
                 loss = out.loss_sum / batch.n_targets
                 (ours,) = torch.autograd.grad(loss, piece)
                 theirs = stock_grad[..., start:start + piece.shape[-2], :]
                 diff2 += float((theirs.double() - ours.double()).square().sum())
                 norm2 += float(ours.double().square().sum())
                 total += float(loss.detach())
-        allowed = self._seco_same_logits_rounding(stock)
         value = abs(float(stock.detach()) - total) / max(abs(total), 1.0)
         diff = (diff2 / norm2) ** 0.5 if norm2 > 0 else float(diff2 > 0)
-        self.seco_loss_check_measured = {"value": value, "gradient": diff, "allowed": allowed, "tokens": span}
+        self.seco_loss_check_measured = {"value": value, "gradient": diff, "allowed": allowed, "tokens": span,
+                                         "paired": what}
         if not (value <= allowed and diff <= allowed):
             raise ValueError(
-                f"SeCOTrainer: on the same logits of the first {span} tokens of this batch, the loss the stock Trainer "
+                f"SeCOTrainer: on the same {what} of the first {span} tokens of this batch, the loss the stock Trainer "
                 f"computes (compute_loss) and the causal-LM cross-entropy the SeCO step trains differ by {value:.3g} "
-                f"relative in value and {diff:.3g} relative in their gradient w.r.t. the logits (rounding allows "
+                f"relative in value and {diff:.3g} relative in their gradient w.r.t. the {what} (rounding allows "
                 f"{allowed:.2g}): a term in the stock loss -- label smoothing, a weight on some targets, a scale, "
                 "a penalty on the logits, put in by a hook, a forward or a compute_loss -- would be left out by the "
                 "SeCO step; remove it, or train that loss with the stock Trainer")
+        return True
 
     @staticmethod
     def _seco_same_logits_rounding(stock) -> float:
