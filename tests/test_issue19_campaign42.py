@@ -484,3 +484,90 @@ def test_trl_sft_trainer_s_fused_head_is_checked_through_the_hidden_states(tmp_p
     measured = trainer.seco_loss_check_measured
     assert measured["paired"] == "hidden states" and measured["gradient"] <= 1e-5
     assert "compared loss values only" not in caplog.text
+
+
+# ---------------------------------------------------------------------------------- campaign 46 (P1-P3)
+
+
+def _eos_weighted(weight, eos=2):
+    """Targets that are the EOS token ``eos`` count ``weight`` times."""
+    def term(logits, labels):
+        z, y = _shifted(logits, labels)
+        losses = F.cross_entropy(z, y, reduction="none")
+        w = torch.where(y == eos, weight, 1.0).to(losses.dtype)
+        return (w * losses).sum() / (y != -100).sum()
+    return term
+
+
+def _rows_ending_in_eos(n, eos=2):
+    rows = tc.padded_examples(n, lengths=(30, 31), prompt=2)
+    for row in rows:
+        row["input_ids"] = [eos + 1 if t == eos else t for t in row["input_ids"][:-1]] + [eos]
+        row["labels"] = row["labels"][:2] + row["input_ids"][2:]
+    return rows
+
+
+def test_p1_a_prefix_check_says_that_later_positions_are_not_compared(tmp_path, caplog):
+    """Campaign 46 P1: where the logits exceed the bound, the check runs on a prefix that covers every row's first
+    target, and a term on later positions (an EOS weight) passed with no warning; the check now says, whenever it
+    covers less than the whole micro-batch, that later positions are not compared.  The whole check refuses it."""
+    rows = _rows_ending_in_eos(4)
+    model = _model(torch.float64)
+    model.register_forward_hook(_hook(_eos_weighted(3.0)), with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path / "a", seco=SeCOArguments(chunk_size=4), model=model, examples=rows,
+                              max_steps=1, per_device_train_batch_size=4, gradient_accumulation_steps=1)
+    trainer.seco_loss_check_logits_bytes = 1  # the prefix check: 8 of 30 tokens
+    trainer.train()
+    assert "the loss check runs on the first 8 of this micro-batch's 30 tokens" in caplog.text
+    assert "a loss term on the later positions is not compared" in caplog.text
+
+    model = _model(torch.float64)
+    model.register_forward_hook(_hook(_eos_weighted(3.0)), with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path / "b", seco=SeCOArguments(chunk_size=4), model=model, examples=rows,
+                              max_steps=1, per_device_train_batch_size=4, gradient_accumulation_steps=1)
+    with pytest.raises(ValueError, match="SeCOTrainer: .*(something adds|would be left out)"):
+        trainer.train()
+
+
+def test_p2_a_micro_batch_without_targets_names_no_target_position(tmp_path, caplog):
+    """Campaign 46 P2: with the prefix check, a micro-batch whose labels are all -100 was said to have "its first
+    target at position N" (N = its length: no such target); it has nothing to compare, as on the whole check."""
+    rows = [{"input_ids": r["input_ids"], "labels": [-100] * len(r["labels"])}
+            for r in tc.padded_examples(4, lengths=(30, 31))]
+    trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=_model(torch.float64),
+                              examples=rows, max_steps=1, per_device_train_batch_size=4, gradient_accumulation_steps=1)
+    trainer.seco_loss_check_logits_bytes = 1
+    trainer.train()
+    assert "could not run" not in caplog.text and "first target" not in caplog.text
+
+
+def test_p3_a_loss_check_out_of_memory_retries_on_a_shorter_span_then_names_what_to_change(tmp_path, caplog):
+    """Campaign 46 P3: the whole-micro-batch check (about 4x the logits in memory) died with a raw allocator error
+    where the stock Trainer trained.  The default bound is 256 MiB; an allocation failure in the check lowers the
+    bound to a quarter of what failed, warned, and the check runs again on a prefix; where two chunks fail too, a
+    MemoryError names what to change.  (The allocator is simulated: an error over a given number of tokens.)"""
+    from seco_lab.integrations.transformers import SeCOTrainer
+
+    assert SeCOTrainer.seco_loss_check_logits_bytes == 256 << 20
+    rows = tc.padded_examples(4, lengths=(30, 31), prompt=2)
+    for most, fails in ((8, False), (0, True)):
+        trainer = tc.make_trainer(tmp_path / str(most), seco=SeCOArguments(chunk_size=4), model=_model(torch.float64),
+                                  examples=rows, max_steps=1, per_device_train_batch_size=4,
+                                  gradient_accumulation_steps=1)
+        stock_loss = trainer._seco_stock_loss
+
+        def allocating(unwrapped, prefix, items, layer, width, most=most, stock_loss=stock_loss):
+            if prefix["input_ids"].shape[-1] > most:
+                raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+                                   "allocate memory: you tried to allocate 1048576000 bytes")
+            return stock_loss(unwrapped, prefix, items, layer, width)
+
+        trainer._seco_stock_loss = allocating
+        if fails:
+            with pytest.raises(MemoryError, match="ran out of memory on the first 8 tokens .* the fewest it can"):
+                trainer.train()
+            continue
+        trainer.train()
+        assert "the loss check ran out of memory on the first 30 tokens" in caplog.text
+        assert trainer.seco_loss_check_measured["tokens"] == 8  # the prefix, after the lowered bound
+        assert trainer.seco_loss_check_logits_bytes == 30 * 4 * tc.VOCAB * 4 // 4

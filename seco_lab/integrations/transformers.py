@@ -33,13 +33,15 @@ never armed; gradients are averaged over processes by one all-reduce of a flat b
 the last micro-batch of each optimizer step (when ``accelerator.sync_gradients``), i.e. once
 per optimizer step, as DDP under ``no_sync`` does.
 
-**The loss is checked, not assumed.**  On the first micro-batch of every ``train()`` call, every 100 optimizer
-steps (``seco_loss_check_every``), and again whenever ``compute_loss``, the model's ``forward`` or its
-``loss_function`` is set on an instance or a forward hook is added to the model (or globally), the stock
-``compute_loss`` runs once on the micro-batch (the batch's labels and num_items_in_batch; where the whole one's
-logits would take more than 1 GiB, from its start to every row's first target, or the earliest row's, warned), with
-a graph from the output layer's logits z on (parameters frozen: none before them), and must agree with the
-engine's cross-entropy up to rounding (``SeCOTrainerMixin._seco_loss_rounding``, ``_seco_same_logits_rounding``):
+**The loss is checked, not assumed.** On the first micro-batch of every ``train()`` call, every 100 optimizer steps
+(``seco_loss_check_every``), and again whenever ``compute_loss``, the model's ``forward`` or its ``loss_function``
+is set on an instance or a forward hook is added to the model (or globally), the stock ``compute_loss`` runs once on
+the micro-batch (the batch's labels and num_items_in_batch; where the whole one's float32 logits would take more
+than 256 MiB, ``seco_loss_check_logits_bytes``, from its start to every row's first target, or the earliest row's:
+warned, since a term on later positions is then not compared; the check holds about 4x those bytes, and where it
+runs out of memory it lowers the bound and runs again, warned), with a graph from the output layer's logits z on
+(parameters frozen: none before them), and must agree with the engine's cross-entropy up to rounding
+(``SeCOTrainerMixin._seco_loss_rounding``, ``_seco_same_logits_rounding``):
 
     |L_stock - L_engine| <= a max(|L_engine|, 1)       (each on its own forward: a = 1024 eps, 4 eps in 16 bits)
     |L_stock(z) - L_engine(z)|,  ||dL_stock/dz - dL_engine/dz|| / ||dL_engine/dz|| <= b
@@ -70,6 +72,7 @@ checkpoint callback in :mod:`.trainer_callbacks`, the packing helper in :mod:`.p
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import os
 from contextlib import contextmanager
@@ -180,6 +183,13 @@ def _next_slice_of(whole: torch.Tensor, into: list):
     return hook
 
 
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation failure (CPU: "can't allocate memory"; CUDA: torch.OutOfMemoryError)."""
+    text = str(error).lower()
+    return isinstance(error, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in text or (
+        "out of memory" in text)
+
+
 def _defined_in(cls: type, name: str) -> str:
     """The module of the function ``cls.name`` (a library class's method replaced by the user's own function names
     the user's module, not the library's), else of the class."""
@@ -196,8 +206,9 @@ class SeCOTrainerMixin:
 
     #: the loss cross-check (``_seco_check_loss``) runs again every this many optimizer steps (0: only when what
     #: decides the loss changes), and on the whole micro-batch when its float32 logits take at most this many bytes
+    #: (the check holds about 4x that besides the model: campaign 46 P3), else on a prefix, warned
     seco_loss_check_every = 100
-    seco_loss_check_logits_bytes = 1 << 30
+    seco_loss_check_logits_bytes = 256 << 20
 
     def __init__(self, *args, seco_args: SeCOArguments, **kwargs):
         if not isinstance(seco_args, SeCOArguments):
@@ -381,36 +392,73 @@ class SeCOTrainerMixin:
                 tuple(M._global_forward_hooks), tuple(M._global_forward_pre_hooks))
 
     def _seco_check_loss(self, model, adapter: HFChunkModel, inputs) -> bool:
-        """Compare the stock ``compute_loss`` with the engine's cross-entropy on the micro-batch (its first two chunks
-        where the whole one's float32 logits exceed ``seco_loss_check_logits_bytes``), with the batch's own labels
+        """:meth:`_seco_check_loss_within` ``seco_loss_check_logits_bytes``; where the check runs out of memory
+        (campaign 46 P3: it holds the logits, their gradient and the loss's own buffers, about 4x the logits), the
+        bound is lowered to a quarter of what failed for the rest of the run, warned, and the check runs again on
+        the shorter span; where even two chunks do not fit, a MemoryError names what to change."""
+        while True:
+            self._seco_check_tried = None  # (tokens, bytes of their float32 logits) once the span is known
+            try:
+                return self._seco_check_loss_within(model, adapter, inputs, self.seco_loss_check_logits_bytes)
+            except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
+                if not _out_of_memory(error) or self._seco_check_tried is None:
+                    raise
+                tried = self._seco_check_tried
+            gc.collect()  # what the failed attempt held
+            n, c = inputs["input_ids"].shape[-1], self.seco_args.chunk_size
+            if tried[0] <= min(n, 2 * c):
+                raise MemoryError(
+                    f"SeCOTrainer: the loss check ran out of memory on the first {tried[0]} tokens of this micro-batch "
+                    f"(their float32 logits take {tried[1] / 2**20:.0f} MiB; the check needs about 4x that besides the "
+                    "model), the fewest it can compare; free memory, use a smaller per_device_train_batch_size or "
+                    "chunk_size") from None
+            self.seco_loss_check_logits_bytes = tried[1] // 4
+            logger.warning("SeCOTrainer: the loss check ran out of memory on the first %d tokens of this micro-batch "
+                           "(their float32 logits take %.0f MiB; the check needs about 4x that besides the model): "
+                           "seco_loss_check_logits_bytes is lowered to %d for this trainer and the check runs again",
+                           tried[0], tried[1] / 2**20, self.seco_loss_check_logits_bytes)
+
+    def _seco_check_loss_within(self, model, adapter: HFChunkModel, inputs, bound: int) -> bool:
+        """Compare the stock ``compute_loss`` with the engine's cross-entropy on the micro-batch (where the whole
+        one's float32 logits exceed ``bound`` bytes, on a prefix: below), with the batch's own labels
         and ``num_items_in_batch`` (a term that depends on which targets are masked, or on that argument, is seen:
         campaign 43 N2); raise ValueError if they differ by more than rounding allows (:meth:`_seco_loss_rounding`),
         in value on their own forwards and, on the same logits, in value and gradient
-        (:meth:`_seco_check_loss_gradient`).  Returns False when there was nothing to compare (no target)."""
+        (:meth:`_seco_check_loss_gradient`).  Returns False when there was nothing to compare (no target).
+
+        The prefix, where the whole micro-batch's logits exceed ``bound``: up to the chunk that holds every row's
+        first target (at least two chunks) where that fits within max(bound, two chunks), else the earliest row's;
+        warned, since a term on the positions after it (or on the rows it leaves out) is not compared (campaign 46
+        P1); where not even that fits, warned that the check could not run (it runs on the next micro-batch)."""
         n, c = inputs["input_ids"].shape[-1], self.seco_args.chunk_size
         vocab = getattr(adapter, "vocab_size", None) or 0
         row_bytes = inputs["input_ids"].numel() // n * vocab * 4  # one position's float32 logits, every row
         span = n  # the whole micro-batch where its logits fit (campaign 41 E1)
-        if n * row_bytes > self.seco_loss_check_logits_bytes:
+        if n * row_bytes > bound:
             # else from the start to the chunk after every row's first target where that fits, else after the
             # earliest row's (campaign 44 M2, 45 O1/O2: the first two chunks may hold no target), within the bound
             _, all_targets = chunk_targets(inputs)
             rows = (all_targets != -100).reshape(-1, n)
             firsts = [int(r.nonzero()[0]) for r in rows if bool(r.any())]
-            fits = max(self.seco_loss_check_logits_bytes, 2 * c * row_bytes) // max(row_bytes, 1)
-            spans = [min(n, max(2 * c, -(-(f + 2) // c) * c)) for f in (max(firsts, default=n), min(firsts, default=n))]
+            if not firsts:  # no target: nothing to compare, as on the whole micro-batch (campaign 46 P2)
+                return False
+            fits = max(bound, 2 * c * row_bytes) // max(row_bytes, 1)
+            spans = [min(n, max(2 * c, -(-(f + 2) // c) * c)) for f in (max(firsts), min(firsts))]
             span = next((s for s in spans if s <= fits), None)
             if span is None:
-                logger.warning("SeCOTrainer: the loss check could not run on this micro-batch: its first target is "
-                               "at position %d, beyond the %d positions whose logits fit seco_loss_check_logits_bytes "
-                               "(%d); it runs on the next micro-batch that has one within them", min(firsts, default=n),
-                               fits, self.seco_loss_check_logits_bytes)
+                logger.warning("SeCOTrainer: the loss check could not run on this micro-batch: its earliest target "
+                               "is at position %d, beyond the %d positions whose logits fit "
+                               "seco_loss_check_logits_bytes (%d); it runs on the next micro-batch that has one within "
+                               "them", min(firsts), fits, bound)
                 return False
-            if span < spans[0]:
-                logger.warning("SeCOTrainer: the loss check runs on the first %d tokens of this micro-batch (the "
-                               "positions whose logits fit seco_loss_check_logits_bytes), where %d of its %d rows have "
-                               "no target: a loss term on those rows is not compared on this micro-batch", span,
-                               sum(f + 2 > span for f in firsts), len(rows))
+            if span < n:
+                left_out = sum(f + 2 > span for f in firsts)
+                logger.warning("SeCOTrainer: the loss check runs on the first %d of this micro-batch's %d tokens (the "
+                               "positions whose float32 logits fit seco_loss_check_logits_bytes, %d)%s: a loss term on "
+                               "the later positions is not compared on this micro-batch; raise "
+                               "seco_loss_check_logits_bytes to compare them", span, n, bound,
+                               f", where {left_out} of its {len(rows)} rows have no target" if left_out else "")
+        self._seco_check_tried = (span, span * row_bytes)
         prefix = {key: value[..., :span].contiguous() for key, value in inputs.items()  # (a view .view()s badly:
                   if torch.is_tensor(value) and value.dim() >= 1 and value.shape[-1] == n}  # campaign 44 M3)
         if "labels" not in prefix and "shift_labels" not in prefix:
