@@ -376,7 +376,7 @@ def test_m2_a_prefix_check_reaches_the_first_target_and_says_when_it_cannot(tmp_
                               max_steps=1)
     trainer.seco_loss_check_logits_bytes = 1  # no prefix reaching a target fits: said, not silent
     trainer.train()
-    assert "the loss check could not run on this micro-batch: its first target is at position" in caplog.text
+    assert "the loss check could not run on this micro-batch: its earliest target is at position" in caplog.text
     assert trainer._seco_loss_checked is None
 
 
