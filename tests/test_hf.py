@@ -83,7 +83,7 @@ def test_enumeration_equals_analytic_expectation_on_hf_llama(scheme, budget):
 
 def test_sliding_window_models_are_refused():
     with pytest.raises(ValueError, match="sliding"):
-        HFChunkModel(build_hf_model("qwen2", {"use_sliding_window": True, "sliding_window": 8}))
+        HFChunkModel(build_hf_model("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}))
 
 
 def test_lora_training_saves_an_adapter_that_peft_loads_back(tmp_path):

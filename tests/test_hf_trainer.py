@@ -167,9 +167,28 @@ def test_unsupported_trainer_features_are_refused(tmp_path, overrides, message):
 def test_a_model_the_engine_cannot_drive_is_refused_at_construction(tmp_path):
     from seco_lab.models.hf import build_hf_model
 
-    model = build_hf_model("qwen2", {"use_sliding_window": True, "sliding_window": 8}, dtype=torch.float64)
+    model = build_hf_model("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
+                           dtype=torch.float64)
     with pytest.raises(ValueError, match="sliding"):
         make_trainer(tmp_path, SeCOArguments(chunk_size=4), model=model)
+
+
+def test_a_window_that_no_layer_uses_is_no_reason_to_refuse(tmp_path):
+    """Campaign 47 Q5: a config that keeps a sliding_window value while its layer_types are all full attention (a
+    Gemma-3 for experiments; Qwen2 with max_window_layers >= its layers) was refused as sliding-window, although no
+    layer uses the window; the layer types decide."""
+    from seco_lab.models.hf import build_hf_model, chunkable_reason
+
+    model = build_hf_model("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
+                           dtype=torch.float64)
+    assert "sliding" in chunkable_reason(model.config)
+    model.config.layer_types = ["full_attention"] * model.config.num_hidden_layers
+    assert chunkable_reason(model.config) is None
+    gemma = __import__("transformers").Gemma3TextConfig(sliding_window=512, num_hidden_layers=2,
+                                                        layer_types=["full_attention"] * 2)
+    assert chunkable_reason(gemma) is None
+    gemma.layer_types = ["sliding_attention", "full_attention"]
+    assert "sliding" in chunkable_reason(gemma)
 
 
 def test_bad_settings_are_refused():

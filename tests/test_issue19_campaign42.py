@@ -11,6 +11,7 @@ error-growth tests fail on 81cf75f."""
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -27,11 +28,15 @@ SAYS = r"on the same logits of the first \d+ tokens .* in their gradient w\.r\.t
 
 
 def _hook(term):
-    """A forward hook on the model that replaces ``out.loss`` by ``term(logits, labels)``."""
+    """A forward hook on the model that replaces ``out.loss`` by ``term(logits, labels)``, a mean over the targets,
+    taken as a sum over num_items_in_batch where the Trainer passes it (as transformers' loss does: a mean there
+    would be scaled differently by the stock Trainer and the SeCO step, campaign 47 Q3)."""
     def hook(module, args, kwargs, out):
-        labels = kwargs.get("labels")
+        labels, items = kwargs.get("labels"), kwargs.get("num_items_in_batch")
         if labels is not None and out.logits is not None:
             out.loss = term(out.logits, labels)
+            if items is not None:
+                out.loss = out.loss * (_shifted(out.logits, labels)[1] != -100).sum() / items
         return out
     return hook
 
@@ -431,7 +436,10 @@ def _logits_without_the_output_layer(model):
                   if k in ("position_ids", "past_key_values", "cache", "use_cache")}
         hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, **passed)
         logits = F.linear(hidden.last_hidden_state, model.lm_head.weight)
-        loss = F.cross_entropy(*_shifted(logits, labels), ignore_index=-100) if labels is not None else None
+        loss = None
+        if labels is not None:  # a sum over num_items_in_batch where given, as transformers' loss
+            loss = F.cross_entropy(*_shifted(logits, labels), ignore_index=-100, reduction="sum")
+            loss = loss / kwargs.get("num_items_in_batch", (_shifted(logits, labels)[1] != -100).sum())
         return T.modeling_outputs.CausalLMOutputWithPast(loss=loss, logits=logits,
                                                          past_key_values=hidden.past_key_values)
     model.forward = forward
@@ -556,11 +564,11 @@ def test_p3_a_loss_check_out_of_memory_retries_on_a_shorter_span_then_names_what
                                   gradient_accumulation_steps=1)
         stock_loss = trainer._seco_stock_loss
 
-        def allocating(unwrapped, prefix, items, layer, width, most=most, stock_loss=stock_loss):
+        def allocating(unwrapped, prefix, items, layer, width, what, most=most, stock_loss=stock_loss):
             if prefix["input_ids"].shape[-1] > most:
                 raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
                                    "allocate memory: you tried to allocate 1048576000 bytes")
-            return stock_loss(unwrapped, prefix, items, layer, width)
+            return stock_loss(unwrapped, prefix, items, layer, width, what)
 
         trainer._seco_stock_loss = allocating
         if fails:
@@ -571,3 +579,107 @@ def test_p3_a_loss_check_out_of_memory_retries_on_a_shorter_span_then_names_what
         assert "the loss check ran out of memory on the first 30 tokens" in caplog.text
         assert trainer.seco_loss_check_measured["tokens"] == 8  # the prefix, after the lowered bound
         assert trainer.seco_loss_check_logits_bytes == 30 * 4 * tc.VOCAB * 4 // 4
+
+
+# ---------------------------------------------------------------------------------- campaign 47 (Q1-Q4)
+
+
+def _penalty_on_trainable(coefficient):
+    """A forward hook adding coefficient * sum of squares of the parameters that require a gradient (the usual
+    regulariser of LoRA adapters)."""
+    def hook(module, args, kwargs, out):
+        if out.loss is not None:
+            out.loss = out.loss + coefficient * sum(p.square().sum() for p in module.parameters() if p.requires_grad)
+        return out
+    return hook
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_q1_a_penalty_on_the_trainable_parameters_is_refused(tmp_path, lora):
+    """Campaign 47 Q1: the check froze every parameter while it ran the stock compute_loss, so a penalty on the
+    parameters that require a gradient was 0 there and passed; SeCO trained plain cross-entropy.  The stock loss
+    now runs as the stock Trainer runs it, and a gradient that reaches the parameters other than through the
+    compared output is refused, however small (here 1e-9 of the loss value)."""
+    model = tc.for_seco(tc.tiny_llama(lora=lora)).to(torch.float32)  # the value allows 1.2e-4: the gradient sees it
+    model.register_forward_hook(_penalty_on_trainable(1e-12), with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
+    with pytest.raises(ValueError, match="reaches the model's parameters other than through the logits"):
+        trainer.train()
+
+
+def test_q1_q2_an_early_exit_loss_and_an_input_gradient_penalty_are_refused(tmp_path):
+    """Campaign 47 Q2: a loss on layer 0's output (an early exit) through the output layer, 2.5% of the loss, passed
+    the 16-bit value allowance where the hidden states were paired; it reaches the decoder's parameters other than
+    through the compared output, and is refused in float32 too.  Q1: an input-gradient penalty needs a graph through
+    the model, which the check cuts at the compared output: a one-line ValueError, not a bare autograd error."""
+    model = tc.for_seco(tc.tiny_llama())
+
+    def early_exit(module, args, kwargs, out):
+        if out.loss is not None:
+            hidden = module.model(input_ids=kwargs["input_ids"], output_hidden_states=True).hidden_states[1]
+            z, y = _shifted(module.lm_head(hidden), kwargs["labels"])
+            out.loss = out.loss + 0.025 * F.cross_entropy(z, y)
+        return out
+
+    model.register_forward_hook(early_exit, with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path / "a", seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
+    with pytest.raises(ValueError, match="(reaches the model's parameters other than through|something adds)"):
+        trainer.train()
+
+    model = tc.for_seco(tc.tiny_llama())
+    embedded = []
+    model.get_input_embeddings().register_forward_hook(lambda module, args, out: embedded.append(out))
+
+    def input_gradient_penalty(module, args, kwargs, out):
+        if out.loss is not None:
+            (g,) = torch.autograd.grad(out.loss, embedded[-1], create_graph=True)
+            out.loss = out.loss + 1e-3 * g.square().sum()
+        return out
+
+    model.register_forward_hook(input_gradient_penalty, with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path / "b", seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
+    with pytest.raises(ValueError, match="differentiates through the model's activations"):
+        trainer.train()
+
+
+def test_q3_a_loss_that_ignores_num_items_in_batch_is_refused_and_the_way_out_trains_as_the_stock_trainer(tmp_path):
+    """Campaign 47 Q3: a forward that accepts **kwargs (so the Trainer passes num_items_in_batch and does not divide
+    by the accumulation steps) but returns the micro-batch mean was trained by SeCO as S / num_items_in_batch, while
+    the stock Trainer trains the sum of the means (3.5e-4 apart at accumulation 2); the check passed its own target
+    count and saw nothing.  It now passes twice the targets: the mean is refused, naming model_accepts_loss_kwargs;
+    with that set False, SeCO trains as the stock Trainer."""
+    def mean_forward(model):
+        forward = model.forward
+
+        @functools.wraps(forward)  # the signature the Trainer reads: **kwargs, so model_accepts_loss_kwargs
+        def ignoring_items(*args, num_items_in_batch=None, **kwargs):
+            return forward(*args, **kwargs)  # transformers' loss without the count: the micro-batch mean
+        model.forward = ignoring_items
+        return model
+
+    model = mean_forward(_model(torch.float64))
+    trainer = tc.make_trainer(tmp_path / "a", seco=SeCOArguments(chunk_size=4), model=model)
+    assert trainer.model_accepts_loss_kwargs
+    with pytest.raises(ValueError, match="does not use it.*model_accepts_loss_kwargs = False"):
+        trainer.train()
+
+    states = {}
+    for name, seco in (("seco", SeCOArguments(chunk_size=4)), ("stock", None)):
+        model = mean_forward(tc.tiny_llama())
+        trainer = tc.make_trainer(tmp_path / name, seco=seco, model=tc.for_seco(model) if seco else model)
+        trainer.model_accepts_loss_kwargs = False
+        before = tc.trainable_state(trainer.model)
+        trainer.train()
+        states[name] = (tc.trainable_state(trainer.model), before)
+    assert tc.displacement_error(*states["seco"], *states["stock"]) <= 1e-9
+
+
+def test_q4_a_padding_free_collator_s_keys_are_named_as_packing():
+    """Campaign 47 Q4: TRL's packing collator's keys were refused with "(or set remove_unused_columns=True)", which
+    cannot help; the refusal now names packing and padding_free."""
+    from seco_lab.integrations.trainer_args import chunk_targets
+
+    inputs = {"input_ids": torch.tensor([[5, 6, 7, 8]]), "labels": torch.tensor([[5, 6, 7, 8]]),
+              "cu_seq_lens_q": torch.tensor([0, 2, 4]), "max_length_q": 2}
+    with pytest.raises(ValueError, match="padding-free collator .*packing=False and padding_free=False"):
+        chunk_targets(inputs)

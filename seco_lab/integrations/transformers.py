@@ -39,8 +39,8 @@ is set on an instance or a forward hook is added to the model (or globally), the
 the micro-batch (the batch's labels and num_items_in_batch; where the whole one's float32 logits would take more
 than 256 MiB, ``seco_loss_check_logits_bytes``, from its start to every row's first target, or the earliest row's:
 warned, since a term on later positions is then not compared; the check holds about 4x those bytes, and where it
-runs out of memory it lowers the bound and runs again, warned), with a graph from the output layer's logits z on
-(parameters frozen: none before them), and must agree with the engine's cross-entropy up to rounding
+runs out of memory it lowers the bound and runs again, warned), as the stock Trainer runs it but with the output
+layer's logits z made a leaf, and must agree with the engine's cross-entropy up to rounding
 (``SeCOTrainerMixin._seco_loss_rounding``, ``_seco_same_logits_rounding``):
 
     |L_stock - L_engine| <= a max(|L_engine|, 1)       (each on its own forward: a = 1024 eps, 4 eps in 16 bits)
@@ -49,14 +49,17 @@ runs out of memory it lowers the bound and runs again, warned), with a graph fro
                      loss, 1.2e-4 for transformers' float32 one; 4 eps of a stock loss computed in 16 bits)
 
 so a z-loss, label smoothing, a weight on some targets or any other term put in by a forward, a hook or a
-``compute_loss`` -- where the class checks cannot see it -- is refused before any gradient is computed (a term that
-does not pass through the logits, a penalty on the weights, is compared by value only).  Measured on the 2-layer test
-Llama: same-logits gradients 3.7e-8 apart in float64, 0 in float32, bfloat16 and float16; label smoothing 0.01 moves
-the gradient 1e-2.  Where the output layer does not compute the logits (TRL's SFTTrainer projects the decoder's
-output through a fused head; a forward that uses the layer's weight itself), z is the decoder's last hidden state h
-(``base_model``'s first output) and b is at least 4 eps of the model's dtype, since the output layer then runs on
-both sides (measured: 8e-8 apart through TRL's fused head in float32, 0 in bfloat16, 5e-6 in float16; label
-smoothing 0.1 in bfloat16 moves dL/dh 0.099).  Where neither can be paired, the values alone are compared, warned.
+``compute_loss`` -- where the class checks cannot see it -- is refused before any gradient is computed; so is any
+gradient of the stock loss that reaches the parameters other than through z (a penalty on the trainable weights, an
+early-exit or auxiliary loss: campaign 47 Q1/Q2), a loss that differentiates through the activations, and a loss
+that ignores the num_items_in_batch the Trainer passes it (checked with twice the targets: campaign 47 Q3). Measured
+on the 2-layer test Llama: same-logits gradients 3.7e-8 apart in float64, 0 in float32, bfloat16 and float16; label
+smoothing 0.01 moves the gradient 1e-2. Where the output layer does not compute the logits (TRL's SFTTrainer
+projects the decoder's output through a fused head; a forward that uses the layer's weight itself), z is the
+decoder's last hidden state h (``base_model``'s first output) and b is at least 4 eps of the model's dtype, since
+the output layer then runs on both sides (measured: 8e-8 apart through TRL's fused head in float32, 0 in bfloat16,
+5e-6 in float16; label smoothing 0.1 in bfloat16 moves dL/dh 0.099). Where neither can be paired, the values alone
+are compared, warned.
 
 **Padding.**  A right-padded batch (attention mask 1...1 0...0 per row, pad targets -100) is
 exact: causal attention never lets a real token see a later pad.  Left padding or holes in
@@ -471,17 +474,40 @@ class SeCOTrainerMixin:
         # them (Trainer.compute_loss): items = the span's targets (times the processes) make it the mean S / n
         spread = self.accelerator.num_processes // self.get_tp_size() if (
             self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs) else 1
-        items = torch.tensor(n_targets * spread, device=tokens.device)
+        # where the Trainer passes num_items_in_batch to the model (model_accepts_loss_kwargs), the SeCO step trains
+        # S / num_items_in_batch: twice the span's targets are passed and the loss doubled, so a loss that ignores
+        # the argument (the micro-batch mean) differs by 2x (campaign 47 Q3)
+        ratio = 2 if self.model_accepts_loss_kwargs else 1
+        items = torch.tensor(n_targets * spread * ratio, device=tokens.device)
         unwrapped = self.accelerator.unwrap_model(model)  # no DDP collective
         causal = adapter.model.get_base_model() if hasattr(adapter.model, "get_base_model") else adapter.model
         head = causal.get_output_embeddings()
+        decoder = getattr(causal, "base_model", None)
+        decoder = decoder if isinstance(decoder, torch.nn.Module) and decoder is not causal else None
+        # the parameters before the compared output (the decoder's; the output layer's too where the logits are
+        # compared): no gradient may reach them other than through it (campaign 47 Q1/Q2: a weight penalty, an
+        # early-exit loss); the output layer's come after the hidden states (a tied embedding too)
+        before = dict(decoder.named_parameters(prefix="base_model")) if decoder is not None else {}
+        after = {id(p) for p in head.parameters()} if head is not None else set()
+        hidden_checked = [(n, p) for n, p in before.items() if p.requires_grad and id(p) not in after]
+        logits_checked = [(n, p) for n, p in {**before, **dict(head.named_parameters(prefix="output_layer"))}.items()
+                          if p.requires_grad] if head is not None else hidden_checked
         with torch.no_grad(), self.compute_loss_context_manager(), self.accelerator.autocast():
             ours = float(forward_loss(adapter, tokens, targets, c))  # first: the adapter's probe names dropout
             computed = computed_dtype(next(iter(adapter.parameters())))  # autocast's dtype where it is on
         # the stock loss as a function of the logits: a graph from the output layer's output on, none before
-        stock, logits = self._seco_stock_loss(unwrapped, prefix, items, head, vocab)
+        stock, logits = self._seco_stock_loss(unwrapped, prefix, items, head, vocab, "logits")
+        stock = stock * ratio if ratio != 1 else stock
         allowed = self._seco_loss_rounding(stock, computed)
         value = float(stock.detach())
+        if ratio != 1 and abs(value / ratio - ours) <= allowed * max(abs(ours), 1.0) < abs(value - ours):
+            raise ValueError(
+                "SeCOTrainer: the model's forward accepts **kwargs, so the Trainer passes it num_items_in_batch and "
+                "trains S / num_items_in_batch (without dividing by the gradient accumulation steps), but its loss "
+                f"does not use it: it returned {value / ratio!r}, the micro-batch mean, for num_items_in_batch = "
+                f"{int(items)} (twice the targets) -- the SeCO step and the stock Trainer would scale the gradient "
+                "differently; divide the summed loss by num_items_in_batch in the forward, or set "
+                "trainer.model_accepts_loss_kwargs = False (the Trainer then averages the micro-batch means)")
         if not abs(value - ours) <= allowed * max(abs(ours), 1.0):
             raise ValueError(
                 f"SeCOTrainer: the loss the stock Trainer computes (compute_loss) on the first {span} tokens of this "
@@ -490,38 +516,51 @@ class SeCOTrainerMixin:
                 "changes the loss where the trainer's class checks cannot see it -- a forward or compute_loss set on "
                 "the instance, a forward hook on the model, a subclass's extra term, or randomness in the forward -- "
                 "and the SeCO step would leave it out; remove it, or train that loss with the stock Trainer")
-        same_logits = ("logits", head, logits, stock, self._seco_same_logits_rounding(stock))
+        same_logits = ("logits", head, logits, stock, self._seco_same_logits_rounding(stock), logits_checked)
         if self._seco_check_loss_gradient(unwrapped, adapter, same_logits, tokens, targets):
             return True
-        decoder = getattr(causal, "base_model", None)
-        if isinstance(decoder, torch.nn.Module) and decoder is not causal:
+        del same_logits, logits, stock  # the first stock forward's graph
+        if decoder is not None:
             # the output layer did not compute the logits (TRL's fused head projects the decoder's output itself):
             # pair on the decoder's last hidden state h instead; the output layer then runs in the model's dtype
             # on both sides, so its rounding is allowed for
-            stock_h, hidden = self._seco_stock_loss(unwrapped, prefix, items, decoder, None)
-            if self._seco_check_loss_gradient(unwrapped, adapter, ("hidden states", decoder, hidden, stock_h,
-                                                                   self._seco_loss_rounding(stock_h, computed)),
-                                              tokens, targets):
+            stock_h, hidden = self._seco_stock_loss(unwrapped, prefix, items, decoder, None, "hidden states")
+            stock_h = stock_h * ratio if ratio != 1 else stock_h
+            same_hidden = ("hidden states", decoder, hidden, stock_h, self._seco_loss_rounding(stock_h, computed),
+                           hidden_checked)
+            if self._seco_check_loss_gradient(unwrapped, adapter, same_hidden, tokens, targets):
                 return True
         logger.warning("SeCOTrainer: the loss check compared loss values only: neither the output layer (%s, "
                        "get_output_embeddings()) nor the decoder (%s, base_model) computed the logits or the hidden "
                        "states of this batch's %d tokens in one call, in the stock forward and in every chunk of the "
                        "engine's, so the gradients could not be paired", type(head).__name__,
-                       type(decoder).__name__ if decoder is not causal else "none", span)
+                       type(decoder).__name__ if decoder is not None else "none", span)
         return True
 
-    def _seco_stock_loss(self, unwrapped, prefix: dict, items, layer, width: int | None):
+    def _seco_stock_loss(self, unwrapped, prefix: dict, items, layer, width: int | None, what: str):
         """The stock ``compute_loss`` on ``prefix`` as a function of ``layer``'s output (made a leaf by
-        :func:`_as_leaf` where its last axis is ``width``): (loss, the leaves of each call of the layer).  The
-        parameters are frozen, so the graph starts at that output; TRL's metrics and token counts are restored
-        (this call is not a step)."""
+        :func:`_as_leaf` where its last axis is ``width``): (loss, the leaves of each call of the layer).  It runs as
+        the stock Trainer runs it, with the parameters' ``requires_grad`` as they are and a graph through the model
+        (campaign 47 Q1: a penalty on the trainable parameters reads ``p.requires_grad``), so a term that reaches
+        the parameters other than through the leaf is seen (:meth:`_seco_check_loss_gradient`); TRL's metrics and
+        token counts are restored (this call is not a step)."""
         kept = copy.deepcopy({name: vars(self)[name] for name in ("_metrics", "_total_train_tokens")
                               if name in vars(self)})
         leaves: list[torch.Tensor | None] = []
         try:
-            with _no_parameter_grads(unwrapped), torch.enable_grad(), _output_hook(layer, _as_leaf(leaves, width)), \
+            with torch.enable_grad(), _output_hook(layer, _as_leaf(leaves, width)), \
                     self.compute_loss_context_manager(), self.accelerator.autocast():
                 stock = self.compute_loss(unwrapped, prefix, num_items_in_batch=items)
+        except RuntimeError as error:  # user code that differentiates through the model (campaign 47 Q1)
+            if _out_of_memory(error) or not any(text in str(error) for text in (
+                    "differentiated Tensor", "does not require grad", "does not have a grad_fn")):
+                raise
+            raise ValueError(
+                f"SeCOTrainer: the stock compute_loss failed in the loss check, which cuts its graph at the {what} "
+                f"(the output of {type(layer).__name__}) to compare the loss as a function of them: {error} -- a "
+                "loss that differentiates through the model's activations (an input-gradient penalty, a gradient "
+                "norm term) is not the causal-LM cross-entropy the SeCO step trains; train it with the stock "
+                "Trainer") from error
         finally:
             vars(self).update(kept)
         return (stock[0] if isinstance(stock, tuple) else stock), leaves
@@ -537,23 +576,28 @@ class SeCOTrainerMixin:
         layer), the stock loss and the engine's cross-entropy must agree in value and in gradient dL/dz up to the
         rounding of the loss (:meth:`_seco_same_logits_rounding`): the two forwards' rounding no longer enters, so a
         term far below the value allowance (label smoothing 0.01: 3.7e-5 of the value, 1e-2 of the gradient) is
-        refused.  The engine's side runs chunk by chunk, each chunk's gradient compared with its slice of the stock
-        one as it comes (memory: the stock loss's own graph on the logits, then one chunk's; campaign 43 N4: one step of
-        a V = 32000 Llama on 2 x 1024 tokens peaks at 1518 MiB RSS with the check, the stock Trainer at 1293 MiB).  A
-        term that does not pass through the logits (a penalty on the weights) is compared by value only.  Where the
-        output layer does not compute the logits (TRL's fused head; a forward of the user's own), ``pair`` holds the
-        decoder's last hidden state h instead, and dL/dh is compared with the allowance of the model's dtype
-        (:meth:`_seco_loss_rounding`: the output layer runs on both sides).  ``pair`` = (what, layer, its outputs in
-        the stock forward as leaves, the stock loss, allowance).  Returns False where they cannot be paired: the layer
-        not run once on the whole span, the stock loss not a function of its output, or an engine chunk that does
-        not read it."""
-        what, layer, leaves, stock, allowed = pair
+        refused. The engine's side runs chunk by chunk, each chunk's gradient compared with its slice of the stock
+        one as it comes (memory: the stock forward's graph, then one chunk's; campaign 43 N4: one step of a V =
+        32000 Llama on 2 x 1024 tokens peaks at 1518 MiB RSS with the check, the stock Trainer at 1293 MiB). No
+        gradient of the stock loss may reach the parameters before the compared output (``checked``: the decoder's,
+        and the output layer's where the logits are compared) other than through it: a penalty on the weights or an
+        early-exit loss is refused (campaign 47 Q1/Q2). Where the output layer does not compute the logits (TRL's
+        fused head; a forward of the user's own), ``pair`` holds the decoder's last hidden state h instead, and
+        dL/dh is compared with the allowance of the model's dtype (:meth:`_seco_loss_rounding`: the output layer
+        runs on both sides). ``pair`` = (what, layer, its outputs in the stock forward as leaves, the stock loss,
+        allowance, checked (name, parameter) pairs). Returns False where they cannot be paired: the layer not run
+        once on the whole span, the stock loss not a function of its output, or an engine chunk that does not read
+        it."""
+        what, layer, leaves, stock, allowed, checked = pair
         if not self._seco_paired(leaves, stock, tokens):
             return False
         span = tokens.shape[-1]
         leaf = leaves[0]
-        (stock_grad,) = torch.autograd.grad(stock, leaf, allow_unused=True)
-        stock_grad = torch.zeros_like(leaf) if stock_grad is None else stock_grad
+        stock_grad, *reached = torch.autograd.grad(stock, [leaf] + [p for _, p in checked], allow_unused=True)
+        if stock_grad is None:  # the stock loss is not a function of this output
+            return False
+        reached = [(name, float(g.double().norm())) for (name, _), g in zip(checked, reached)
+                   if g is not None and bool(g.ne(0).any())]
         same = leaf.detach()
         del leaf
         pieces: list[torch.Tensor | None] = []
@@ -578,6 +622,14 @@ class SeCOTrainerMixin:
         diff = (diff2 / norm2) ** 0.5 if norm2 > 0 else float(diff2 > 0)
         self.seco_loss_check_measured = {"value": value, "gradient": diff, "allowed": allowed, "tokens": span,
                                          "paired": what}
+        if reached:
+            names = ", ".join(f"{name} ({norm:.3g})" for name, norm in reached[:4])
+            raise ValueError(
+                f"SeCOTrainer: the stock loss on the first {span} tokens of this batch reaches the model's parameters "
+                f"other than through the {what}: {len(reached)} parameter(s) get a gradient from it, e.g. {names} "
+                "-- a penalty on the weights, an auxiliary or early-exit loss, a term put in by a hook, a forward or a "
+                "compute_loss; the SeCO step trains only the causal-LM cross-entropy and would leave it out; remove "
+                "it (a weight decay belongs in the optimizer: weight_decay), or train that loss with the stock Trainer")
         if not (value <= allowed and diff <= allowed):
             raise ValueError(
                 f"SeCOTrainer: on the same {what} of the first {span} tokens of this batch, the loss the stock Trainer "

@@ -97,7 +97,8 @@ def chunkable_reason(config) -> str | None:
         return (f"its layers use {sorted(set(map(str, layer_types)))} attention: a sliding or chunked window drops "
                 "keys the chunk engine relays gradients through, so the gradient would be wrong")
     window = getattr(cfg, "sliding_window", None)
-    uses_window = getattr(cfg, "use_sliding_window", window is not None)
+    # where the config lists its layers' types, they decide: a window no layer uses drops nothing (campaign 47 Q5)
+    uses_window = getattr(cfg, "use_sliding_window", window is not None) and not layer_types
     if window is not None and uses_window:
         return (f"it uses sliding-window attention (window {window}): keys outside the window are dropped from the "
                 "cache, so chunk-wise gradients would differ from full-sequence ones")
