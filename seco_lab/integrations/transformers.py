@@ -38,10 +38,10 @@ per optimizer step, as DDP under ``no_sync`` does.
 is set on an instance or a forward hook is added to the model (or globally), the stock ``compute_loss`` runs once on
 the micro-batch (the batch's labels and num_items_in_batch; where the whole one's float32 logits would take more
 than 256 MiB, ``seco_loss_check_logits_bytes``, from its start to every row's first target, or the earliest row's:
-warned, since a term on later positions is then not compared; the check holds about 4x those bytes, and where it
-runs out of memory it lowers the bound and runs again, warned), as the stock Trainer runs it but with the output
-layer's logits z made a leaf, and must agree with the engine's cross-entropy up to rounding
-(``SeCOTrainerMixin._seco_loss_rounding``, ``_seco_same_logits_rounding``):
+warned, since a term on later positions is then not compared; the check holds about 4x those bytes and the stock
+forward's activations on those tokens, and where it runs out of memory it lowers the bound and runs again, warned),
+as the stock Trainer runs it but with the output layer's logits z made a leaf, and must agree with the engine's
+cross-entropy up to rounding (``SeCOTrainerMixin._seco_loss_rounding``, ``_seco_same_logits_rounding``):
 
     |L_stock - L_engine| <= a max(|L_engine|, 1)       (each on its own forward: a = 1024 eps, 4 eps in 16 bits)
     |L_stock(z) - L_engine(z)|,  ||dL_stock/dz - dL_engine/dz|| / ||dL_engine/dz|| <= b
