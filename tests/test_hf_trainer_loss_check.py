@@ -90,7 +90,9 @@ def test_c2_a_loss_changed_where_the_class_checks_cannot_see_it_is_refused_befor
     trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=model)
     if change.startswith("trainer.compute_loss"):
         instance_compute_loss(trainer)
-    with pytest.raises(ValueError, match=SAYS):
+    # a compute_loss that returns the mean also ignores num_items_in_batch: said as such (campaign 47 Q3, 48 R1)
+    says = "does not use it.*a term besides" if change.startswith("trainer.compute_loss") else SAYS
+    with pytest.raises(ValueError, match=says):
         trainer.train()
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters()), "a step was taken"
 

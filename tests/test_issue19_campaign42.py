@@ -683,3 +683,74 @@ def test_q4_a_padding_free_collator_s_keys_are_named_as_packing():
               "cu_seq_lens_q": torch.tensor([0, 2, 4]), "max_length_q": 2}
     with pytest.raises(ValueError, match="padding-free collator .*packing=False and padding_free=False"):
         chunk_targets(inputs)
+
+
+# ---------------------------------------------------------------------------------- campaign 48 (R1-R5)
+
+
+def test_r2_r3_every_trainable_parameter_s_gradient_is_compared(tmp_path):
+    """Campaign 48 R2/R3: the parameter check looked at the decoder (and the output layer where the logits are
+    compared) only: a penalty on a trainable module outside them (a value head) or on the output layer where the
+    hidden states are paired passed under the value allowance.  Every trainable parameter's gradient is now
+    compared: none where the engine's loss has none, the same (up to rounding) where both have one; a learned
+    scale after the output layer, read by both losses, is no reason to refuse."""
+    model = _model(torch.float32)
+    model.value_head = torch.nn.Linear(32, 1)  # trainable, outside base_model and the output layer
+
+    def value_penalty(module, args, kwargs, out):
+        if out.loss is not None:
+            out.loss = out.loss + 1e-9 * module.value_head.weight.square().sum()
+        return out
+
+    model.register_forward_hook(value_penalty, with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path / "a", seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
+    with pytest.raises(ValueError, match="reaches the model's parameters .* value_head.weight"):
+        trainer.train()
+
+    model = _logits_without_the_output_layer(_model(torch.float32))  # the hidden states are paired
+    model.register_forward_hook(_penalty_on_named("lm_head", 1e-4), with_kwargs=True)  # 2e-5 of the value
+    trainer = tc.make_trainer(tmp_path / "b", seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
+    with pytest.raises(ValueError, match="the gradient of the parameters that follow them differs"):
+        trainer.train()
+
+    model = _model(torch.float32)
+    model.logit_scale = torch.nn.Parameter(torch.tensor(1.5))
+    model.lm_head.register_forward_hook(lambda module, args, out: out * model.logit_scale)
+    trainer = tc.make_trainer(tmp_path / "c", seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
+    trainer.train()  # the scale follows the compared logits on both sides: its gradients agree
+    assert trainer.seco_loss_check_measured["parameters"] <= 1e-5
+
+
+def _penalty_on_named(prefix, coefficient):
+    def hook(module, args, kwargs, out):
+        if out.loss is not None:
+            out.loss = out.loss + coefficient * sum(p.square().sum() for n, p in module.named_parameters()
+                                                    if n.startswith(prefix))
+        return out
+    return hook
+
+
+def test_r1_r4_a_mean_returning_term_is_named_as_ignoring_num_items_with_its_own_value(tmp_path):
+    """Campaign 48 R1/R4: since the check passes twice the targets as num_items_in_batch, a hook term returning a
+    mean (label smoothing 0.1) was refused showing the doubled value ("relative difference 1"); it is now named as
+    a loss that does not use num_items_in_batch, with its own value and the term besides."""
+    model = _model(torch.float64)
+
+    def smoothed_mean(module, args, kwargs, out):
+        if kwargs.get("labels") is not None:
+            out.loss = label_smoothing(0.1)(out.logits, kwargs["labels"])
+        return out
+
+    model.register_forward_hook(smoothed_mean, with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
+    with pytest.raises(ValueError, match="does not use it.*a term besides.*times exactly 2"):
+        trainer.train()
+
+
+def test_r5_transformers_flattening_collator_is_named_too():
+    from seco_lab.integrations.trainer_args import chunk_targets
+
+    inputs = {"input_ids": torch.tensor([[5, 6, 7, 8]]), "labels": torch.tensor([[5, 6, 7, 8]]),
+              "seq_idx": torch.tensor([[0, 0, 1, 1]])}
+    with pytest.raises(ValueError, match="DataCollatorWithFlattening.*use a padding collator"):
+        chunk_targets(inputs)

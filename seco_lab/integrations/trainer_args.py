@@ -95,10 +95,12 @@ def chunk_targets(inputs: Mapping[str, torch.Tensor], ignore_index: int = -100) 
     unknown = sorted(set(inputs) - set(KNOWN_INPUTS))
     packed = sorted(set(unknown) & {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx"})
     if packed:  # campaign 47 Q4: a padding-free collator's keys, not the dataset's
-        raise ValueError(f"SeCOTrainer got the batch keys {packed} of a padding-free collator (TRL's packing=True "
-                         "or padding_free=True): documents packed into one row attend only within themselves, which "
-                         "the chunk engine's cache does not support; set packing=False and padding_free=False (or "
-                         "packing_strategy='wrapped', which packs into plain rows)")
+        raise ValueError(f"SeCOTrainer got the batch keys {packed} of a padding-free collator (transformers' "
+                         "DataCollatorWithFlattening, TRL's packing=True or padding_free=True): documents packed into "
+                         "one row attend only within themselves, which the chunk engine's cache does not support; "
+                         "use a padding collator (DataCollatorWithPadding, DataCollatorForLanguageModeling), or in "
+                         "TRL set packing=False and padding_free=False (or packing_strategy='wrapped', which packs "
+                         "into plain rows)")
     if unknown:
         raise ValueError(f"SeCOTrainer understands the batch keys {KNOWN_INPUTS}, got also {unknown}; remove them "
                          "in the collator (or set remove_unused_columns=True)")
