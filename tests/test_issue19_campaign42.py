@@ -482,26 +482,23 @@ def test_trl_sft_trainer_s_fused_head_is_checked_through_the_hidden_states(tmp_p
     class SeCOSFTTrainer(SeCOTrainerMixin, SFTTrainer):
         pass
 
-    args = SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=1, use_cpu=True,
-                     report_to=[], save_strategy="no", disable_tqdm=True, seed=0, bf16=False,
-                     activation_checkpointing=False)
-    trainer = SeCOSFTTrainer(model=_model(torch.float32), args=args, processing_class=word_tokenizer(),
-                             train_dataset=Dataset.from_list(tc.padded_examples(4)),
-                             seco_args=SeCOArguments(chunk_size=4))
-    trainer.train()
-    measured = trainer.seco_loss_check_measured
+    def trained(folder, bf16):
+        args = SFTConfig(output_dir=str(folder), per_device_train_batch_size=2, max_steps=1, use_cpu=True,
+                         report_to=[], save_strategy="no", disable_tqdm=True, seed=0, bf16=bf16,
+                         activation_checkpointing=False)
+        trainer = SeCOSFTTrainer(model=_model(torch.float32), args=args, processing_class=word_tokenizer(),
+                                 train_dataset=Dataset.from_list(tc.padded_examples(4)),
+                                 seco_args=SeCOArguments(chunk_size=4))
+        trainer.train()
+        return trainer
+
+    measured = trained(tmp_path, bf16=False).seco_loss_check_measured
     assert measured["paired"] == "hidden states" and measured["gradient"] <= 1e-5
     assert "compared loss values only" not in caplog.text
 
     # campaign 49 S1: float32 weights under bf16 autocast (TRL's usual bf16=True) were refused: the output layer's
     # gradient was held to float32's allowance although it is computed in bf16
-    args = SFTConfig(output_dir=str(tmp_path / "bf16"), per_device_train_batch_size=2, max_steps=1, use_cpu=True,
-                     report_to=[], save_strategy="no", disable_tqdm=True, seed=0, bf16=True,
-                     activation_checkpointing=False)
-    trainer = SeCOSFTTrainer(model=_model(torch.float32), args=args, processing_class=word_tokenizer(),
-                             train_dataset=Dataset.from_list(tc.padded_examples(4)),
-                             seco_args=SeCOArguments(chunk_size=4))
-    trainer.train()
+    trainer = trained(tmp_path / "bf16", bf16=True)
     measured = trainer.seco_loss_check_measured
     assert measured["parameters_allowed"] == 4 * torch.finfo(torch.bfloat16).eps
     assert measured["parameters"] <= measured["parameters_allowed"]
