@@ -41,29 +41,29 @@ than 256 MiB, ``seco_loss_check_logits_bytes``, from its start to every row's fi
 warned, since a term on later positions is then not compared; the check holds about 4x those bytes and the stock
 forward's activations on those tokens, and where it runs out of memory it lowers the bound and runs again, warned),
 as the stock Trainer runs it but with the output layer's logits z made a leaf, and must agree with the engine's
-cross-entropy up to rounding (``SeCOTrainerMixin._seco_loss_rounding``, ``_seco_same_logits_rounding``,
-``_seco_same_output_rounding``):
+cross-entropy up to rounding (``SeCOTrainerMixin._seco_loss_rounding``, ``_seco_same_output_rounding``):
 
     |L_stock - L_engine| <= a max(|L_engine|, 1)       (each on its own forward: a = 1024 eps, 4 eps in 16 bits)
-    |L_stock(z) - L_engine(z)|,  ||dL_stock/dz - dL_engine/dz|| / ||dL_engine/dz|| <= b
-                    (on the same z, so the forwards' rounding does not enter: b = 64 eps of a 32/64-bit stock
-                     loss, 7.6e-6 for transformers' float32 one; 2 eps of a stock loss computed in 16 bits)
+    ||dL_stock/dz - dL_engine/dz|| / ||dL_engine/dz|| <= b,   |L_stock(z) - L_engine(z)| <= c max(|L_engine(z)|, 1)
+                    (on the same z, so the forwards' rounding does not enter; in eps of the stock loss's dtype,
+                     transformers' float32 for any model: b = 2 eps (2.4e-7), c = 64 eps (7.6e-6); 2 eps of a 16-bit
+                     loss)
 
 so a z-loss, label smoothing, a weight on some targets or any other term put in by a forward, a hook or a
 ``compute_loss`` -- where the class checks cannot see it -- is refused before any gradient is computed; so is a
 stock loss whose gradient w.r.t. any trainable parameter differs from the engine's on the same z (none where the
 engine's has none, however small: a penalty on the trainable weights, an early-exit or auxiliary loss, a head
-outside the model, campaign 47 Q1/Q2 and 48 R2; up to b, or 2 eps of 16-bit weights or autocast, for the parameters
-after z, relative to the larger of their gradient's norm and the root sum of squares of its chunks' parts: a penalty on
-the output layer, campaign 48 R3, 49 S2), a loss that differentiates through the activations, and a loss that
-ignores the num_items_in_batch the Trainer passes it (checked with twice the targets: campaign 47 Q3). Measured on
-the 2-layer test Llama: same-logits gradients 3.7e-8 apart in float64, 0 in float32, bfloat16 and float16; label
-smoothing 0.01 moves the gradient 1e-2. Where the output layer does not compute the logits (TRL's SFTTrainer
-projects the decoder's output through a fused head; a forward that uses the layer's weight itself), z is the
-decoder's last hidden state h (``base_model``'s first output) and b is at least 2 eps of the model's dtype, since
-the output layer then runs on both sides (measured: 8e-8 apart through TRL's fused head in float32, 0 in bfloat16,
-5e-6 in float16; label smoothing 0.1 in bfloat16 moves dL/dh 0.099). Where neither can be paired, the values alone
-are compared, warned.
+outside the model, campaign 47 Q1/Q2 and 48 R2; within 16 eps, or 2 eps of 16-bit weights or autocast, for the
+parameters after z, relative to the larger of their gradient's norm and the root sum of squares of its chunks'
+parts: a penalty on the output layer, campaign 48 R3, 49 S2; a float16 model's gradients taken at a loss scale), a
+loss that differentiates through the activations, and a loss that ignores the num_items_in_batch the Trainer passes
+it (checked with twice the targets: campaign 47 Q3). Measured on the 2-layer test Llama: same-logits gradients
+3.7e-8 apart in float64, 0 in float32, bfloat16 and float16; label smoothing 0.01 moves the gradient 1e-2. Where the
+output layer does not compute the logits (TRL's SFTTrainer projects the decoder's output through a fused head; a
+forward that uses the layer's weight itself), z is the decoder's last hidden state h (``base_model``'s first output)
+and b is max(64, sqrt V) eps (dL/dh sums over the vocabulary: 0.11 sqrt(V) eps measured), at least 2 eps of 16-bit
+weights or autocast (measured: 8e-8 apart through TRL's fused head in float32, 0 in bfloat16, 5e-6 in float16; label
+smoothing 0.1 in bfloat16 moves dL/dh 0.099). Where neither can be paired, the values alone are compared, warned.
 
 **Padding.**  A right-padded batch (attention mask 1...1 0...0 per row, pad targets -100) is
 exact: causal attention never lets a real token see a later pad.  Left padding or holes in
@@ -81,6 +81,7 @@ from __future__ import annotations
 import copy
 import gc
 import logging
+import math
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -123,6 +124,11 @@ def _output_hook(layer, hook):
         yield
     finally:
         handle.remove()
+
+
+def _widened(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 at least (float64 stays float64)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 def _first_tensor(out):
@@ -512,7 +518,7 @@ class SeCOTrainerMixin:
                 "changes the loss where the trainer's class checks cannot see it -- a forward or compute_loss set on "
                 "the instance, a forward hook on the model, a subclass's extra term, or randomness in the forward -- "
                 "and the SeCO step would leave it out; remove it, or train that loss with the stock Trainer")
-        same_logits = ("logits", head, logits, stock, self._seco_same_logits_rounding(stock), trainable)
+        same_logits = ("logits", head, logits, stock, trainable)
         if self._seco_check_loss_gradient(unwrapped, adapter, same_logits, tokens, targets):
             return True
         del same_logits, logits, stock  # the first stock forward's graph
@@ -522,8 +528,7 @@ class SeCOTrainerMixin:
             # on both sides, so its rounding is allowed for
             stock_h, hidden = self._seco_stock_loss(unwrapped, prefix, items, decoder, None, "hidden states")
             stock_h = stock_h * ratio if ratio != 1 else stock_h
-            same_hidden = ("hidden states", decoder, hidden, stock_h,
-                           self._seco_same_output_rounding(stock_h, computed), trainable)
+            same_hidden = ("hidden states", decoder, hidden, stock_h, trainable)
             if self._seco_check_loss_gradient(unwrapped, adapter, same_hidden, tokens, targets):
                 return True
         logger.warning("SeCOTrainer: the loss check compared loss values only: neither the output layer (%s, "
@@ -570,7 +575,7 @@ class SeCOTrainerMixin:
     def _seco_check_loss_gradient(self, unwrapped, adapter: HFChunkModel, pair: tuple, tokens, targets) -> bool:
         """The second half of the loss check (campaign 42 F1): on the *same* logits z (the stock forward's output
         layer), the stock loss and the engine's cross-entropy must agree in value and in gradient dL/dz up to the
-        rounding of the loss (:meth:`_seco_same_logits_rounding`): the two forwards' rounding no longer enters, so a
+        rounding of the loss (:meth:`_seco_same_output_rounding`): the two forwards' rounding no longer enters, so a
         term far below the value allowance (label smoothing 0.01: 3.7e-5 of the value, 1e-2 of the gradient) is
         refused. The engine's side runs chunk by chunk, each chunk's gradient compared with its slice of the stock
         one as it comes (memory: the stock forward's graph, then one chunk's; campaign 43 N4: one step of a V =
@@ -584,22 +589,25 @@ class SeCOTrainerMixin:
         allowance, checked (name, parameter) pairs). Returns False where they cannot be paired: the layer not run
         once on the whole span, the stock loss not a function of its output, or an engine chunk that does not read
         it."""
-        what, layer, leaves, stock, allowed, checked = pair
+        what, layer, leaves, stock, checked = pair
         if not self._seco_paired(leaves, stock, tokens):
             return False
         span = tokens.shape[-1]
         leaf = leaves[0]
         params = [p for _, p in checked]
-        stock_grad, *theirs_p = torch.autograd.grad(stock, [leaf] + params, allow_unused=True)
+        batch = checked_batch(adapter, tokens, targets, self.seco_args.chunk_size)
+        scale, grads = self._seco_scaled_grads(stock, [leaf] + params, batch.n_targets)
+        stock_grad, *theirs_p = [None if g is None else _widened(g) / scale for g in grads]
+        del grads
         if stock_grad is None:  # the stock loss is not a function of this output
             return False
         same = leaf.detach()
         del leaf
         pieces: list[torch.Tensor | None] = []
-        # the engine's, summed over the chunks in float32 (float64 parameters in float64); p_parts2 = sum over chunks
+        # the engine's, summed over the chunks in float64 (campaign 50: in float32 the sum's own rounding grew with
+        # the chunk count, 5.5 eps of float32 at 1024 chunks, 2.8 in float64); p_parts2 = sum over chunks
         # of their squared norms, the scale of the sum's rounding where the chunks' gradients cancel
         ours_p: list[torch.Tensor | None] = [None] * len(params)
-        batch = checked_batch(adapter, tokens, targets, self.seco_args.chunk_size)
         past, total, diff2, norm2, p_parts2 = [], 0.0, 0.0, 0.0, 0.0
         with torch.enable_grad(), _output_hook(layer, _next_slice_of(same, pieces)), \
                 self.compute_loss_context_manager(), self.accelerator.autocast():
@@ -611,8 +619,9 @@ class SeCOTrainerMixin:
                 if piece is None or not out.loss_sum.requires_grad:  # the engine's chunk did not read them
                     return False
                 loss = out.loss_sum / batch.n_targets
-                ours, *chunk_p = torch.autograd.grad(loss, [piece] + params, allow_unused=True)
-                wide = [None if g is None else g.to(torch.promote_types(g.dtype, torch.float32)) for g in chunk_p]
+                ours, *chunk_p = torch.autograd.grad(loss * scale, [piece] + params, allow_unused=True)
+                ours = _widened(ours) / scale
+                wide = [None if g is None else g.double() / scale for g in chunk_p]
                 ours_p = [a if g is None else g if a is None else a + g for a, g in zip(ours_p, wide)]
                 p_parts2 += sum(float(g.double().square().sum()) for g in wide if g is not None)
                 theirs = stock_grad[..., start:start + piece.shape[-2], :]
@@ -629,19 +638,23 @@ class SeCOTrainerMixin:
         p_norm2 = max(sum(float(e.double().square().sum()) for _, e in pairs), p_parts2 if pairs else 0.0)
         p_diff = (p_diff2 / p_norm2) ** 0.5 if p_norm2 > 0 else float(p_diff2 > 0)
         # the dtype the parameters' gradients are computed in: autocast's where it is on (campaign 49 S1)
-        p_allowed = self._seco_same_output_rounding(stock, self._seco_check_computed)
+        rounding = self._seco_same_output_rounding(stock, self._seco_check_computed, what,
+                                                   getattr(adapter, "vocab_size", None) or 0)
+        allowed, v_allowed, p_allowed = rounding["gradient"], rounding["value"], rounding["parameters"]
         value = abs(float(stock.detach()) - total) / max(abs(total), 1.0)
         diff = (diff2 / norm2) ** 0.5 if norm2 > 0 else float(diff2 > 0)
-        self.seco_loss_check_measured = {"value": value, "gradient": diff, "allowed": allowed, "tokens": span,
-                                         "paired": what, "parameters": p_diff, "parameters_allowed": p_allowed}
-        params_differ = bool(reached) or p_diff > p_allowed
+        self.seco_loss_check_measured = {"value": value, "value_allowed": v_allowed, "gradient": diff,
+                                         "allowed": allowed, "tokens": span, "paired": what, "parameters": p_diff,
+                                         "parameters_allowed": p_allowed}
+        params_differ = bool(reached) or not p_diff <= p_allowed  # NaN: differ
         # a value apart with the same gradient w.r.t. the output: a term on the parameters says more (campaign 49 S2)
-        if diff > allowed or (value > allowed and not params_differ):
+        if not diff <= allowed or (not value <= v_allowed and not params_differ):
             raise ValueError(
                 f"SeCOTrainer: on the same {what} of the first {span} tokens of this batch, the loss the stock Trainer "
                 f"computes (compute_loss) and the causal-LM cross-entropy the SeCO step trains differ by {value:.3g} "
-                f"relative in value and {diff:.3g} relative in their gradient w.r.t. the {what} (rounding allows "
-                f"{allowed:.2g}): a term in the stock loss -- label smoothing, a weight on some targets, a scale, "
+                f"relative in value (rounding allows {v_allowed:.2g}) and {diff:.3g} relative in their gradient "
+                f"w.r.t. the {what} (rounding allows {allowed:.2g}): a term in the stock loss -- label smoothing, a "
+                "weight on some targets, a scale, "
                 "a penalty on the logits, put in by a hook, a forward or a compute_loss -- would be left out by the "
                 "SeCO step; remove it, or train that loss with the stock Trainer" + (
                     f" (their gradients w.r.t. the {what} agree, and those w.r.t. the trainable parameters too: "
@@ -661,29 +674,50 @@ class SeCOTrainerMixin:
                 "weight_decay), or train that loss with the stock Trainer")
         return True
 
-    @staticmethod
-    def _seco_same_logits_rounding(stock) -> float:
-        """What rounding may put between two losses of the same logits, in value and in gradient: 64 eps of a 32- or
-        64-bit stock loss (transformers' float32 loss: 7.6e-6; measured at most 1.3e-7 in value and 4.4e-8 in
-        gradient, float32 and float64 models, 48-2048 tokens, 1-1024 chunks; a float64 loss 8.5e-16), 2 eps of a
-        loss computed in 16 bits (0.0156 in bfloat16: a 16-bit loss's own 1024 eps would allow 8.0, campaign 43
-        N1).  Campaign 49 S2: 1024 eps (1.2e-4) let a term of 20-40x the rounding pass unseen."""
-        dtype = stock.dtype if torch.is_tensor(stock) and stock.is_floating_point() else torch.float32
-        return (2 if torch.finfo(dtype).bits <= 16 else 64) * torch.finfo(dtype).eps
+    def _seco_scaled_grads(self, stock, inputs: list, n_targets: int) -> tuple[float, tuple]:
+        """The stock loss's gradients w.r.t. ``inputs``, and the power of two they were taken at (campaign 50):
+        where the model computes in float16 (its weights, or autocast), the loss is scaled by 2^ceil(log2
+        n_targets), as GradScaler does, so that dL/dz ~ (p - y) / n_targets does not flush to float16's subnormals
+        (below 6.1e-5: at V = 32000 and 1024 tokens the output layer's gradient came 2.2 eps of float16 apart from
+        the engine's); divided by 16 until every gradient is finite.  The engine's side is taken at the same scale.
+        1 in other dtypes."""
+        scale = 1.0
+        if self._seco_check_computed == torch.float16:
+            scale = float(2 ** math.ceil(math.log2(max(n_targets, 1))))
+        while True:
+            grads = torch.autograd.grad(stock * scale if scale != 1 else stock, inputs, allow_unused=True,
+                                        retain_graph=scale != 1)
+            if scale == 1 or all(g is None or bool(torch.isfinite(g).all()) for g in grads):
+                return scale, grads
+            scale = max(scale / 16, 1.0)
 
     @staticmethod
-    def _seco_same_output_rounding(stock, dtype: torch.dtype) -> float:
-        """The allowance on the same compared output where the model computes in ``dtype`` after it: the
-        gradient of the parameters that follow the logits or hidden states (summed over the chunks on the engine's
-        side, over the whole batch on the stock side), and dL/dh where the output layer runs on both sides.  That
-        of the same logits (:meth:`_seco_same_logits_rounding`), and at least 2 eps of 16-bit weights or autocast,
-        each side rounding its gradient once to the dtype (relative RMS eps/(2 sqrt 3) = 0.29 eps).  Measured on
-        tiny Llamas (a forward using the output layer's weight, 48-2048 tokens, 1-1024 chunks, V 64-32000): the
-        parameters 1.8e-7..6.5e-7 apart in float32 (5.5 eps), 0.25-0.32 eps in bfloat16, float16 and float32 under
-        bfloat16 autocast; dL/dh at most 3.9e-5 (bfloat16), 1.7e-3 (0.22 eps) through TRL's fused head under
-        autocast."""
-        allowed = SeCOTrainerMixin._seco_same_logits_rounding(stock)
-        return max(allowed, 2 * torch.finfo(dtype).eps) if torch.finfo(dtype).bits <= 16 else allowed
+    def _seco_same_output_rounding(stock, dtype: torch.dtype, what: str = "logits", vocab: int = 0) -> dict:
+        """What rounding may put between the stock loss and the engine's cross-entropy on the same compared output
+        (campaign 49 S2: 1024 eps of float32 let a term of 20-40x the rounding pass), relative, in eps of the stock
+        loss's dtype (a 16-bit model's transformers loss is float32) and at least 2 eps of 16-bit weights or
+        autocast ``dtype`` (each side rounds its gradient once to it: relative RMS eps/(2 sqrt 3) = 0.29 eps):
+
+        * ``gradient`` on the same logits, 2 eps, whatever the model's dtype: elementwise, the same softmax on both
+          sides (measured 0 in float32, bfloat16 and float16 models, also under autocast; 0.37 eps of float32 for a
+          float64 model, whose transformers loss is float32; campaign 50 T1: at 64 eps a z-loss 1e-6 passed, 40x
+          the rounding of a float64 run); on the same hidden states max(64, sqrt V) eps: dL/dh = W^T dL/dz sums
+          over the vocabulary, in blocks that depend on the number of rows (measured 0.11 sqrt(V) eps: 19 eps of
+          float32 at V = 32000, 56 at V = 262144);
+        * ``value``, 64 eps: a sum over the tokens (measured <= 1.1 eps of float32, 3.8 eps of a float64 loss);
+          a term that changes the value and no gradient would not change training;
+        * ``parameters`` after the compared output (the engine's summed over the chunks in float64), 16 eps:
+          measured <= 2.8 eps of float32 for 48-2048 tokens, 1-1024 chunks, V 64-32000; 0.25-0.32 eps of bfloat16
+          and float16 (the latter at a loss scale, :meth:`_seco_scaled_grads`)."""
+        loss = stock.dtype if torch.is_tensor(stock) and stock.is_floating_point() else torch.float32
+        eps, low = torch.finfo(loss).eps, torch.finfo(loss).bits <= 16
+        floor = 2 * torch.finfo(dtype).eps if torch.finfo(dtype).bits <= 16 else 0.0
+        if what == "logits":  # the loss's own rounding only: z is the same tensor on both sides
+            return {"gradient": 2 * eps, "value": (2 if low else 64) * eps,
+                    "parameters": max(floor, (2 if low else 16) * eps)}
+        return {"gradient": max(floor, (2 if low else max(64.0, vocab ** 0.5)) * eps),
+                "value": max(floor, (2 if low else 64) * eps),
+                "parameters": max(floor, (2 if low else 16) * eps)}
 
     @staticmethod
     def _seco_loss_rounding(stock, dtype: torch.dtype) -> float:
@@ -693,7 +727,7 @@ class SeCOTrainerMixin:
         4 eps of 16-bit weights or autocast, whose two forwards round apart (0.031 in bfloat16, 0.0039 in float16).
         Measured on the 2-layer test Llama: 9.3e-8 in float64 (float32 loss), 0 in float32 (also under bf16
         autocast), 1.2e-3 in bfloat16, 1.9e-4 in float16.  A term this lets pass is still seen on the same output
-        (:meth:`_seco_same_logits_rounding`)."""
+        (:meth:`_seco_same_output_rounding`)."""
         dtype_loss = stock.dtype if torch.is_tensor(stock) and stock.is_floating_point() else torch.float32
         allowed = (4 if torch.finfo(dtype_loss).bits <= 16 else 1024) * torch.finfo(dtype_loss).eps
         return max(allowed, 4 * torch.finfo(dtype).eps) if torch.finfo(dtype).bits <= 16 else allowed
