@@ -836,3 +836,15 @@ def test_c50_float16_gradients_are_compared_at_a_scale_where_they_do_not_underfl
     measured = trainer.seco_loss_check_measured
     assert measured["paired"] == "hidden states"
     assert measured["parameters"] <= measured["parameters_allowed"] / 4
+
+
+def test_c50_a_prefix_check_runs_on_every_chunk_whose_logits_fit(tmp_path, caplog):
+    """Campaign 50: the prefix was the shortest span holding every row's first target (2 chunks here) although 6
+    chunks' logits fit the bound, and the warning called it "the positions whose float32 logits fit"."""
+    rows = tc.padded_examples(4, lengths=(30, 40), prompt=3)
+    trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=_model(torch.float64), examples=rows,
+                              max_steps=1)
+    trainer.seco_loss_check_logits_bytes = 6 * 4 * 2 * tc.VOCAB * 4  # 6 chunks of both rows' float32 logits
+    trainer.train()
+    assert "the loss check runs on the first 24 of this micro-batch's" in caplog.text
+    assert trainer.seco_loss_check_measured["tokens"] == 24

@@ -426,8 +426,8 @@ class SeCOTrainerMixin:
         in value on their own forwards and, on the same logits, in value and gradient
         (:meth:`_seco_check_loss_gradient`).  Returns False when there was nothing to compare (no target).
 
-        The prefix, where the whole micro-batch's logits exceed ``bound``: up to the chunk that holds every row's
-        first target (at least two chunks) where that fits within max(bound, two chunks), else the earliest row's;
+        The prefix, where the whole micro-batch's logits exceed ``bound``: the whole chunks that fit within max(bound,
+        two chunks), where they hold every row's first target, else up to the chunk that holds the earliest row's;
         warned, since a term on the positions after it (or on the rows it leaves out) is not compared (campaign 46
         P1); where not even that fits, warned that the check could not run (it runs on the next micro-batch)."""
         n, c = inputs["input_ids"].shape[-1], self.seco_args.chunk_size
@@ -451,6 +451,7 @@ class SeCOTrainerMixin:
                                "seco_loss_check_logits_bytes (%d); it runs on the next micro-batch that has one within "
                                "them", min(firsts), fits, bound)
                 return False
+            span = max(span, min(n, fits // c * c))  # as many chunks as fit (campaign 50: the warning said so)
             if span < n:
                 left_out = sum(f + 2 > span for f in firsts)
                 logger.warning("SeCOTrainer: the loss check runs on the first %d of this micro-batch's %d tokens (the "
