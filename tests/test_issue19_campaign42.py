@@ -848,3 +848,39 @@ def test_c50_a_prefix_check_runs_on_every_chunk_whose_logits_fit(tmp_path, caplo
     trainer.train()
     assert "the loss check runs on the first 24 of this micro-batch's" in caplog.text
     assert trainer.seco_loss_check_measured["tokens"] == 24
+
+
+def test_c51_a_float64_model_s_float32_loss_is_allowed_its_own_rounding(tmp_path):
+    """Campaign 51: transformers' loss casts a float64 model's logits to float32, and with peaked logits (init 0.5,
+    |z| up to 25, V 32000) its gradient w.r.t. them is 1.1e-6 from the float64 one: refused at 2 eps (2.4e-7).  The
+    check now measures that rounding on the same logits (the cross-entropy in both dtypes) and allows twice it on
+    top; label smoothing 1e-5 (9.4e-6) is still refused."""
+    config = {"vocab_size": 32000, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "num_hidden_layers": 2, "initializer_range": 0.5}
+
+    def trainer(folder, term=None):
+        model = build_hf_model("llama", config, attn_implementation="eager_exact", dtype=torch.float64)
+        if term is not None:
+            model.register_forward_hook(_hook(term), with_kwargs=True)
+        return tc.make_trainer(folder, seco=SeCOArguments(chunk_size=2), model=model, max_steps=1,
+                               per_device_train_batch_size=1, gradient_accumulation_steps=1,
+                               examples=tc.padded_examples(1, lengths=(256, 257)))
+
+    plain = trainer(tmp_path / "plain")
+    plain.train()
+    measured = plain.seco_loss_check_measured
+    assert measured["paired"] == "logits" and 2.4e-7 < measured["gradient"] <= measured["allowed"] / 1.5
+    with pytest.raises(ValueError, match=r"in their gradient w\.r\.t\. the logits"):
+        trainer(tmp_path / "smoothed", label_smoothing(1e-5)).train()
+
+
+def test_c51_u1_a_float64_model_s_hidden_states_are_held_to_the_float32_loss_s_rounding(tmp_path):
+    """Campaign 51 U1: on the hidden states of a float64 model the gradient was allowed max(64, sqrt V) eps of
+    float32 (7.6e-6), for sums over the vocabulary that float64 does not round: label smoothing 1e-6 (1e-6 apart)
+    passed.  Now 2 eps plus twice the float32 loss's own rounding there (3.2e-7 here)."""
+    model = _logits_without_the_output_layer(_model(torch.float64))
+    model.lm_head.weight.requires_grad_(False)  # nothing trainable after the hidden states
+    model.register_forward_hook(_hook(label_smoothing(1e-6)), with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
+    with pytest.raises(ValueError, match=r"1e-06 relative in their gradient w\.r\.t\. the hidden states"):
+        trainer.train()
