@@ -75,7 +75,7 @@ def test_campaign30_hfchunkmodel_refuses_a_base_model_without_an_lm_head():
 
     from seco_lab.models.hf import HFChunkModel
 
-    with pytest.raises(TypeError, match="LlamaModel, which has none .* pass its ...ForCausalLM class"):
+    with pytest.raises(TypeError, match=r"LlamaModel, whose get_output_embeddings\(\) returns None .*ForCausalLM"):
         HFChunkModel(LlamaModel(_tiny_llama().config))
 
 

@@ -884,3 +884,46 @@ def test_c51_u1_a_float64_model_s_hidden_states_are_held_to_the_float32_loss_s_r
     trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
     with pytest.raises(ValueError, match=r"1e-06 relative in their gradient w\.r\.t\. the hidden states"):
         trainer.train()
+
+
+@pytest.mark.parametrize("bound", [1e4, None, True, -1, float("nan")])
+def test_c52_a_bad_logits_bound_is_refused_in_one_line(tmp_path, bound):
+    """Campaign 52: seco_loss_check_logits_bytes = 1e4 or None gave a TypeError from deep inside the check."""
+    trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=_model(torch.float64), max_steps=1)
+    trainer.seco_loss_check_logits_bytes = bound
+    with pytest.raises(ValueError, match="seco_loss_check_logits_bytes must be a whole number of bytes >= 0"):
+        trainer.train()
+
+
+def test_c52_v1_a_float64_output_layer_that_cannot_be_called_is_measured_through_its_weight(tmp_path, caplog):
+    """Campaign 52 V1: where the output layer cannot be called on the hidden states (a forward that projects with
+    its weight), the float32 loss's rounding was not measured and the hidden states kept max(64, sqrt V) eps of
+    float32: label smoothing 3e-6 passed, unwarned.  It is now measured through the layer's weight; where there is
+    none to use either, the looser comparison is warned."""
+    def model_with(head):
+        model = _logits_without_the_output_layer(_model(torch.float64))
+        model.lm_head.weight.requires_grad_(False)
+        model.get_output_embeddings = lambda: head(model.lm_head.weight)
+        return model
+
+    class Raising(torch.nn.Module):  # cannot be called; its weight can
+        def __init__(self, weight):
+            super().__init__()
+            self.weight = weight
+
+        def forward(self, x):
+            raise RuntimeError("not callable")
+
+    model = model_with(Raising)
+    model.register_forward_hook(_hook(label_smoothing(3e-6)), with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path / "a", seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
+    with pytest.raises(ValueError, match=r"in their gradient w\.r\.t\. the hidden states"):
+        trainer.train()
+
+    class Opaque(Raising):  # nor its weight
+        def __init__(self, weight):
+            super().__init__(weight.T)
+
+    trainer = tc.make_trainer(tmp_path / "b", seco=SeCOArguments(chunk_size=4), model=model_with(Opaque), max_steps=1)
+    trainer.train()
+    assert "could not be applied to the hidden states to measure that loss's rounding" in caplog.text

@@ -398,6 +398,11 @@ class SeCOTrainerMixin:
         (campaign 46 P3: it holds the logits, their gradient and the loss's own buffers, about 4x the logits), the
         bound is lowered to a quarter of what failed for the rest of the run, warned, and the check runs again on
         the shorter span; where even two chunks do not fit, a MemoryError names what to change."""
+        bound = self.seco_loss_check_logits_bytes
+        if isinstance(bound, bool) or not isinstance(bound, (int, np.integer)) or bound < 0:
+            raise ValueError(f"SeCOTrainer: seco_loss_check_logits_bytes must be a whole number of bytes >= 0 (the "
+                             f"largest float32 logits the loss check compares at once; default {256 << 20}), got "
+                             f"{bound!r:.80} ({type(bound).__name__}) (campaign 52)")
         while True:
             self._seco_check_tried = None  # (tokens, bytes of their float32 logits) once the span is known
             try:
@@ -456,10 +461,11 @@ class SeCOTrainerMixin:
             span = max(span, min(n, fits // c * c))  # as many chunks as fit (campaign 50: the warning said so)
             if span < n:
                 left_out = sum(f + 2 > span for f in firsts)
-                logger.warning("SeCOTrainer: the loss check runs on the first %d of this micro-batch's %d tokens (the "
-                               "positions whose float32 logits fit seco_loss_check_logits_bytes, %d)%s: a loss term on "
-                               "the later positions is not compared on this micro-batch; raise "
-                               "seco_loss_check_logits_bytes to compare them", span, n, bound,
+                logger.warning("SeCOTrainer: the loss check runs on the first %d of this micro-batch's %d tokens (%s "
+                               "seco_loss_check_logits_bytes, %d)%s: a loss term on the later positions is not "
+                               "compared on this micro-batch; raise seco_loss_check_logits_bytes to compare them",
+                               span, n, "the positions whose float32 logits fit" if span * row_bytes <= bound else
+                               "the fewest chunks that hold a target; their float32 logits exceed", bound,
                                f", where {left_out} of its {len(rows)} rows have no target" if left_out else "")
         self._seco_check_tried = (span, span * row_bytes)
         prefix = {key: value[..., :span].contiguous() for key, value in inputs.items()  # (a view .view()s badly:
@@ -614,8 +620,15 @@ class SeCOTrainerMixin:
         past, total, diff2, norm2, p_parts2 = [], 0.0, 0.0, 0.0, 0.0
         # logits wider than the stock loss (a float64 model's, transformers' loss float32): the stock's own rounding
         # of the cross-entropy on them, measured chunk by chunk (campaign 51)
-        narrowed = torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps and (
-            what == "logits" or self._seco_projects(head, same))
+        narrowed = torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps
+        project = None if what == "logits" or not narrowed else self._seco_projector(head, same)
+        if narrowed and what != "logits" and project is None:
+            narrowed = False
+            logger.warning("SeCOTrainer: the model computes in %s and its loss in %s, and its output layer (%s, "
+                           "get_output_embeddings()) could not be applied to the hidden states to measure that "
+                           "loss's rounding: the gradients are compared on the hidden states within max(64, sqrt V) "
+                           "eps of %s, so a loss term smaller than that is not seen (campaign 52)", same.dtype,
+                           stock.dtype, type(head).__name__, stock.dtype)
         own2 = 0.0
         with torch.enable_grad(), _output_hook(layer, _next_slice_of(same, pieces)), \
                 self.compute_loss_context_manager(), self.accelerator.autocast():
@@ -635,7 +648,7 @@ class SeCOTrainerMixin:
                 theirs = stock_grad[..., start:start + piece.shape[-2], :]
                 if narrowed:
                     own2 += self._seco_narrowed_rounding2(same[..., start:start + piece.shape[-2], :], tgt,
-                                                          stock.dtype, batch.ignore_index, batch.n_targets, head)
+                                                          stock.dtype, batch.ignore_index, batch.n_targets, project)
                 diff2 += float((theirs.double() - ours.double()).square().sum())
                 norm2 += float(ours.double().square().sum())
                 total += float(loss.detach())
@@ -692,28 +705,38 @@ class SeCOTrainerMixin:
         return True
 
     @staticmethod
-    def _seco_projects(head, hidden) -> bool:
-        """Whether the output layer ``head`` maps the hidden states to logits (one position tried)."""
+    def _seco_projector(head, hidden):
+        """A function that maps the hidden states to logits with the output layer ``head``: the layer itself (its
+        output's first tensor), else its ``weight`` (V, hidden) through F.linear -- a forward that projects with
+        the weight need not call the layer (campaign 52 V1); None where neither works on one position."""
         if not isinstance(head, torch.nn.Module):
-            return False
-        try:
-            with torch.no_grad():
-                out = head(hidden[..., :1, :])
-        except Exception:  # an output layer of the user's own: the hidden states' allowance stays as it is
-            return False
-        return torch.is_tensor(out) and out.shape[:-1] == hidden[..., :1, :].shape[:-1]
+            return None
+        weight = getattr(head, "weight", None)
+        candidates = [lambda h: _first_tensor(head(h))]
+        if torch.is_tensor(weight) and weight.dim() == 2 and weight.shape[-1] == hidden.shape[-1]:
+            candidates.append(lambda h: torch.nn.functional.linear(h, weight.to(h.dtype)))
+        for project in candidates:
+            try:
+                with torch.no_grad():
+                    out = project(hidden[..., :1, :])
+            except Exception:  # an output layer of the user's own
+                continue
+            if torch.is_tensor(out) and out.shape[:-1] == hidden[..., :1, :].shape[:-1]:
+                return project
+        return None
 
     @staticmethod
-    def _seco_narrowed_rounding2(x, tgt, dtype: torch.dtype, ignore_index: int, n_targets: int, head=None) -> float:
-        """||g_dtype - g||^2 for g the gradient w.r.t. ``x`` -- the logits, or the hidden states that ``head`` (the
-        output layer) projects to them -- of the cross-entropy sum / n_targets of the logits, taken in x's dtype and
-        in the narrower ``dtype`` of the stock loss (transformers casts a float64 model's logits to float32): what
-        the stock loss's own dtype puts between the two sides, which grows with the logits' range and the
-        vocabulary (campaign 51: 2-50 eps of float32 on float64 models with peaked logits, V 8192-262144)."""
+    def _seco_narrowed_rounding2(x, tgt, dtype: torch.dtype, ignore_index: int, n_targets: int,
+                                 project=None) -> float:
+        """||g_dtype - g||^2 for g the gradient w.r.t. ``x`` -- the logits, or the hidden states that ``project``
+        (:meth:`_seco_projector`) maps to them -- of the cross-entropy sum / n_targets of the logits, taken in x's
+        dtype and in the narrower ``dtype`` of the stock loss (transformers casts a float64 model's logits to
+        float32): what the stock loss's own dtype puts between the two sides, which grows with the logits' range and
+        the vocabulary (campaign 51: 2-50 eps of float32 on float64 models with peaked logits, V 8192-262144)."""
         grads = []
         for kind in (x.dtype, dtype):
             leaf = x.detach().requires_grad_(True)
-            logits = (head(leaf) if head is not None else leaf).to(kind)
+            logits = (project(leaf) if project is not None else leaf).to(kind)
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
                                                      ignore_index=ignore_index, reduction="sum") / n_targets
             grads.append(torch.autograd.grad(loss, leaf)[0].double())

@@ -369,9 +369,11 @@ class HFChunkModel(nn.Module):
             raise TypeError(f"HFChunkModel drives a transformers causal LM (or its peft wrapper), got "
                             f"{type(model).__name__}; a TinyTransformer is a chunk model already: use it directly")
         if base.get_output_embeddings() is None:  # a base model (LlamaModel) returns hidden states, no logits
-            raise TypeError(f"HFChunkModel drives a causal LM with an LM head, got {type(base).__name__}, which has "
-                            "none (it returns hidden states, not logits); pass its ...ForCausalLM class, e.g. "
-                            "transformers.AutoModelForCausalLM")
+            raise TypeError(f"HFChunkModel drives a causal LM with an LM head, got {type(base).__name__}, whose "
+                            "get_output_embeddings() returns None (a base model such as LlamaModel returns hidden "
+                            "states, not logits); pass its ...ForCausalLM class, e.g. "
+                            "transformers.AutoModelForCausalLM, or make get_output_embeddings() return the output "
+                            "layer that computes the logits")
         self.model = model
         self.train(model.training)  # the wrapper in the model's mode (campaign 33 W6: eval() called on the model
         # before wrapping was undone by the wrapper's own default, training)
