@@ -927,3 +927,26 @@ def test_c52_v1_a_float64_output_layer_that_cannot_be_called_is_measured_through
     trainer = tc.make_trainer(tmp_path / "b", seco=SeCOArguments(chunk_size=4), model=model_with(Opaque), max_steps=1)
     trainer.train()
     assert "could not be applied to the hidden states to measure that loss's rounding" in caplog.text
+
+
+def test_c53_an_output_layer_that_is_not_the_forward_s_projection_is_warned_and_an_aux_tuple_is_read(tmp_path, caplog):
+    """Campaign 53 X1: the float32 loss's rounding was measured through the output layer's call even where the forward
+    projects otherwise (a x30 scale in the call): the allowance grew 3.5-16x, label smoothing 3e-6 passed unwarned.
+    The measurement is now used only where its float64 gradient is the engine's; else warned.  X2: a call returning
+    (aux, logits) was read as logits: an IndexError inside the check."""
+    def model_with(head_forward):
+        model = _logits_without_the_output_layer(_model(torch.float64))
+        model.lm_head.weight.requires_grad_(False)
+        model.lm_head.forward = head_forward(model.lm_head)
+        return model
+
+    hot = model_with(lambda layer: lambda x: 30 * F.linear(x, layer.weight))
+    trainer = tc.make_trainer(tmp_path / "a", seco=SeCOArguments(chunk_size=4), model=hot, max_steps=1)
+    trainer.train()
+    assert "differs from the model's by" in caplog.text and "a loss term smaller than that is not seen" in caplog.text
+
+    aux = model_with(lambda layer: lambda x: (x[..., :4], F.linear(x, layer.weight)))
+    aux.register_forward_hook(_hook(label_smoothing(3e-6)), with_kwargs=True)
+    trainer = tc.make_trainer(tmp_path / "b", seco=SeCOArguments(chunk_size=4), model=aux, max_steps=1)
+    with pytest.raises(ValueError, match=r"in their gradient w\.r\.t\. the hidden states"):
+        trainer.train()
