@@ -645,7 +645,7 @@ class SeCOTrainerMixin:
                 ours = _widened(ours) / scale
                 wide = [None if g is None else g.double() / scale for g in chunk_p]
                 ours_p = [a if g is None else g if a is None else a + g for a, g in zip(ours_p, wide)]
-                p_parts2 += sum(float(g.double().square().sum()) for g in wide if g is not None)
+                p_parts2 += sum(float(g.square().sum()) for g in wide if g is not None)
                 theirs = stock_grad[..., start:start + piece.shape[-2], :]
                 if narrowed:
                     chunk_own2, wide_grad = self._seco_narrowed_rounding2(
@@ -666,8 +666,7 @@ class SeCOTrainerMixin:
         p_norm2 = max(sum(float(e.double().square().sum()) for _, e in pairs), p_parts2 if pairs else 0.0)
         p_diff = (p_diff2 / p_norm2) ** 0.5 if p_norm2 > 0 else float(p_diff2 > 0)
         # the dtype the parameters' gradients are computed in: autocast's where it is on (campaign 49 S1)
-        rounding = self._seco_same_output_rounding(stock, self._seco_check_computed, what,
-                                                   getattr(adapter, "vocab_size", None) or 0)
+        rounding = self._seco_same_output_rounding(stock, self._seco_check_computed, what, vocab)
         allowed, v_allowed, p_allowed = rounding["gradient"], rounding["value"], rounding["parameters"]
         if narrowed and project is not None and norm2 > 0 and not (
                 projected2 / norm2) ** 0.5 <= 2 * torch.finfo(stock.dtype).eps:
