@@ -428,14 +428,16 @@ def test_o1_o2_the_prefix_covers_every_row_s_first_target_or_says_which_rows_it_
 # ------------------------------------------------------- the M1 residual: pairing on the decoder's hidden states
 
 
-def _logits_without_the_output_layer(model):
-    """``model`` whose forward computes the logits with F.linear on lm_head's weight: the output layer module
-    (get_output_embeddings()) is never called, so the logits cannot be paired (campaign 44 M1's case)."""
+def _logits_without_the_output_layer(model, multiplier=1.0, offset=0.0):
+    """``model`` whose forward computes the logits with F.linear on lm_head's weight (times ``multiplier``, plus
+    ``offset``): the output layer module (get_output_embeddings()) is never called, so the logits cannot be paired
+    (campaign 44 M1's case)."""
     def forward(input_ids=None, labels=None, attention_mask=None, **kwargs):
         passed = {"cache" if k == "past_key_values" else k: v for k, v in kwargs.items()
                   if k in ("position_ids", "past_key_values", "cache", "use_cache")}
         hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, **passed)
         logits = F.linear(hidden.last_hidden_state, model.lm_head.weight)
+        logits = logits * multiplier + offset if (multiplier, offset) != (1.0, 0.0) else logits
         loss = None
         if labels is not None:  # a sum over num_items_in_batch where given, as transformers' loss
             loss = F.cross_entropy(*_shifted(logits, labels), ignore_index=-100, reduction="sum")
@@ -940,7 +942,9 @@ def test_c53_an_output_layer_that_is_not_the_forward_s_projection_is_warned_and_
         model.lm_head.forward = head_forward(model.lm_head)
         return model
 
-    hot = model_with(lambda layer: lambda x: 30 * F.linear(x, layer.weight))
+    # a muP-style multiplier after the projection, which neither the call nor the weight has: warned
+    hot = _logits_without_the_output_layer(_model(torch.float64), multiplier=30.0)
+    hot.lm_head.weight.requires_grad_(False)
     trainer = tc.make_trainer(tmp_path / "a", seco=SeCOArguments(chunk_size=4), model=hot, max_steps=1)
     trainer.train()
     assert "differs from the model's by" in caplog.text and "a loss term smaller than that is not seen" in caplog.text
@@ -950,3 +954,144 @@ def test_c53_an_output_layer_that_is_not_the_forward_s_projection_is_warned_and_
     trainer = tc.make_trainer(tmp_path / "b", seco=SeCOArguments(chunk_size=4), model=aux, max_steps=1)
     with pytest.raises(ValueError, match=r"in their gradient w\.r\.t\. the hidden states"):
         trainer.train()
+
+
+# ---------------------------------------------------------------------------------- campaign 54 (Y1-Y5)
+
+
+def z_loss(coefficient):
+    def term(logits, labels):
+        z, y = _shifted(logits, labels)
+        keep = y != -100
+        return F.cross_entropy(z, y) + coefficient * (torch.logsumexp(z[keep], -1) ** 2).mean()
+    return term
+
+
+def _flin(head_forward=None, **forward):
+    """A float64 Llama whose forward projects with lm_head's weight (:func:`_logits_without_the_output_layer`),
+    lm_head frozen, its call replaced by ``head_forward(weight)``."""
+    model = _logits_without_the_output_layer(_model(torch.float64), **forward)
+    model.lm_head.weight.requires_grad_(False)
+    if head_forward is not None:
+        model.lm_head.forward = head_forward(model.lm_head.weight)
+    return model
+
+
+def _checked(folder, model, term=None):
+    if term is not None:
+        model.register_forward_hook(_hook(term), with_kwargs=True)
+    trainer = tc.make_trainer(folder, seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
+    trainer.train()
+    return trainer.seco_loss_check_measured
+
+
+HEADS = {"call + 1000": lambda w: lambda x: F.linear(x, w) + 1000,
+         "call + a constant per row": lambda w: lambda x: F.linear(x, w) + 300 * x.sum(-1, keepdim=True),
+         "call x 30": lambda w: lambda x: 30 * F.linear(x, w),
+         "call returns zeros": lambda w: lambda x: torch.zeros(*x.shape[:-1], w.shape[0], dtype=x.dtype),
+         "call returns detached logits": lambda w: lambda x: F.linear(x, w).detach()}
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_c54_y1_y2_a_float64_output_layer_s_call_neither_inflates_the_allowance_nor_crashes_the_check(
+        tmp_path, head, caplog):
+    """Campaign 54 Y1: an output layer whose call adds a constant to every logit passed the gradient gate (softmax
+    is shift-invariant) and the float32 loss's rounding was measured on the shifted logits: the allowance grew
+    11-4100x and label smoothing 3e-6 passed unwarned.  Y2: a call that returns logits without a gradient raised
+    a RuntimeError from inside the check, plain cross-entropy included.  The rounding is now measured on the logits
+    the model returns, through every projector whose gradient is the engine's (the weight here), and a call that
+    gives no gradient is not one: plain CE trains with the plain model's allowance, unwarned, and the term is
+    refused."""
+    plain = _checked(tmp_path / "reference", _flin())
+    measured = _checked(tmp_path / "plain", _flin(HEADS[head]))
+    assert measured["allowed"] == pytest.approx(plain["allowed"], rel=1e-6) and measured["allowed"] < 2e-7
+    assert "a loss term smaller than that is not seen" not in caplog.text
+    with pytest.raises(ValueError, match=r"in their gradient w\.r\.t\. the hidden states"):
+        _checked(tmp_path / "smoothed", _flin(HEADS[head]), label_smoothing(3e-6))
+
+
+def test_c54_y3_a_forward_that_shifts_the_logits_is_allowed_the_rounding_of_the_logits_it_returns(tmp_path):
+    """Campaign 54 Y3: a forward that adds 1000 to the logits (the output layer's call does not) had its float32
+    loss's rounding measured on the call's logits, and plain cross-entropy (2.1e-6 apart) was refused as a term.
+    Measured on the logits the model returns it is allowed; label smoothing 3e-5 is still refused."""
+    measured = _checked(tmp_path / "plain", _flin(offset=1000.0))
+    assert 1e-6 < measured["gradient"] <= measured["allowed"] / 1.5
+    with pytest.raises(ValueError, match=r"in their gradient w\.r\.t\. the hidden states"):
+        _checked(tmp_path / "smoothed", _flin(offset=1000.0), label_smoothing(3e-5))
+
+
+@pytest.mark.parametrize("term", ["label smoothing 2e-6", "loss x (1 + 2e-6)"])
+def test_c54_y4_a_float64_projection_is_not_allowed_a_float32_projection_s_rounding(tmp_path, term):
+    """Campaign 54 Y4: the hidden states of every float64 model were allowed 0.11 sqrt(V) eps of float32 on top (a
+    fused head that projects in float32, campaign 53 X3): at V 32000 label smoothing 2e-6 and a scale 1 + 2e-6
+    passed unwarned.  It is now allowed only where the stock's gradient is made of float32 numbers, and measured
+    there."""
+    config = {"vocab_size": 32000, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "num_hidden_layers": 2}
+
+    def flin():
+        model = tc.for_seco(build_hf_model("llama", config, attn_implementation="eager_exact", dtype=torch.float64))
+        model = _logits_without_the_output_layer(model)
+        model.lm_head.weight.requires_grad_(False)
+        return model
+
+    measured = _checked(tmp_path / "plain", flin())
+    assert measured["allowed"] < 2e-7
+    terms = {"label smoothing 2e-6": label_smoothing(2e-6), "loss x (1 + 2e-6)": scaled(1 + 2e-6)}
+    with pytest.raises(ValueError, match=r"in their gradient w\.r\.t\. the hidden states"):
+        _checked(tmp_path / "term", flin(), terms[term])
+
+
+def test_c54_y5_a_float64_llama_s_logits_are_held_to_twice_the_float32_loss_s_rounding(tmp_path):
+    """Campaign 54 Y5: 2 eps of float32 on top of twice the loss's measured rounding let a z-loss 3e-7 pass at 13x
+    the rounding's effect on training; now half an eps on top, and what the difference moves the parameters before
+    the logits (summed over the tokens) is held to three times what the rounding moves them."""
+    with pytest.raises(ValueError, match=r"on the same logits .* in their gradient w\.r\.t\. the logits"):
+        _checked(tmp_path / "z-loss", _model(torch.float64), z_loss(2e-7))
+    measured = _checked(tmp_path / "plain", _model(torch.float64))
+    assert measured["paired"] == "logits" and measured["gradient"] <= measured["allowed"] / 2
+    assert measured["effect"] <= measured["effect_allowed"] / 2
+
+
+def test_c54_trl_s_float64_fused_head_is_allowed_its_measured_float32_projection_and_bf16_autocast(tmp_path):
+    """TRL's fused head projects a float64 model's hidden states in float32 (in bfloat16 under its default
+    bf16=True): its dL/dh is made of float32 numbers, and that projection's rounding is measured (4.8e-7 at V
+    8192, not 0.11 sqrt(V) eps = 1.2e-6); a scale 1 + 2e-6 is refused.  Under bf16 autocast the check allowed the
+    float32 loss's rounding only (2.4e-6 against 2.8e-3 apart): plain CE was refused; bfloat16's floor now."""
+    from datasets import Dataset
+    from test_hf_trainer import word_tokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from seco_lab.integrations.transformers import SeCOTrainerMixin
+
+    class SeCOSFTTrainer(SeCOTrainerMixin, SFTTrainer):
+        pass
+
+    config = {"vocab_size": 8192, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "num_hidden_layers": 2, "initializer_range": 0.2}
+
+    def trained(folder, bf16, scale=None):
+        model = tc.for_seco(build_hf_model("llama", config, attn_implementation="eager_exact", dtype=torch.float64))
+        if scale is not None:  # TRL's loss is -sum(log_probs) / items
+            def hook(module, args, kwargs, out):
+                if getattr(out, "log_probs", None) is not None:
+                    out.log_probs = out.log_probs * scale
+                return out
+            model.register_forward_hook(hook, with_kwargs=True)
+        args = SFTConfig(output_dir=str(folder), per_device_train_batch_size=1, max_steps=1, use_cpu=True,
+                         report_to=[], save_strategy="no", disable_tqdm=True, seed=0, bf16=bf16,
+                         activation_checkpointing=False)
+        trainer = SeCOSFTTrainer(model=model, args=args, processing_class=word_tokenizer(),
+                                 train_dataset=Dataset.from_list(tc.padded_examples(2, lengths=(120, 128))),
+                                 seco_args=SeCOArguments(chunk_size=32))
+        trainer.train()
+        return trainer.seco_loss_check_measured
+
+    measured = trained(tmp_path / "fp32", bf16=False)
+    eps = torch.finfo(torch.float32).eps
+    assert measured["paired"] == "hidden states" and 1e-7 < measured["gradient"] <= measured["allowed"] / 1.5
+    assert measured["allowed"] < 0.11 * 8192 ** 0.5 * eps
+    with pytest.raises(ValueError, match=r"in their gradient w\.r\.t\. the hidden states"):
+        trained(tmp_path / "scaled", bf16=False, scale=1 + 2e-6)
+    measured = trained(tmp_path / "bf16", bf16=True)
+    assert measured["allowed"] == 2 * torch.finfo(torch.bfloat16).eps

@@ -85,7 +85,7 @@ import gc
 import logging
 import math
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -169,10 +169,18 @@ def _as_leaf(into: list, width: int | None = None):
     return hook
 
 
-def _next_slice_of(whole: torch.Tensor, into: list):
+def _returned_logits(into: list):
+    """A forward hook on the model that puts the ``logits`` of its output (detached), or None, in ``into``."""
+    def hook(_module, _args, out):
+        logits = out.get("logits") if isinstance(out, dict) else getattr(out, "logits", None)
+        into.append(logits.detach() if torch.is_tensor(logits) and logits.is_floating_point() else None)
+    return hook
+
+
+def _next_slice_of(whole: torch.Tensor, into: list, replaced: list | None = None):
     """A forward hook replacing each output of the layer (its first tensor) by the next positions of ``whole``
-    (dim -2), in order, as a leaf of its own (kept in ``into``); an output that does not fit is left as it is
-    (``into`` gets None)."""
+    (dim -2), in order, as a leaf of its own (kept in ``into``; the layer's own output, with its graph, in
+    ``replaced``); an output that does not fit is left as it is (``into`` gets None)."""
     def hook(_module, _args, out):
         first = _first_tensor(out)
         start = sum(p.shape[-2] for p in into if p is not None)
@@ -180,9 +188,50 @@ def _next_slice_of(whole: torch.Tensor, into: list):
         if piece is None or piece.shape != first.shape:
             into.append(None)
             return None
+        if replaced is not None:
+            replaced.append(first)
         into.append(piece.detach().requires_grad_(True))
         return _with_first(out, into[-1])
     return hook
+
+
+class _Effects:
+    """J^T v summed over the chunks, for vectors v at the compared output (the logits or the hidden states) and J
+    its Jacobian w.r.t. the trainable parameters before it through each chunk's own graph: what v gives the
+    parameters a step moves.  A loss term moves them by its sum over the tokens, which grows with their number;
+    rounding, as often of one sign as of the other, by much less (campaign 54 Y5: a z-loss 3e-7 7x the float32
+    loss's rounding in dL/dz moved a float64 Llama's parameters 13x as far).  Kept for the parameters registered
+    last, up to ``budget`` numbers (float64); none where no chunk's output reaches one."""
+
+    def __init__(self, params: list, slots: int, budget: int = 1 << 22):
+        self.params, total = [], 0
+        for p in reversed(params):
+            if total + p.numel() <= budget:
+                self.params.append(p)
+                total += p.numel()
+        self.sums: list[list] = [[None] * len(self.params) for _ in range(slots)]
+
+    def add(self, output: torch.Tensor | None, vectors: list) -> None:
+        if not self.params:
+            return
+        if output is None or not output.requires_grad:
+            self.params = []
+            return
+        for sums, v in zip(self.sums, vectors):
+            try:
+                grads = torch.autograd.grad(output, self.params, v.to(output.dtype), allow_unused=True,
+                                            retain_graph=True)
+            except RuntimeError as error:  # a graph that cannot be differentiated again (the gradients still are)
+                if _out_of_memory(error):
+                    raise
+                self.params = []
+                return
+            for k, g in enumerate(grads):
+                if g is not None:
+                    sums[k] = g.double() if sums[k] is None else sums[k] + g.double()
+
+    def norm(self, slot: int) -> float:
+        return sum(float(g.square().sum()) for g in self.sums[slot] if g is not None) ** 0.5 if self.params else 0.0
 
 
 def _out_of_memory(error: BaseException) -> bool:
@@ -527,7 +576,7 @@ class SeCOTrainerMixin:
                 "changes the loss where the trainer's class checks cannot see it -- a forward or compute_loss set on "
                 "the instance, a forward hook on the model, a subclass's extra term, or randomness in the forward -- "
                 "and the SeCO step would leave it out; remove it, or train that loss with the stock Trainer")
-        same_logits = ("logits", head, logits, stock, trainable, None)
+        same_logits = ("logits", head, logits, stock, trainable, None, None)
         if self._seco_check_loss_gradient(unwrapped, adapter, same_logits, tokens, targets):
             return True
         del same_logits, logits, stock  # the first stock forward's graph
@@ -535,9 +584,13 @@ class SeCOTrainerMixin:
             # the output layer did not compute the logits (TRL's fused head projects the decoder's output itself):
             # pair on the decoder's last hidden state h instead; the output layer then runs in the model's dtype
             # on both sides, so its rounding is allowed for
-            stock_h, hidden = self._seco_stock_loss(unwrapped, prefix, items, decoder, None, "hidden states")
+            returned: list[torch.Tensor | None] = []  # the logits the model returns, where it does (campaign 54)
+            stock_h, hidden = self._seco_stock_loss(unwrapped, prefix, items, decoder, None, "hidden states",
+                                                    returned)
             stock_h = stock_h * ratio if ratio != 1 else stock_h
-            same_hidden = ("hidden states", decoder, hidden, stock_h, trainable, head)
+            logits = returned[0] if len(returned) == 1 and returned[0] is not None and tuple(
+                returned[0].shape) == (*tokens.shape, vocab) else None
+            same_hidden = ("hidden states", decoder, hidden, stock_h, trainable, head, logits)
             if self._seco_check_loss_gradient(unwrapped, adapter, same_hidden, tokens, targets):
                 return True
         logger.warning("SeCOTrainer: the loss check compared loss values only: neither the output layer (%s, "
@@ -547,18 +600,21 @@ class SeCOTrainerMixin:
                        type(decoder).__name__ if decoder is not None else "none", span)
         return True
 
-    def _seco_stock_loss(self, unwrapped, prefix: dict, items, layer, width: int | None, what: str):
+    def _seco_stock_loss(self, unwrapped, prefix: dict, items, layer, width: int | None, what: str,
+                         returned: list | None = None):
         """The stock ``compute_loss`` on ``prefix`` as a function of ``layer``'s output (made a leaf by
-        :func:`_as_leaf` where its last axis is ``width``): (loss, the leaves of each call of the layer).  It runs as
-        the stock Trainer runs it, with the parameters' ``requires_grad`` as they are and a graph through the model
-        (campaign 47 Q1: a penalty on the trainable parameters reads ``p.requires_grad``), so a term that reaches
-        the parameters other than through the leaf is seen (:meth:`_seco_check_loss_gradient`); TRL's metrics and
-        token counts are restored (this call is not a step)."""
+        :func:`_as_leaf` where its last axis is ``width``): (loss, the leaves of each call of the layer); the
+        ``logits`` each call of the model returns (detached; None where it returns none) are put in ``returned``.
+        It runs as the stock Trainer runs it, with the parameters' ``requires_grad`` as they are and a graph
+        through the model (campaign 47 Q1: a penalty on the trainable parameters reads ``p.requires_grad``), so a
+        term that reaches the parameters other than through the leaf is seen (:meth:`_seco_check_loss_gradient`);
+        TRL's metrics and token counts are restored (this call is not a step)."""
         kept = copy.deepcopy({name: vars(self)[name] for name in ("_metrics", "_total_train_tokens")
                               if name in vars(self)})
         leaves: list[torch.Tensor | None] = []
         try:
             with torch.enable_grad(), _output_hook(layer, _as_leaf(leaves, width)), \
+                    _output_hook(unwrapped, _returned_logits(returned)) if returned is not None else nullcontext(), \
                     self.compute_loss_context_manager(), self.accelerator.autocast():
                 stock = self.compute_loss(unwrapped, prefix, num_items_in_batch=items)
         except RuntimeError as error:  # user code that differentiates through the model (campaign 47 Q1)
@@ -598,7 +654,7 @@ class SeCOTrainerMixin:
         allowance, checked (name, parameter) pairs). Returns False where they cannot be paired: the layer not run
         once on the whole span, the stock loss not a function of its output, or an engine chunk that does not read
         it."""
-        what, layer, leaves, stock, checked, head = pair
+        what, layer, leaves, stock, checked, head, logits = pair
         if not self._seco_paired(leaves, stock, tokens):
             return False
         span = tokens.shape[-1]
@@ -620,18 +676,31 @@ class SeCOTrainerMixin:
         past, total, diff2, norm2, p_parts2 = [], 0.0, 0.0, 0.0, 0.0
         # logits wider than the stock loss (a float64 model's, transformers' loss float32): the stock's own rounding
         # of the cross-entropy on them, measured chunk by chunk (campaign 51)
-        narrowed = torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps
+        # (not under 16-bit autocast: TRL's default bf16=True projects a float64 model's hidden states in bfloat16,
+        # whose floor is allowed, campaign 55 review)
+        narrowed = torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps and torch.finfo(
+            self._seco_check_computed).bits > 16
         vocab = getattr(adapter, "vocab_size", None) or 0
-        project = None if what == "logits" or not narrowed else self._seco_projector(head, same, vocab)
-        if narrowed and what != "logits" and project is None:
+        # on the hidden states, the ways the output layer maps them to logits (its call, its weight): each one's
+        # measurement is used only where its float64 gradient is the engine's (campaign 53 X1)
+        projectors = [None] if what == "logits" or not narrowed else self._seco_projectors(head, same, vocab)
+        if narrowed and not projectors:
             narrowed = False
             logger.warning("SeCOTrainer: the model computes in %s and its loss in %s, and its output layer (%s, "
                            "get_output_embeddings()) could not be applied to the hidden states to measure that "
                            "loss's rounding: the gradients are compared on the hidden states within max(64, sqrt V) "
                            "eps of %s, so a loss term smaller than that is not seen (campaign 52)", same.dtype,
                            stock.dtype, type(head).__name__, stock.dtype)
-        own2, projected2 = 0.0, 0.0  # projected2: the projector's float64 gradient against the engine's
-        with torch.enable_grad(), _output_hook(layer, _next_slice_of(same, pieces)), \
+        # per projector: the loss's own rounding, that with the projection in the loss's dtype too (None where the
+        # projector cannot run in it), and its float64 gradient against the engine's
+        own2, in_loss2, projected2 = ([0.0] * len(projectors) for _ in range(3))
+        # the stock's dL/dh made of float32 numbers: it projected in float32 too (TRL's fused head; campaign 53 X3)
+        in_loss = narrowed and what != "logits" and self._seco_computed_in(stock_grad, stock.dtype)
+        # what the difference, the engine's gradient and each projector's rounding give the trainable parameters
+        # before the output through each chunk's graph (:class:`_Effects`), summed over the chunks
+        effects = _Effects(params if narrowed else [], 2 + len(projectors))
+        replaced: list[torch.Tensor] = []
+        with torch.enable_grad(), _output_hook(layer, _next_slice_of(same, pieces, replaced)), \
                 self.compute_loss_context_manager(), self.accelerator.autocast():
             for j in range(batch.num_chunks):
                 tok, tgt, start = batch.span(j, 1)
@@ -647,12 +716,19 @@ class SeCOTrainerMixin:
                 ours_p = [a if g is None else g if a is None else a + g for a, g in zip(ours_p, wide)]
                 p_parts2 += sum(float(g.square().sum()) for g in wide if g is not None)
                 theirs = stock_grad[..., start:start + piece.shape[-2], :]
-                if narrowed:
-                    chunk_own2, wide_grad = self._seco_narrowed_rounding2(
-                        same[..., start:start + piece.shape[-2], :], tgt, stock.dtype, batch.ignore_index,
-                        batch.n_targets, project)
-                    own2 += chunk_own2
-                    projected2 += float((wide_grad - ours.double()).square().sum()) if project is not None else 0.0
+                rows = slice(start, start + piece.shape[-2])
+                roundings = []
+                for i, project in enumerate(projectors if narrowed else []):
+                    chunk_own, chunk_in_loss, wide_grad = self._seco_narrowed_rounding2(
+                        same[..., rows, :], tgt, stock.dtype, batch.ignore_index, batch.n_targets, project,
+                        None if logits is None else logits[..., rows, :])
+                    own2[i] += float(chunk_own.square().sum())
+                    in_loss2[i] = None if chunk_in_loss is None or in_loss2[i] is None else \
+                        in_loss2[i] + float(chunk_in_loss.square().sum())
+                    projected2[i] += float((wide_grad - ours.double()).square().sum()) if project is not None else 0.0
+                    roundings.append(chunk_in_loss if in_loss and chunk_in_loss is not None else chunk_own)
+                effects.add(replaced[-1] if len(replaced) == j + 1 else None,
+                            [theirs.double() - ours.double(), ours.double(), *roundings])
                 diff2 += float((theirs.double() - ours.double()).square().sum())
                 norm2 += float(ours.double().square().sum())
                 total += float(loss.detach())
@@ -668,8 +744,11 @@ class SeCOTrainerMixin:
         # the dtype the parameters' gradients are computed in: autocast's where it is on (campaign 49 S1)
         rounding = self._seco_same_output_rounding(stock, self._seco_check_computed, what, vocab)
         allowed, v_allowed, p_allowed = rounding["gradient"], rounding["value"], rounding["parameters"]
-        if narrowed and project is not None and norm2 > 0 and not (
-                projected2 / norm2) ** 0.5 <= 2 * torch.finfo(stock.dtype).eps:
+        eps = torch.finfo(stock.dtype).eps
+        effect = effect_allowed = None  # measured where the stock loss is narrower than the model (below)
+        trusted = [i for i, project in enumerate(projectors) if project is None or (
+            norm2 > 0 and (projected2[i] / norm2) ** 0.5 <= 2 * eps)]
+        if narrowed and norm2 > 0 and not trusted:
             # the output layer is not what the forward projects with (a softcap or a scale after it, another
             # head): its measurement says nothing of the model's loss (campaign 53)
             narrowed = False
@@ -678,36 +757,54 @@ class SeCOTrainerMixin:
                            "relative in its gradient w.r.t. the hidden states, so that loss's rounding could not be "
                            "measured: the gradients are compared on the hidden states within max(64, sqrt V) eps of "
                            "%s, and a loss term smaller than that is not seen", same.dtype, stock.dtype,
-                           type(head).__name__, (projected2 / norm2) ** 0.5, stock.dtype)
+                           type(head).__name__, min(projected2) / norm2 ** 0.5, stock.dtype)
         if narrowed and norm2 > 0:
-            # twice the stock dtype's own rounding on top, also for the parameters after the output (a float64
+            # the stock loss's own rounding, measured (the least of the trusted projectors': a call that adds a
+            # constant to every logit is trusted, being shift-invariant, but its logits are not the model's,
+            # campaign 54 Y1), twice on top of half an eps, also for the parameters after the output (a float64
             # model, V 262144: 6.1e-6 apart); on the hidden states of a wider model the output layer sums over the
-            # vocabulary in that model's dtype on both sides (campaign 51 U1: 64 eps of float32 let terms pass)
-            own = (own2 / norm2) ** 0.5
-            # on the hidden states, also a projection in the loss's dtype (a fused head may project in float32:
-            # TRL, V 8192, 3.6e-7 apart where the measured rounding was 5e-8, campaign 53 X3): 0.11 sqrt(V) eps
-            eps = torch.finfo(stock.dtype).eps
-            allowed = (2 + (0 if what == "logits" else 0.11 * vocab ** 0.5)) * eps + 2 * own
+            # vocabulary in that model's dtype on both sides (campaign 51 U1: 64 eps of float32 let terms pass).
+            # campaign 54 Y5: 2 eps on top let a z-loss 3e-7 of a float64 Llama pass at 13x its effect's rounding
+            best = min(trusted, key=lambda i: own2[i])
+            own = (own2[best] / norm2) ** 0.5
+            if in_loss:
+                # the stock projected in float32 too (campaign 53 X3: 3.6e-7 apart at V 8192 where the loss's own
+                # rounding was 5e-8): that rounding measured with a projector that runs in float32, else 0.11
+                # sqrt(V) eps (campaign 51's measure; campaign 54 Y4: added to every float64 model's, it let label
+                # smoothing 2e-6 pass at V 32000)
+                measured = [i for i in trusted if in_loss2[i] is not None]
+                best = min(measured, key=lambda i: in_loss2[i]) if measured else best
+                own = max(own, (in_loss2[best] / norm2) ** 0.5 if measured else 0.11 * vocab ** 0.5 * eps)
+            allowed = 0.5 * eps + 2 * own
             p_allowed += 2 * own
+            reach = effects.norm(1)
+            if reach > 0 and (not in_loss or measured):
+                effect, effect_allowed = effects.norm(0) / reach, 0.5 * eps + 3 * effects.norm(2 + best) / reach
         diff = (diff2 / norm2) ** 0.5 if norm2 > 0 else float(diff2 > 0)
         value = abs(float(stock.detach()) - total) / max(abs(total), 1.0)
         self.seco_loss_check_measured = {"value": value, "value_allowed": v_allowed, "gradient": diff,
                                          "allowed": allowed, "tokens": span, "paired": what, "parameters": p_diff,
                                          "parameters_allowed": p_allowed}
+        if effect is not None:
+            self.seco_loss_check_measured.update(effect=effect, effect_allowed=effect_allowed)
         params_differ = bool(reached) or not p_diff <= p_allowed  # NaN: differ
+        moved = effect is not None and not effect <= effect_allowed
         # a value apart with the same gradient w.r.t. the output: a term on the parameters says more (campaign 49 S2)
-        if not diff <= allowed or (not value <= v_allowed and not params_differ):
+        if not diff <= allowed or moved or (not value <= v_allowed and not params_differ):
             raise ValueError(
                 f"SeCOTrainer: on the same {what} of the first {span} tokens of this batch, the loss the stock Trainer "
                 f"computes (compute_loss) and the causal-LM cross-entropy the SeCO step trains differ by {value:.3g} "
                 f"relative in value (rounding allows {v_allowed:.2g}) and {diff:.3g} relative in their gradient "
-                f"w.r.t. the {what} (rounding allows {allowed:.2g}): a term in the stock loss -- label smoothing, a "
+                f"w.r.t. the {what} (rounding allows {allowed:.2g})" + (
+                    f", which moves the trainable parameters before them {effect:.3g} relative, summed over the "
+                    f"tokens (the float32 loss's rounding allows {effect_allowed:.2g})" if moved else "") +
+                ": a term in the stock loss -- label smoothing, a "
                 "weight on some targets, a scale, "
                 "a penalty on the logits, put in by a hook, a forward or a compute_loss -- would be left out by the "
                 "SeCO step; remove it, or train that loss with the stock Trainer" + (
                     f" (their gradients w.r.t. the {what} agree, and those w.r.t. the trainable parameters too: "
                     "a term that changes the value only -- a constant, or one computed outside autograd)"
-                    if diff <= allowed else ""))
+                    if diff <= allowed and not moved else ""))
         if params_differ:
             names = ", ".join(f"{name} ({norm:.3g})" for name, norm in reached[:4])
             raise ValueError(
@@ -723,43 +820,78 @@ class SeCOTrainerMixin:
         return True
 
     @staticmethod
-    def _seco_projector(head, hidden, vocab: int = 0):
-        """A function that maps the hidden states to logits with the output layer ``head``: the layer itself (its
-        output's first tensor), else its ``weight`` (V, hidden) through F.linear -- a forward that projects with
-        the weight need not call the layer (campaign 52 V1); None where neither works on one position."""
+    def _seco_projectors(head, hidden, vocab: int = 0) -> list:
+        """The functions that may map the hidden states to logits with the output layer ``head``: the layer itself
+        (its output's first tensor) and its ``weight`` (V, hidden) through F.linear -- a forward that projects with
+        the weight need not call the layer (campaign 52 V1) -- those that give V logits (campaign 53 X2: a head
+        returning (aux, logits)) with a gradient (campaign 54 Y2: a call that returns zeros or detached logits) on
+        one position."""
         if not isinstance(head, torch.nn.Module):
-            return None
+            return []
         weight = getattr(head, "weight", None)
         candidates = [lambda h: _first_tensor(head(h))]
         if torch.is_tensor(weight) and weight.dim() == 2 and weight.shape[-1] == hidden.shape[-1]:
             candidates.append(lambda h: torch.nn.functional.linear(h, weight.to(h.dtype)))
+        found = []
         for project in candidates:
+            one = hidden[..., :1, :].detach().requires_grad_(True)
             try:
-                with torch.no_grad():
-                    out = project(hidden[..., :1, :])
+                with torch.enable_grad():
+                    out = project(one)
             except Exception:  # an output layer of the user's own
                 continue
-            if torch.is_tensor(out) and out.shape[:-1] == hidden[..., :1, :].shape[:-1] and (
-                    not vocab or out.shape[-1] == vocab):  # campaign 53 X2: a head returning (aux, logits)
-                return project
-        return None
+            if torch.is_tensor(out) and out.shape[:-1] == one.shape[:-1] and out.requires_grad and (
+                    not vocab or out.shape[-1] == vocab):
+                found.append(project)
+        return found
 
     @staticmethod
-    def _seco_narrowed_rounding2(x, tgt, dtype: torch.dtype, ignore_index: int, n_targets: int,
-                                 project=None) -> tuple[float, torch.Tensor]:
-        """(||g_dtype - g||^2, g) for g the gradient w.r.t. ``x`` -- the logits, or the hidden states that ``project``
-        (:meth:`_seco_projector`) maps to them -- of the cross-entropy sum / n_targets of the logits, taken in x's
-        dtype and in the narrower ``dtype`` of the stock loss (transformers casts a float64 model's logits to
-        float32): what the stock loss's own dtype puts between the two sides, which grows with the logits' range and
-        the vocabulary (campaign 51: 2-50 eps of float32 on float64 models with peaked logits, V 8192-262144)."""
-        grads = []
-        for kind in (x.dtype, dtype):
-            leaf = x.detach().requires_grad_(True)
-            logits = (project(leaf) if project is not None else leaf).to(kind)
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+    def _seco_computed_in(grad: torch.Tensor, dtype: torch.dtype) -> bool:
+        """Whether the wider ``grad`` holds only numbers of the narrower ``dtype`` (it was computed in that dtype)."""
+        return grad.dtype != dtype and bool(torch.equal(grad, grad.to(dtype).to(grad.dtype)))
+
+    @staticmethod
+    def _seco_narrowed_rounding2(x, tgt, dtype: torch.dtype, ignore_index: int, n_targets: int, project=None,
+                                 logits=None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """(r, r_proj or None, g) for g the gradient w.r.t. ``x`` -- the logits, or the hidden states
+        that ``project`` (:meth:`_seco_projectors`) maps to them -- of the cross-entropy sum / n_targets of the
+        logits in x's dtype, and r the difference the narrower ``dtype`` of the stock loss puts into it
+        (transformers casts a float64 model's logits to float32): its rounding, which grows with the logits' range
+        and the vocabulary (campaign 51: 2-50 eps of float32 on float64 models with peaked logits, V 8192-262144).
+
+        On the hidden states r = J^T (dL/dz in ``dtype`` - in x's), J the projector's Jacobian, dL/dz taken on the
+        ``logits`` the model returned where given, else on the projector's (campaign 54 Y1/Y3: a call that adds a
+        constant to the logits, or a forward that adds one the call does not, has the right J and the wrong logits),
+        centred over the vocabulary (a shift of every logit changes neither loss, and J may be wrong along it);
+        r_proj is the same with the projection's backward in ``dtype`` as well (a fused head that projects in
+        float32), None where the projector does not run in ``dtype``."""
+        def ce_grad(z):  # dL/dz of the cross-entropy sum / n_targets, in z's dtype
+            leaf = z.detach().requires_grad_(True)
+            loss = torch.nn.functional.cross_entropy(leaf.reshape(-1, leaf.shape[-1]), tgt.reshape(-1),
                                                      ignore_index=ignore_index, reduction="sum") / n_targets
-            grads.append(torch.autograd.grad(loss, leaf)[0].double())
-        return float((grads[0] - grads[1]).square().sum()), grads[0]
+            return torch.autograd.grad(loss, leaf)[0]
+
+        if project is None:  # x are the logits
+            wide = ce_grad(x).double()
+            return ce_grad(x.to(dtype)).double() - wide, None, wide
+        leaf = x.detach().requires_grad_(True)
+        z = project(leaf)
+        seen = (z if logits is None else logits).detach().to(x.dtype)
+        wide_z = ce_grad(seen)
+        rounding = ce_grad(seen.to(dtype)).to(x.dtype) - wide_z
+        rounding = rounding - rounding.mean(-1, keepdim=True)
+        gate = torch.autograd.grad(z, leaf, ce_grad(z.detach()).to(z.dtype), retain_graph=True)[0].double()
+        wide = torch.autograd.grad(z, leaf, wide_z.to(z.dtype), retain_graph=True)[0].double()
+        own = torch.autograd.grad(z, leaf, rounding.to(z.dtype))[0].double()
+        in_loss = None
+        narrow = x.detach().to(dtype).requires_grad_(True)
+        try:
+            z_narrow = project(narrow)
+            if z_narrow.dtype == dtype and z_narrow.requires_grad:
+                in_loss = torch.autograd.grad(z_narrow, narrow, (wide_z + rounding).to(dtype))[0].double() - wide
+        except Exception:  # a call that does not run in the loss's dtype (a float64 layer)
+            pass
+        return own, in_loss, gate
 
     def _seco_scaled_grads(self, stock, inputs: list, n_targets: int) -> tuple[float, tuple]:
         """The stock loss's gradients w.r.t. ``inputs``, and the power of two they were taken at (campaign 50):
