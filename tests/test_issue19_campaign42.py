@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 
 import pytest
 import torch
@@ -943,11 +944,13 @@ def test_c53_an_output_layer_that_is_not_the_forward_s_projection_is_warned_and_
         return model
 
     # a muP-style multiplier after the projection, which neither the call nor the weight has: warned
-    hot = _logits_without_the_output_layer(_model(torch.float64), multiplier=30.0)
+    hot = _logits_without_the_output_layer(_model(torch.float64), multiplier=1.5)
     hot.lm_head.weight.requires_grad_(False)
     trainer = tc.make_trainer(tmp_path / "a", seco=SeCOArguments(chunk_size=4), model=hot, max_steps=1)
     trainer.train()
     assert "differs from the model's by" in caplog.text and "a loss term smaller than that is not seen" in caplog.text
+    apart = float(re.search(r"differs from the model's by (\S+) relative", caplog.text).group(1))
+    assert 0.2 < apart < 0.5  # the two gradients' relative difference (measured 0.333; a misplaced root said 0.0044)
 
     aux = model_with(lambda layer: lambda x: (x[..., :4], F.linear(x, layer.weight)))
     aux.register_forward_hook(_hook(label_smoothing(3e-6)), with_kwargs=True)

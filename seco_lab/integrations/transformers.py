@@ -677,7 +677,7 @@ class SeCOTrainerMixin:
         # logits wider than the stock loss (a float64 model's, transformers' loss float32): the stock's own rounding
         # of the cross-entropy on them, measured chunk by chunk (campaign 51)
         # (not under 16-bit autocast: TRL's default bf16=True projects a float64 model's hidden states in bfloat16,
-        # whose floor is allowed, campaign 55 review)
+        # whose floor is allowed; found with campaign 54's fixes)
         narrowed = torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps and torch.finfo(
             self._seco_check_computed).bits > 16
         vocab = getattr(adapter, "vocab_size", None) or 0
@@ -757,7 +757,7 @@ class SeCOTrainerMixin:
                            "relative in its gradient w.r.t. the hidden states, so that loss's rounding could not be "
                            "measured: the gradients are compared on the hidden states within max(64, sqrt V) eps of "
                            "%s, and a loss term smaller than that is not seen", same.dtype, stock.dtype,
-                           type(head).__name__, min(projected2) / norm2 ** 0.5, stock.dtype)
+                           type(head).__name__, (min(projected2) / norm2) ** 0.5, stock.dtype)
         if narrowed and norm2 > 0:
             # the stock loss's own rounding, measured (the least of the trusted projectors': a call that adds a
             # constant to every logit is trusted, being shift-invariant, but its logits are not the model's,
