@@ -87,6 +87,7 @@ import math
 import os
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -230,8 +231,65 @@ class _Effects:
                 if g is not None:
                     sums[k] = g.double() if sums[k] is None else sums[k] + g.double()
 
-    def norm(self, slot: int) -> float:
-        return sum(float(g.square().sum()) for g in self.sums[slot] if g is not None) ** 0.5 if self.params else 0.0
+    def norm(self, slot: int, largest: bool = False) -> float:
+        """The L2 norm of slot ``slot``'s sums, or (``largest``) their largest magnitude."""
+        sums = [g for g in self.sums[slot] if g is not None] if self.params else []
+        if largest:
+            return max((float(g.abs().max()) for g in sums if g.numel()), default=0.0)
+        return sum(float(g.square().sum()) for g in sums) ** 0.5
+
+
+class _SoftmaxInputs(torch.overrides.TorchFunctionMode):
+    """Records (detached) the first argument of the softmax-family calls made while it is active -- the logits a
+    loss normalises (F.cross_entropy, log_softmax, softmax, logsumexp) -- where its last axis is ``width``."""
+
+    CALLS = {torch.nn.functional.cross_entropy, torch.nn.functional.log_softmax, torch.nn.functional.softmax,
+             torch.log_softmax, torch.softmax, torch.logsumexp, torch.Tensor.log_softmax, torch.Tensor.softmax,
+             torch.Tensor.logsumexp, torch.special.log_softmax, torch.special.softmax}
+
+    def __init__(self, width: int, into: list):
+        super().__init__()
+        self.width, self.into = width, into
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        first = args[0] if args else None
+        if func in self.CALLS and torch.is_tensor(first) and first.is_floating_point() and first.dim() >= 1 and \
+                first.shape[-1] == self.width:
+            self.into.append(first.detach())
+        return func(*args, **(kwargs or {}))
+
+
+class _Rounding(NamedTuple):
+    """One chunk's measurement of the stock loss's own rounding (:meth:`SeCOTrainerMixin._seco_narrowed_rounding2`):
+    in the gradient, with the projection in the loss's dtype too (or None), the float64 gradient through the
+    projector, the value's rounding, whether the projection ran in 16 bits (the model's autocast), and what a
+    per-row scale of the probabilities moves the gradient."""
+    own: torch.Tensor
+    in_loss: torch.Tensor | None
+    gate: torch.Tensor
+    value: float
+    in_16: bool
+    normalising: float  # ||J^T p||^2 over the rows (a per-row scale of the probabilities)
+
+
+def _loss_logits(normalised: list, returned: list, tokens: torch.Tensor, vocab: int) -> tuple:
+    """The candidates for the logits the stock loss rounded, shaped (*tokens.shape, V): the first input of its
+    softmax that holds one row per token, then the logits of the model's only call; None where there is none."""
+    shape = (*tokens.shape, vocab)
+    first = next((c.reshape(shape) for c in normalised if c.numel() == math.prod(shape)), None)
+    only = returned[0] if len(returned) == 1 and returned[0] is not None and tuple(returned[0].shape) == shape \
+        else None
+    return first, only
+
+
+def _shifted_by_rows(candidate: torch.Tensor, z: torch.Tensor) -> bool:
+    """Whether ``candidate`` is ``z`` plus a constant per row, up to the rounding of its own dtype."""
+    if candidate.shape != z.shape:
+        return False
+    d = candidate.double() - z.double()
+    d = d - d.mean(-1, keepdim=True)
+    scale = candidate.double().abs().amax(-1, keepdim=True) + z.double().abs().amax(-1, keepdim=True)
+    return bool((d.abs() <= 8 * torch.finfo(candidate.dtype).eps * scale).all())
 
 
 def _out_of_memory(error: BaseException) -> bool:
@@ -547,7 +605,8 @@ class SeCOTrainerMixin:
             computed = computed_dtype(next(iter(adapter.parameters())))  # autocast's dtype where it is on
         self._seco_check_computed = computed
         # the stock loss as a function of the logits: a graph from the output layer's output on, none before
-        stock, logits = self._seco_stock_loss(unwrapped, prefix, items, head, vocab, "logits")
+        normalised: list[torch.Tensor] = []  # what the stock loss's softmax read (campaign 55)
+        stock, logits = self._seco_stock_loss(unwrapped, prefix, items, head, vocab, "logits", None, normalised)
         stock = stock * ratio if ratio != 1 else stock
         allowed = self._seco_loss_rounding(stock, computed)
         value = float(stock.detach())
@@ -576,7 +635,7 @@ class SeCOTrainerMixin:
                 "changes the loss where the trainer's class checks cannot see it -- a forward or compute_loss set on "
                 "the instance, a forward hook on the model, a subclass's extra term, or randomness in the forward -- "
                 "and the SeCO step would leave it out; remove it, or train that loss with the stock Trainer")
-        same_logits = ("logits", head, logits, stock, trainable, None, None)
+        same_logits = ("logits", head, logits, stock, trainable, None, _loss_logits(normalised, [], tokens, vocab))
         if self._seco_check_loss_gradient(unwrapped, adapter, same_logits, tokens, targets):
             return True
         del same_logits, logits, stock  # the first stock forward's graph
@@ -584,13 +643,14 @@ class SeCOTrainerMixin:
             # the output layer did not compute the logits (TRL's fused head projects the decoder's output itself):
             # pair on the decoder's last hidden state h instead; the output layer then runs in the model's dtype
             # on both sides, so its rounding is allowed for
-            returned: list[torch.Tensor | None] = []  # the logits the model returns, where it does (campaign 54)
+            # the logits the model returns and those its loss normalises, where they can be told (campaigns 54-55)
+            returned: list[torch.Tensor | None] = []
+            normalised = []
             stock_h, hidden = self._seco_stock_loss(unwrapped, prefix, items, decoder, None, "hidden states",
-                                                    returned)
+                                                    returned, normalised, vocab)
             stock_h = stock_h * ratio if ratio != 1 else stock_h
-            logits = returned[0] if len(returned) == 1 and returned[0] is not None and tuple(
-                returned[0].shape) == (*tokens.shape, vocab) else None
-            same_hidden = ("hidden states", decoder, hidden, stock_h, trainable, head, logits)
+            same_hidden = ("hidden states", decoder, hidden, stock_h, trainable, head,
+                           _loss_logits(normalised, returned, tokens, vocab))
             if self._seco_check_loss_gradient(unwrapped, adapter, same_hidden, tokens, targets):
                 return True
         logger.warning("SeCOTrainer: the loss check compared loss values only: neither the output layer (%s, "
@@ -601,10 +661,11 @@ class SeCOTrainerMixin:
         return True
 
     def _seco_stock_loss(self, unwrapped, prefix: dict, items, layer, width: int | None, what: str,
-                         returned: list | None = None):
+                         returned: list | None = None, normalised: list | None = None, vocab: int = 0):
         """The stock ``compute_loss`` on ``prefix`` as a function of ``layer``'s output (made a leaf by
         :func:`_as_leaf` where its last axis is ``width``): (loss, the leaves of each call of the layer); the
-        ``logits`` each call of the model returns (detached; None where it returns none) are put in ``returned``.
+        ``logits`` each call of the model returns (detached; None where it returns none) are put in ``returned``,
+        what the loss's softmax-family calls read with ``vocab`` (or ``width``) columns in ``normalised``.
         It runs as the stock Trainer runs it, with the parameters' ``requires_grad`` as they are and a graph
         through the model (campaign 47 Q1: a penalty on the trainable parameters reads ``p.requires_grad``), so a
         term that reaches the parameters other than through the leaf is seen (:meth:`_seco_check_loss_gradient`);
@@ -615,6 +676,7 @@ class SeCOTrainerMixin:
         try:
             with torch.enable_grad(), _output_hook(layer, _as_leaf(leaves, width)), \
                     _output_hook(unwrapped, _returned_logits(returned)) if returned is not None else nullcontext(), \
+                    _SoftmaxInputs(width or vocab or 0, normalised) if normalised is not None else nullcontext(), \
                     self.compute_loss_context_manager(), self.accelerator.autocast():
                 stock = self.compute_loss(unwrapped, prefix, num_items_in_batch=items)
         except RuntimeError as error:  # user code that differentiates through the model (campaign 47 Q1)
@@ -654,7 +716,7 @@ class SeCOTrainerMixin:
         allowance, checked (name, parameter) pairs). Returns False where they cannot be paired: the layer not run
         once on the whole span, the stock loss not a function of its output, or an engine chunk that does not read
         it."""
-        what, layer, leaves, stock, checked, head, logits = pair
+        what, layer, leaves, stock, checked, head, seen = pair
         if not self._seco_paired(leaves, stock, tokens):
             return False
         span = tokens.shape[-1]
@@ -676,10 +738,7 @@ class SeCOTrainerMixin:
         past, total, diff2, norm2, p_parts2 = [], 0.0, 0.0, 0.0, 0.0
         # logits wider than the stock loss (a float64 model's, transformers' loss float32): the stock's own rounding
         # of the cross-entropy on them, measured chunk by chunk (campaign 51)
-        # (not under 16-bit autocast: TRL's default bf16=True projects a float64 model's hidden states in bfloat16,
-        # whose floor is allowed; found with campaign 54's fixes)
-        narrowed = torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps and torch.finfo(
-            self._seco_check_computed).bits > 16
+        narrowed = torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps
         vocab = getattr(adapter, "vocab_size", None) or 0
         # on the hidden states, the ways the output layer maps them to logits (its call, its weight): each one's
         # measurement is used only where its float64 gradient is the engine's (campaign 53 X1)
@@ -693,7 +752,9 @@ class SeCOTrainerMixin:
                            stock.dtype, type(head).__name__, stock.dtype)
         # per projector: the loss's own rounding, that with the projection in the loss's dtype too (None where the
         # projector cannot run in it), and its float64 gradient against the engine's
-        own2, in_loss2, projected2 = ([0.0] * len(projectors) for _ in range(3))
+        own2, in_loss2, projected2, values = ([0.0] * len(projectors) for _ in range(4))
+        in_16 = [False] * len(projectors)  # the projection in the loss's dtype ran in 16 bits (autocast)
+        normalising = [0.0] * len(projectors)
         # the stock's dL/dh made of float32 numbers: it projected in float32 too (TRL's fused head; campaign 53 X3)
         in_loss = narrowed and what != "logits" and self._seco_computed_in(stock_grad, stock.dtype)
         # what the difference, the engine's gradient and each projector's rounding give the trainable parameters
@@ -719,14 +780,21 @@ class SeCOTrainerMixin:
                 rows = slice(start, start + piece.shape[-2])
                 roundings = []
                 for i, project in enumerate(projectors if narrowed else []):
-                    chunk_own, chunk_in_loss, wide_grad = self._seco_narrowed_rounding2(
+                    r = self._seco_narrowed_rounding2(
                         same[..., rows, :], tgt, stock.dtype, batch.ignore_index, batch.n_targets, project,
-                        None if logits is None else logits[..., rows, :])
-                    own2[i] += float(chunk_own.square().sum())
-                    in_loss2[i] = None if chunk_in_loss is None or in_loss2[i] is None else \
-                        in_loss2[i] + float(chunk_in_loss.square().sum())
-                    projected2[i] += float((wide_grad - ours.double()).square().sum()) if project is not None else 0.0
-                    roundings.append(chunk_in_loss if in_loss and chunk_in_loss is not None else chunk_own)
+                        tuple(None if c is None else c[..., rows, :] for c in seen))
+                    if r is None:  # the projector fails on these positions: not the forward's
+                        projected2[i] = math.inf
+                        roundings.append(torch.zeros_like(ours, dtype=torch.float64))
+                        continue
+                    own2[i] += float(r.own.square().sum())
+                    in_loss2[i] = None if r.in_loss is None or in_loss2[i] is None else \
+                        in_loss2[i] + float(r.in_loss.square().sum())
+                    in_16[i] = in_16[i] or r.in_16
+                    normalising[i] += r.normalising
+                    values[i] += r.value
+                    projected2[i] += float((r.gate - ours.double()).square().sum()) if project is not None else 0.0
+                    roundings.append(r.in_loss if in_loss and r.in_loss is not None else r.own)
                 effects.add(replaced[-1] if len(replaced) == j + 1 else None,
                             [theirs.double() - ours.double(), ours.double(), *roundings])
                 diff2 += float((theirs.double() - ours.double()).square().sum())
@@ -742,7 +810,10 @@ class SeCOTrainerMixin:
         p_norm2 = max(sum(float(e.double().square().sum()) for _, e in pairs), p_parts2 if pairs else 0.0)
         p_diff = (p_diff2 / p_norm2) ** 0.5 if p_norm2 > 0 else float(p_diff2 > 0)
         # the dtype the parameters' gradients are computed in: autocast's where it is on (campaign 49 S1)
-        rounding = self._seco_same_output_rounding(stock, self._seco_check_computed, what, vocab)
+        # (autocast does not reach a float64 model's own operations: its 16-bit floor only where the measurement
+        # below shows a projection in 16 bits, as TRL's fused head under bf16=True; campaign 55)
+        rounding = self._seco_same_output_rounding(stock, same.dtype if narrowed else self._seco_check_computed,
+                                                   what, vocab)
         allowed, v_allowed, p_allowed = rounding["gradient"], rounding["value"], rounding["parameters"]
         eps = torch.finfo(stock.dtype).eps
         effect = effect_allowed = None  # measured where the stock loss is narrower than the model (below)
@@ -774,12 +845,31 @@ class SeCOTrainerMixin:
                 # smoothing 2e-6 pass at V 32000)
                 measured = [i for i in trusted if in_loss2[i] is not None]
                 best = min(measured, key=lambda i: in_loss2[i]) if measured else best
-                own = max(own, (in_loss2[best] / norm2) ** 0.5 if measured else 0.11 * vocab ** 0.5 * eps)
+                # with 4 eps of each row's normalisation, which another implementation rounds apart
+                own = max(own, ((in_loss2[best] + (4 * eps) ** 2 * normalising[best]) / norm2) ** 0.5 if measured
+                          else 0.11 * vocab ** 0.5 * eps)
             allowed = 0.5 * eps + 2 * own
             p_allowed += 2 * own
+            # the value: twice its measured rounding on top (campaign 55: logits shifted by 10^4-10^5 round the
+            # float32 loss's value by 1.4e-5-3.1e-5, beyond 64 eps)
+            v_allowed += 2 * abs(values[best]) / max(abs(total), 1.0)
             reach = effects.norm(1)
             if reach > 0 and (not in_loss or measured):
+                # in L2 and in the largest single parameter's move, which a term concentrates where rounding
+                # spreads (campaign 55 Z6: a z-loss 2e-7 at V 4096, 95% of the L2 allowance, moved the largest
+                # parameter 19x as far as rounding did)
                 effect, effect_allowed = effects.norm(0) / reach, 0.5 * eps + 3 * effects.norm(2 + best) / reach
+                top = effects.norm(1, largest=True)
+                if top > 0:
+                    peak = effects.norm(0, largest=True) / top
+                    peak_allowed = 0.5 * eps + 3 * effects.norm(2 + best, largest=True) / top
+                    if peak / peak_allowed > effect / effect_allowed:
+                        effect, effect_allowed = peak, peak_allowed
+            if in_loss and measured and in_16[best]:  # the projection in 16 bits: that dtype's floor
+                computed = self._seco_check_computed
+                floor = 2 * torch.finfo(computed if torch.finfo(computed).bits <= 16 else torch.bfloat16).eps
+                allowed, p_allowed, v_allowed = max(allowed, floor), max(p_allowed, floor), max(v_allowed, floor)
+                effect_allowed = None if effect is None else max(effect_allowed, floor)
         diff = (diff2 / norm2) ** 0.5 if norm2 > 0 else float(diff2 > 0)
         value = abs(float(stock.detach()) - total) / max(abs(total), 1.0)
         self.seco_loss_check_measured = {"value": value, "value_allowed": v_allowed, "gradient": diff,
@@ -852,46 +942,67 @@ class SeCOTrainerMixin:
 
     @staticmethod
     def _seco_narrowed_rounding2(x, tgt, dtype: torch.dtype, ignore_index: int, n_targets: int, project=None,
-                                 logits=None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """(r, r_proj or None, g) for g the gradient w.r.t. ``x`` -- the logits, or the hidden states
-        that ``project`` (:meth:`_seco_projectors`) maps to them -- of the cross-entropy sum / n_targets of the
-        logits in x's dtype, and r the difference the narrower ``dtype`` of the stock loss puts into it
-        (transformers casts a float64 model's logits to float32): its rounding, which grows with the logits' range
-        and the vocabulary (campaign 51: 2-50 eps of float32 on float64 models with peaked logits, V 8192-262144).
+                                 seen: tuple = ()) -> _Rounding | None:
+        """What the narrower ``dtype`` of the stock loss (transformers casts a float64 model's logits to float32)
+        puts into the cross-entropy sum / n_targets and its gradient w.r.t. ``x`` -- the logits, or the hidden
+        states that ``project`` (:meth:`_seco_projectors`) maps to them: its rounding, which grows with the logits'
+        range and the vocabulary (campaign 51: 2-50 eps of float32 on float64 models with peaked logits, V
+        8192-262144).  None where ``project`` fails on these positions (an output layer of the user's own).
 
-        On the hidden states r = J^T (dL/dz in ``dtype`` - in x's), J the projector's Jacobian, dL/dz taken on the
-        ``logits`` the model returned where given, else on the projector's (campaign 54 Y1/Y3: a call that adds a
-        constant to the logits, or a forward that adds one the call does not, has the right J and the wrong logits),
-        centred over the vocabulary (a shift of every logit changes neither loss, and J may be wrong along it);
-        r_proj is the same with the projection's backward in ``dtype`` as well (a fused head that projects in
-        float32), None where the projector does not run in ``dtype``."""
-        def ce_grad(z):  # dL/dz of the cross-entropy sum / n_targets, in z's dtype
+        The loss's logits are the first of ``seen`` (those its softmax read, those the model returned) that are
+        the float64 logits z shifted by a constant per row, else z: a shift changes neither loss, and the float32
+        rounding of z + c grows with c (campaign 54 Y1/Y3, 55: a call, a forward or a loss that adds to the logits
+        what another does not).  r = J^T (dL/dz in ``dtype`` on them - in x's dtype on z), J the projector's
+        Jacobian (the identity on the logits; not centred over the vocabulary: the rows of an output layer may share
+        a common vector, which pulls the sum of the float32 softmax's rounding back, campaign 55); r_proj the same
+        with the projector run in ``dtype`` (under the model's autocast, as a fused head that projects in float32
+        or bfloat16: campaign 53 X3), None where it does not run so."""
+        def ce(z):  # (the cross-entropy sum / n_targets, and dL/dz) in z's dtype
             leaf = z.detach().requires_grad_(True)
             loss = torch.nn.functional.cross_entropy(leaf.reshape(-1, leaf.shape[-1]), tgt.reshape(-1),
                                                      ignore_index=ignore_index, reduction="sum") / n_targets
-            return torch.autograd.grad(loss, leaf)[0]
+            return float(loss.detach()), torch.autograd.grad(loss, leaf)[0]
 
-        if project is None:  # x are the logits
-            wide = ce_grad(x).double()
-            return ce_grad(x.to(dtype)).double() - wide, None, wide
         leaf = x.detach().requires_grad_(True)
-        z = project(leaf)
-        seen = (z if logits is None else logits).detach().to(x.dtype)
-        wide_z = ce_grad(seen)
-        rounding = ce_grad(seen.to(dtype)).to(x.dtype) - wide_z
-        rounding = rounding - rounding.mean(-1, keepdim=True)
-        gate = torch.autograd.grad(z, leaf, ce_grad(z.detach()).to(z.dtype), retain_graph=True)[0].double()
-        wide = torch.autograd.grad(z, leaf, wide_z.to(z.dtype), retain_graph=True)[0].double()
-        own = torch.autograd.grad(z, leaf, rounding.to(z.dtype))[0].double()
-        in_loss = None
-        narrow = x.detach().to(dtype).requires_grad_(True)
         try:
-            z_narrow = project(narrow)
-            if z_narrow.dtype == dtype and z_narrow.requires_grad:
-                in_loss = torch.autograd.grad(z_narrow, narrow, (wide_z + rounding).to(dtype))[0].double() - wide
-        except Exception:  # a call that does not run in the loss's dtype (a float64 layer)
-            pass
-        return own, in_loss, gate
+            z = project(leaf) if project is not None else leaf
+            if z.shape != (*x.shape[:-1], z.shape[-1]) or not z.requires_grad:
+                return None
+        except Exception:  # an output layer of the user's own that takes other positions
+            return None
+        z64 = z.detach()
+        loss_of = next((c.to(z64.dtype) for c in seen if c is not None and _shifted_by_rows(c, z64)), z64)
+        wide_value, wide_z = ce(z64)
+        narrow_value, narrow_z = ce(loss_of.to(dtype))
+        rounding = narrow_z.to(z64.dtype) - wide_z
+
+        def pulled(v, graph=True):
+            if project is None:
+                return v.double()
+            g = torch.autograd.grad(z, leaf, v.to(z.dtype), retain_graph=graph, allow_unused=True)[0]
+            return torch.zeros_like(x, dtype=torch.float64) if g is None else g.double()
+
+        gate = pulled(wide_z)
+        own = pulled(rounding)
+        in_loss, in_16, normalising = None, False, 0.0
+        if project is not None:
+            narrow = x.detach().to(dtype).requires_grad_(True)
+            try:
+                z_narrow = project(narrow)
+                if z_narrow.requires_grad and z_narrow.shape == z.shape and torch.finfo(
+                        z_narrow.dtype).bits <= torch.finfo(dtype).bits:
+                    _, d = ce((loss_of if loss_of is not z64 else z_narrow.detach()).to(z_narrow.dtype).to(dtype))
+                    g = torch.autograd.grad(z_narrow, narrow, d.to(z_narrow.dtype), allow_unused=True)[0]
+                    in_loss = None if g is None else g.double() - gate
+                    in_16 = torch.finfo(z_narrow.dtype).bits <= 16
+                    # another implementation's normalisation (a fused head's running logsumexp) scales each row's
+                    # probabilities by its own 1 + delta: J^T p per row, which a head whose rows share a common
+                    # vector makes large (campaign 55: TRL, 1.52e-5 apart where this measured 7.5e-6)
+                    keep = (tgt != ignore_index).unsqueeze(-1).to(z64.dtype)
+                    normalising = float(pulled(torch.softmax(z64, -1) * keep / n_targets).square().sum())
+            except Exception:  # a call that does not run in the loss's dtype (a float64 layer)
+                pass
+        return _Rounding(own, in_loss, gate, narrow_value - wide_value, in_16, normalising)
 
     def _seco_scaled_grads(self, stock, inputs: list, n_targets: int) -> tuple[float, tuple]:
         """The stock loss's gradients w.r.t. ``inputs``, and the power of two they were taken at (campaign 50):
