@@ -1208,3 +1208,34 @@ def test_c55_z6_a_term_that_moves_one_parameter_is_held_to_that_parameter_s_roun
         _checked(tmp_path / "z-loss", llama(), z_loss(2e-7))
     measured = _checked(tmp_path / "plain", llama())
     assert measured["effect"] <= measured["effect_allowed"] / 2
+
+
+def test_c55_a_loss_normalised_by_hand_is_allowed_the_smaller_rounding_of_the_logits_it_may_have_read(tmp_path):
+    """Where no softmax call shows which logits the loss rounds (exp and sum by hand), the returned logits (here
+    shifted by 1000) and the projector's are both candidates: the smaller rounding is allowed, so a term is refused
+    rather than passed (label smoothing 3e-6 passed at 2.2e-6 of the returned logits' rounding)."""
+    def manual(model, smoothing):
+        def forward(input_ids=None, labels=None, attention_mask=None, **kwargs):
+            passed = {"cache" if k == "past_key_values" else k: v for k, v in kwargs.items()
+                      if k in ("position_ids", "past_key_values", "cache", "use_cache")}
+            hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, **passed)
+            z = F.linear(hidden.last_hidden_state, model.lm_head.weight)
+            loss = None
+            if labels is not None:
+                x, y = _shifted(z, labels)
+                keep = y != -100
+                e = torch.exp(x[keep] - x[keep].amax(-1, keepdim=True))
+                logp = (e / e.sum(-1, keepdim=True)).log()
+                nll = -logp.gather(-1, y[keep, None]).squeeze(-1)
+                loss = ((1 - smoothing) * nll - smoothing * logp.mean(-1)).sum()
+                loss = loss / kwargs.get("num_items_in_batch", keep.sum())
+            return T.modeling_outputs.CausalLMOutputWithPast(loss=loss, logits=z + 1000,
+                                                             past_key_values=hidden.past_key_values)
+        model.forward = forward
+        model.lm_head.weight.requires_grad_(False)
+        return model
+
+    measured = _checked(tmp_path / "plain", manual(_model(torch.float64), 0.0))
+    assert measured["gradient"] <= measured["allowed"] / 1.5 and measured["allowed"] < 3e-7
+    with pytest.raises(ValueError, match=r"in their gradient w\.r\.t\. the hidden states"):
+        _checked(tmp_path / "smoothed", manual(_model(torch.float64), 3e-6))

@@ -269,7 +269,8 @@ class _Rounding(NamedTuple):
     gate: torch.Tensor
     value: float
     in_16: bool
-    normalising: float  # ||J^T p||^2 over the rows (a per-row scale of the probabilities)
+    normalising: torch.Tensor  # J^T p over the rows: what a per-row scale of the probabilities moves
+    seen: bool  # the logits the loss's softmax read were seen
 
 
 def _loss_logits(normalised: list, returned: list, tokens: torch.Tensor, vocab: int) -> tuple:
@@ -755,11 +756,12 @@ class SeCOTrainerMixin:
         own2, in_loss2, projected2, values = ([0.0] * len(projectors) for _ in range(4))
         in_16 = [False] * len(projectors)  # the projection in the loss's dtype ran in 16 bits (autocast)
         normalising = [0.0] * len(projectors)
+        unseen = [False] * len(projectors)  # a chunk whose loss's softmax was not seen (a fused head, by hand)
         # the stock's dL/dh made of float32 numbers: it projected in float32 too (TRL's fused head; campaign 53 X3)
         in_loss = narrowed and what != "logits" and self._seco_computed_in(stock_grad, stock.dtype)
         # what the difference, the engine's gradient and each projector's rounding give the trainable parameters
         # before the output through each chunk's graph (:class:`_Effects`), summed over the chunks
-        effects = _Effects(params if narrowed else [], 2 + len(projectors))
+        effects = _Effects(params if narrowed else [], 2 + 2 * len(projectors))
         replaced: list[torch.Tensor] = []
         with torch.enable_grad(), _output_hook(layer, _next_slice_of(same, pieces, replaced)), \
                 self.compute_loss_context_manager(), self.accelerator.autocast():
@@ -778,7 +780,7 @@ class SeCOTrainerMixin:
                 p_parts2 += sum(float(g.square().sum()) for g in wide if g is not None)
                 theirs = stock_grad[..., start:start + piece.shape[-2], :]
                 rows = slice(start, start + piece.shape[-2])
-                roundings = []
+                roundings, normals = [], []
                 for i, project in enumerate(projectors if narrowed else []):
                     r = self._seco_narrowed_rounding2(
                         same[..., rows, :], tgt, stock.dtype, batch.ignore_index, batch.n_targets, project,
@@ -786,17 +788,20 @@ class SeCOTrainerMixin:
                     if r is None:  # the projector fails on these positions: not the forward's
                         projected2[i] = math.inf
                         roundings.append(torch.zeros_like(ours, dtype=torch.float64))
+                        normals.append(roundings[-1])
                         continue
                     own2[i] += float(r.own.square().sum())
                     in_loss2[i] = None if r.in_loss is None or in_loss2[i] is None else \
                         in_loss2[i] + float(r.in_loss.square().sum())
                     in_16[i] = in_16[i] or r.in_16
-                    normalising[i] += r.normalising
+                    normalising[i] += float(r.normalising.square().sum())
+                    unseen[i] = unseen[i] or not r.seen
                     values[i] += r.value
                     projected2[i] += float((r.gate - ours.double()).square().sum()) if project is not None else 0.0
                     roundings.append(r.in_loss if in_loss and r.in_loss is not None else r.own)
+                    normals.append(r.normalising)
                 effects.add(replaced[-1] if len(replaced) == j + 1 else None,
-                            [theirs.double() - ours.double(), ours.double(), *roundings])
+                            [theirs.double() - ours.double(), ours.double(), *roundings, *normals])
                 diff2 += float((theirs.double() - ours.double()).square().sum())
                 norm2 += float(ours.double().square().sum())
                 total += float(loss.detach())
@@ -837,34 +842,36 @@ class SeCOTrainerMixin:
             # vocabulary in that model's dtype on both sides (campaign 51 U1: 64 eps of float32 let terms pass).
             # campaign 54 Y5: 2 eps on top let a z-loss 3e-7 of a float64 Llama pass at 13x its effect's rounding
             best = min(trusted, key=lambda i: own2[i])
-            own = (own2[best] / norm2) ** 0.5
-            if in_loss:
+            own2_best = own2[best]
+            measured = [i for i in trusted if in_loss2[i] is not None]
+            if in_loss and measured:
                 # the stock projected in float32 too (campaign 53 X3: 3.6e-7 apart at V 8192 where the loss's own
-                # rounding was 5e-8): that rounding measured with a projector that runs in float32, else 0.11
-                # sqrt(V) eps (campaign 51's measure; campaign 54 Y4: added to every float64 model's, it let label
-                # smoothing 2e-6 pass at V 32000)
-                measured = [i for i in trusted if in_loss2[i] is not None]
-                best = min(measured, key=lambda i: in_loss2[i]) if measured else best
-                # with 4 eps of each row's normalisation, which another implementation rounds apart
-                own = max(own, ((in_loss2[best] + (4 * eps) ** 2 * normalising[best]) / norm2) ** 0.5 if measured
-                          else 0.11 * vocab ** 0.5 * eps)
+                # rounding was 5e-8): that rounding measured with a projector that runs in float32 (campaign 54 Y4:
+                # 0.11 sqrt(V) eps added to every float64 model's let label smoothing 2e-6 pass at V 32000)
+                best = min(measured, key=lambda i: in_loss2[i])
+                own2_best = max(own2_best, in_loss2[best])
+            # a loss computed by another implementation than F.cross_entropy (a fused head, a softmax by hand):
+            # 4 eps of each row's normalisation on top, which it rounds apart (campaign 55)
+            apart = 4 * eps if in_loss or unseen[best] else 0.0
+            own = ((own2_best + apart ** 2 * normalising[best]) / norm2) ** 0.5
+            if in_loss and not measured:  # no projector runs in float32: campaign 51's measure, 0.11 sqrt(V) eps
+                own = max(own, 0.11 * vocab ** 0.5 * eps)
             allowed = 0.5 * eps + 2 * own
             p_allowed += 2 * own
             # the value: twice its measured rounding on top (campaign 55: logits shifted by 10^4-10^5 round the
             # float32 loss's value by 1.4e-5-3.1e-5, beyond 64 eps)
             v_allowed += 2 * abs(values[best]) / max(abs(total), 1.0)
-            reach = effects.norm(1)
+            reach, top = effects.norm(1), effects.norm(1, largest=True)
             if reach > 0 and (not in_loss or measured):
                 # in L2 and in the largest single parameter's move, which a term concentrates where rounding
                 # spreads (campaign 55 Z6: a z-loss 2e-7 at V 4096, 95% of the L2 allowance, moved the largest
-                # parameter 19x as far as rounding did)
-                effect, effect_allowed = effects.norm(0) / reach, 0.5 * eps + 3 * effects.norm(2 + best) / reach
-                top = effects.norm(1, largest=True)
-                if top > 0:
-                    peak = effects.norm(0, largest=True) / top
-                    peak_allowed = 0.5 * eps + 3 * effects.norm(2 + best, largest=True) / top
-                    if peak / peak_allowed > effect / effect_allowed:
-                        effect, effect_allowed = peak, peak_allowed
+                # parameter 19x as far as rounding did); the rounding's and the normalisation's in quadrature
+                slot, normal = 2 + best, 2 + len(projectors) + best
+                for largest, scale in ((False, reach), (True, top)):
+                    moved_by = (effects.norm(slot, largest) ** 2 + (apart * effects.norm(normal, largest)) ** 2) ** 0.5
+                    this = (effects.norm(0, largest) / scale, 0.5 * eps + 3 * moved_by / scale)
+                    if scale > 0 and (effect is None or this[0] / this[1] > effect / effect_allowed):
+                        effect, effect_allowed = this
             if in_loss and measured and in_16[best]:  # the projection in 16 bits: that dtype's floor
                 computed = self._seco_check_computed
                 floor = 2 * torch.finfo(computed if torch.finfo(computed).bits <= 16 else torch.bfloat16).eps
@@ -949,14 +956,16 @@ class SeCOTrainerMixin:
         range and the vocabulary (campaign 51: 2-50 eps of float32 on float64 models with peaked logits, V
         8192-262144).  None where ``project`` fails on these positions (an output layer of the user's own).
 
-        The loss's logits are the first of ``seen`` (those its softmax read, those the model returned) that are
-        the float64 logits z shifted by a constant per row, else z: a shift changes neither loss, and the float32
-        rounding of z + c grows with c (campaign 54 Y1/Y3, 55: a call, a forward or a loss that adds to the logits
-        what another does not).  r = J^T (dL/dz in ``dtype`` on them - in x's dtype on z), J the projector's
-        Jacobian (the identity on the logits; not centred over the vocabulary: the rows of an output layer may share
-        a common vector, which pulls the sum of the float32 softmax's rounding back, campaign 55); r_proj the same
-        with the projector run in ``dtype`` (under the model's autocast, as a fused head that projects in float32
-        or bfloat16: campaign 53 X3), None where it does not run so."""
+        The loss's logits are what its softmax read (``seen[0]``) where that is the float64 logits z shifted by a
+        constant per row; else the one of the model's returned logits (``seen[1]``, where so shifted) and z whose
+        rounding is the smaller: a shift changes neither loss, and the float32 rounding of z + c grows with c
+        (campaign 54 Y1/Y3, 55: a call, a forward or a loss that adds to the logits what another does not; a loss
+        that normalises by hand may round either, and the smaller one refuses a term rather than passes it).
+        r = J^T (dL/dz in ``dtype`` on them - in x's dtype on z), J the projector's Jacobian (the identity on the
+        logits; not centred over the vocabulary: the rows of an output layer may share a common vector, which
+        pulls the sum of the float32 softmax's rounding back, campaign 55); r_proj the same with the projector run
+        in ``dtype`` (under the model's autocast, as a fused head that projects in float32 or bfloat16: campaign 53
+        X3), None where it does not run so."""
         def ce(z):  # (the cross-entropy sum / n_targets, and dL/dz) in z's dtype
             leaf = z.detach().requires_grad_(True)
             loss = torch.nn.functional.cross_entropy(leaf.reshape(-1, leaf.shape[-1]), tgt.reshape(-1),
@@ -971,9 +980,17 @@ class SeCOTrainerMixin:
         except Exception:  # an output layer of the user's own that takes other positions
             return None
         z64 = z.detach()
-        loss_of = next((c.to(z64.dtype) for c in seen if c is not None and _shifted_by_rows(c, z64)), z64)
         wide_value, wide_z = ce(z64)
-        narrow_value, narrow_z = ce(loss_of.to(dtype))
+        # what the loss's softmax read where it was seen; else the smaller rounding of the returned logits' and
+        # the projector's (a loss that normalises by hand may round either: the smaller refuses, never passes)
+        fits = [c is not None and _shifted_by_rows(c, z64) for c in seen]
+        options = [seen[0]] if fits and fits[0] else [c for c, ok in zip(seen[1:], fits[1:]) if ok] + [z64]
+        tried = []
+        for loss_of in options:
+            narrow_value, narrow_z = ce(loss_of.to(dtype))
+            tried.append((float((narrow_z.double() - wide_z.double()).square().sum()), loss_of, narrow_value,
+                          narrow_z))
+        _, loss_of, narrow_value, narrow_z = min(tried, key=lambda t: t[0])
         rounding = narrow_z.to(z64.dtype) - wide_z
 
         def pulled(v, graph=True):
@@ -984,7 +1001,12 @@ class SeCOTrainerMixin:
 
         gate = pulled(wide_z)
         own = pulled(rounding)
-        in_loss, in_16, normalising = None, False, 0.0
+        # another implementation's normalisation (a fused head's running logsumexp, a softmax by hand) scales each
+        # row's probabilities by its own 1 + delta: J^T p per row, which a head whose rows share a common vector
+        # makes large (campaign 55: TRL, 1.52e-5 apart where F.cross_entropy's rounding measured 7.5e-6)
+        keep = (tgt != ignore_index).unsqueeze(-1).to(z64.dtype)
+        normalising = pulled(torch.softmax(z64, -1) * keep / n_targets)
+        in_loss, in_16 = None, False
         if project is not None:
             narrow = x.detach().to(dtype).requires_grad_(True)
             try:
@@ -995,14 +1017,10 @@ class SeCOTrainerMixin:
                     g = torch.autograd.grad(z_narrow, narrow, d.to(z_narrow.dtype), allow_unused=True)[0]
                     in_loss = None if g is None else g.double() - gate
                     in_16 = torch.finfo(z_narrow.dtype).bits <= 16
-                    # another implementation's normalisation (a fused head's running logsumexp) scales each row's
-                    # probabilities by its own 1 + delta: J^T p per row, which a head whose rows share a common
-                    # vector makes large (campaign 55: TRL, 1.52e-5 apart where this measured 7.5e-6)
-                    keep = (tgt != ignore_index).unsqueeze(-1).to(z64.dtype)
-                    normalising = float(pulled(torch.softmax(z64, -1) * keep / n_targets).square().sum())
+
             except Exception:  # a call that does not run in the loss's dtype (a float64 layer)
                 pass
-        return _Rounding(own, in_loss, gate, narrow_value - wide_value, in_16, normalising)
+        return _Rounding(own, in_loss, gate, narrow_value - wide_value, in_16, normalising, bool(fits and fits[0]))
 
     def _seco_scaled_grads(self, stock, inputs: list, n_targets: int) -> tuple[float, tuple]:
         """The stock loss's gradients w.r.t. ``inputs``, and the power of two they were taken at (campaign 50):
