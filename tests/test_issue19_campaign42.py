@@ -1103,20 +1103,22 @@ def test_c54_trl_s_float64_fused_head_is_allowed_its_measured_float32_projection
 # ---------------------------------------------------------------------------------- campaign 55 (Z1-Z6)
 
 
-def _returning(model, returned, lossed):
+def _cross_entropy_sum(x, y, items):
+    loss = F.cross_entropy(x, y, ignore_index=-100, reduction="sum")
+    return loss / (items if items is not None else (y != -100).sum())
+
+
+def _returning(model, returned, lossed, loss=_cross_entropy_sum):
     """``model`` (:func:`_logits_without_the_output_layer`) whose forward returns ``returned(z)`` and computes its
-    float32 loss (F.cross_entropy, a sum over num_items_in_batch) on ``lossed(z)``, z = F.linear(h, lm_head.weight)."""
+    float32 loss ``loss(x, y, num_items_in_batch)`` (F.cross_entropy, a sum over num_items_in_batch) on
+    ``lossed(z)``, z = F.linear(h, lm_head.weight)."""
     def forward(input_ids=None, labels=None, attention_mask=None, **kwargs):
         passed = {"cache" if k == "past_key_values" else k: v for k, v in kwargs.items()
                   if k in ("position_ids", "past_key_values", "cache", "use_cache")}
         hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, **passed)
         z = F.linear(hidden.last_hidden_state, model.lm_head.weight)
-        loss = None
-        if labels is not None:
-            x, y = _shifted(lossed(z), labels)
-            loss = F.cross_entropy(x, y, ignore_index=-100, reduction="sum")
-            loss = loss / kwargs.get("num_items_in_batch", (y != -100).sum())
-        return T.modeling_outputs.CausalLMOutputWithPast(loss=loss, logits=returned(z),
+        value = None if labels is None else loss(*_shifted(lossed(z), labels), kwargs.get("num_items_in_batch"))
+        return T.modeling_outputs.CausalLMOutputWithPast(loss=value, logits=returned(z),
                                                          past_key_values=hidden.past_key_values)
     model.forward = forward
     model.lm_head.weight.requires_grad_(False)
@@ -1215,25 +1217,14 @@ def test_c55_a_loss_normalised_by_hand_is_allowed_the_smaller_rounding_of_the_lo
     shifted by 1000) and the projector's are both candidates: the smaller rounding is allowed, so a term is refused
     rather than passed (label smoothing 3e-6 passed at 2.2e-6 of the returned logits' rounding)."""
     def manual(model, smoothing):
-        def forward(input_ids=None, labels=None, attention_mask=None, **kwargs):
-            passed = {"cache" if k == "past_key_values" else k: v for k, v in kwargs.items()
-                      if k in ("position_ids", "past_key_values", "cache", "use_cache")}
-            hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, **passed)
-            z = F.linear(hidden.last_hidden_state, model.lm_head.weight)
-            loss = None
-            if labels is not None:
-                x, y = _shifted(z, labels)
-                keep = y != -100
-                e = torch.exp(x[keep] - x[keep].amax(-1, keepdim=True))
-                logp = (e / e.sum(-1, keepdim=True)).log()
-                nll = -logp.gather(-1, y[keep, None]).squeeze(-1)
-                loss = ((1 - smoothing) * nll - smoothing * logp.mean(-1)).sum()
-                loss = loss / kwargs.get("num_items_in_batch", keep.sum())
-            return T.modeling_outputs.CausalLMOutputWithPast(loss=loss, logits=z + 1000,
-                                                             past_key_values=hidden.past_key_values)
-        model.forward = forward
-        model.lm_head.weight.requires_grad_(False)
-        return model
+        def by_hand(x, y, items):
+            keep = y != -100
+            e = torch.exp(x[keep] - x[keep].amax(-1, keepdim=True))
+            logp = (e / e.sum(-1, keepdim=True)).log()
+            nll = -logp.gather(-1, y[keep, None]).squeeze(-1)
+            return ((1 - smoothing) * nll - smoothing * logp.mean(-1)).sum() / (items if items is not None else
+                                                                                keep.sum())
+        return _returning(model, lambda z: z + 1000, lambda z: z, by_hand)
 
     measured = _checked(tmp_path / "plain", manual(_model(torch.float64), 0.0))
     assert measured["gradient"] <= measured["allowed"] / 1.5 and measured["allowed"] < 3e-7
