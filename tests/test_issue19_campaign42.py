@@ -1230,3 +1230,37 @@ def test_c55_a_loss_normalised_by_hand_is_allowed_the_smaller_rounding_of_the_lo
     assert measured["gradient"] <= measured["allowed"] / 1.5 and measured["allowed"] < 3e-7
     with pytest.raises(ValueError, match=r"in their gradient w\.r\.t\. the hidden states"):
         _checked(tmp_path / "smoothed", manual(_model(torch.float64), 3e-6))
+
+
+def _metric_first(x, y, items):
+    with torch.no_grad():
+        (x + 1000).softmax(-1)  # an accuracy metric on other logits, read first
+    return _cross_entropy_sum(x, y, items)
+
+
+def _rows_with_targets(x, y, items):
+    keep = y != -100
+    return _cross_entropy_sum((x - x.amax(-1, keepdim=True))[keep], y[keep], items if items is not None else keep.sum())
+
+
+@pytest.mark.parametrize("loss", [_metric_first, _rows_with_targets], ids=["metric softmax first", "rows with targets"])
+def test_c56_w1_the_loss_s_softmax_is_told_from_a_metric_s_and_read_on_the_rows_it_normalises(tmp_path, loss):
+    """Campaign 56 W1: the first recorded softmax input was taken for the loss's -- a metric's under no_grad read
+    first -- and a loss on the rows with targets was not recognised, so the rounding of the returned logits (z +
+    1000) was allowed: label smoothing 3e-6 passed at 11-118x.  Only inputs with a gradient are recorded, and inputs
+    holding one row per target (or per token but the last) are read into their positions."""
+    returned = lambda z: z + 1000  # noqa: E731
+    measured = _checked(tmp_path / "plain", _returning(_model(torch.float64), returned, lambda z: z, loss))
+    assert measured["allowed"] < 3e-7 and measured["gradient"] <= measured["allowed"] / 1.5
+    with pytest.raises(ValueError, match=r"in their gradient w\.r\.t\. the hidden states"):
+        _checked(tmp_path / "smoothed", _returning(_model(torch.float64), returned, lambda z: z, loss),
+                 label_smoothing(3e-6))
+
+
+def test_c56_w4_a_loss_on_a_bfloat16_copy_of_float64_logits_is_allowed_that_copy_s_rounding(tmp_path):
+    """Campaign 56 W4: a loss on a bfloat16 copy of the logits (cast back to float32) rounds its gradient at 16 bits
+    (1.6e-3 apart): refused as a term against float32's rounding.  Its rounding is measured in the dtype that holds
+    the numbers its softmax read."""
+    measured = _checked(tmp_path / "plain", _returning(_model(torch.float64), lambda z: z,
+                                                       lambda z: z.bfloat16().float()))
+    assert 1e-4 < measured["gradient"] <= measured["allowed"] / 1.5

@@ -241,7 +241,8 @@ class _Effects:
 
 class _SoftmaxInputs(torch.overrides.TorchFunctionMode):
     """Records (detached) the first argument of the softmax-family calls made while it is active -- the logits a
-    loss normalises (F.cross_entropy, log_softmax, softmax, logsumexp) -- where its last axis is ``width``."""
+    loss normalises (F.cross_entropy, log_softmax, softmax, logsumexp) -- where its last axis is ``width`` and it
+    has a gradient."""
 
     CALLS = {torch.nn.functional.cross_entropy, torch.nn.functional.log_softmax, torch.nn.functional.softmax,
              torch.log_softmax, torch.softmax, torch.logsumexp, torch.Tensor.log_softmax, torch.Tensor.softmax,
@@ -253,9 +254,12 @@ class _SoftmaxInputs(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         first = args[0] if args else None
-        if func in self.CALLS and torch.is_tensor(first) and first.is_floating_point() and first.dim() >= 1 and \
-                first.shape[-1] == self.width:
-            self.into.append(first.detach())
+        if func in self.CALLS and torch.is_tensor(first) and first.is_floating_point() and first.requires_grad:
+            # (a metric under no_grad is not the loss); cross_entropy's classes may be on axis 1: (B, V, T)
+            if first.dim() >= 1 and first.shape[-1] == self.width:
+                self.into.append(first.detach())
+            elif func is torch.nn.functional.cross_entropy and first.dim() >= 3 and first.shape[1] == self.width:
+                self.into.append(first.detach().movedim(1, -1))
         return func(*args, **(kwargs or {}))
 
 
@@ -273,24 +277,50 @@ class _Rounding(NamedTuple):
     seen: bool  # the logits the loss's softmax read were seen
 
 
-def _loss_logits(normalised: list, returned: list, tokens: torch.Tensor, vocab: int) -> tuple:
-    """The candidates for the logits the stock loss rounded, shaped (*tokens.shape, V): the first input of its
-    softmax that holds one row per token, then the logits of the model's only call; None where there is none."""
-    shape = (*tokens.shape, vocab)
-    first = next((c.reshape(shape) for c in normalised if c.numel() == math.prod(shape)), None)
+def _loss_logits(normalised: list, returned: list, targets: torch.Tensor, vocab: int) -> tuple:
+    """The candidates for the logits the stock loss rounded, shaped (*targets.shape, V): (the inputs of its softmax
+    that hold one row per token -- or one per target, or per token but the last of each row (a loss on the rows
+    with targets, on logits[:, :-1]: campaign 56 W1/W2/W4); the other rows NaN --, the logits of the model's only
+    call or None)."""
+    shape, keep = (*targets.shape, vocab), targets != -100
+    read = []
+    for c in normalised:
+        rows = c.numel() // max(vocab, 1)
+        if rows == keep.numel():
+            read.append(c.reshape(shape))
+        elif rows in (int(keep.sum()), keep.numel() - math.prod(keep.shape[:-1])):
+            full = torch.full(shape, math.nan, dtype=c.dtype, device=c.device)
+            if rows == int(keep.sum()):
+                full[keep] = c.reshape(-1, vocab)
+            else:
+                full[..., :-1, :] = c.reshape(*keep.shape[:-1], keep.shape[-1] - 1, vocab)
+            read.append(full)
     only = returned[0] if len(returned) == 1 and returned[0] is not None and tuple(returned[0].shape) == shape \
         else None
-    return first, only
+    return tuple(read), only
+
+
+def _held_in(t: torch.Tensor) -> torch.dtype:
+    """The narrowest floating dtype that holds every number of ``t`` (a 16-bit copy cast back: campaign 56 W4)."""
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        if torch.finfo(dtype).bits < torch.finfo(t.dtype).bits and bool(torch.equal(t, t.to(dtype).to(t.dtype))):
+            return dtype
+    return t.dtype
 
 
 def _shifted_by_rows(candidate: torch.Tensor, z: torch.Tensor) -> bool:
-    """Whether ``candidate`` is ``z`` plus a constant per row, up to the rounding of its own dtype."""
+    """Whether ``candidate`` is ``z`` plus a constant per row, up to the rounding of the dtype that holds it."""
     if candidate.shape != z.shape:
         return False
+    known = torch.isfinite(candidate).all(-1, keepdim=True)  # rows the loss did not read are NaN
+    if not bool(known.any()):
+        return False
+    held = _held_in(candidate[known.expand_as(candidate)])
+    candidate = torch.where(known, candidate, z.to(candidate.dtype))
     d = candidate.double() - z.double()
     d = d - d.mean(-1, keepdim=True)
     scale = candidate.double().abs().amax(-1, keepdim=True) + z.double().abs().amax(-1, keepdim=True)
-    return bool((d.abs() <= 8 * torch.finfo(candidate.dtype).eps * scale).all())
+    return bool((d.abs() <= 8 * torch.finfo(held).eps * scale).all())
 
 
 def _out_of_memory(error: BaseException) -> bool:
@@ -636,7 +666,7 @@ class SeCOTrainerMixin:
                 "changes the loss where the trainer's class checks cannot see it -- a forward or compute_loss set on "
                 "the instance, a forward hook on the model, a subclass's extra term, or randomness in the forward -- "
                 "and the SeCO step would leave it out; remove it, or train that loss with the stock Trainer")
-        same_logits = ("logits", head, logits, stock, trainable, None, _loss_logits(normalised, [], tokens, vocab))
+        same_logits = ("logits", head, logits, stock, trainable, None, _loss_logits(normalised, [], targets, vocab))
         if self._seco_check_loss_gradient(unwrapped, adapter, same_logits, tokens, targets):
             return True
         del same_logits, logits, stock  # the first stock forward's graph
@@ -651,7 +681,7 @@ class SeCOTrainerMixin:
                                                     returned, normalised, vocab)
             stock_h = stock_h * ratio if ratio != 1 else stock_h
             same_hidden = ("hidden states", decoder, hidden, stock_h, trainable, head,
-                           _loss_logits(normalised, returned, tokens, vocab))
+                           _loss_logits(normalised, returned, targets, vocab))
             if self._seco_check_loss_gradient(unwrapped, adapter, same_hidden, tokens, targets):
                 return True
         logger.warning("SeCOTrainer: the loss check compared loss values only: neither the output layer (%s, "
@@ -784,7 +814,7 @@ class SeCOTrainerMixin:
                 for i, project in enumerate(projectors if narrowed else []):
                     r = self._seco_narrowed_rounding2(
                         same[..., rows, :], tgt, stock.dtype, batch.ignore_index, batch.n_targets, project,
-                        tuple(None if c is None else c[..., rows, :] for c in seen))
+                        (tuple(c[..., rows, :] for c in seen[0]), None if seen[1] is None else seen[1][..., rows, :]))
                     if r is None:  # the projector fails on these positions: not the forward's
                         projected2[i] = math.inf
                         roundings.append(torch.zeros_like(ours, dtype=torch.float64))
@@ -822,6 +852,7 @@ class SeCOTrainerMixin:
         allowed, v_allowed, p_allowed = rounding["gradient"], rounding["value"], rounding["parameters"]
         eps = torch.finfo(stock.dtype).eps
         effect = effect_allowed = None  # measured where the stock loss is narrower than the model (below)
+        unseen_best = False  # the measurement's loss softmax was not seen
         trusted = [i for i, project in enumerate(projectors) if project is None or (
             norm2 > 0 and (projected2[i] / norm2) ** 0.5 <= 2 * eps)]
         if narrowed and norm2 > 0 and not trusted:
@@ -852,6 +883,7 @@ class SeCOTrainerMixin:
                 own2_best = max(own2_best, in_loss2[best])
             # a loss computed by another implementation than F.cross_entropy (a fused head, a softmax by hand):
             # 4 eps of each row's normalisation on top, which it rounds apart (campaign 55)
+            unseen_best = unseen[best] and not in_loss
             apart = 4 * eps if in_loss or unseen[best] else 0.0
             own = ((own2_best + apart ** 2 * normalising[best]) / norm2) ** 0.5
             if in_loss and not measured:  # no projector runs in float32: campaign 51's measure, 0.11 sqrt(V) eps
@@ -899,6 +931,11 @@ class SeCOTrainerMixin:
                 "weight on some targets, a scale, "
                 "a penalty on the logits, put in by a hook, a forward or a compute_loss -- would be left out by the "
                 "SeCO step; remove it, or train that loss with the stock Trainer" + (
+                    " (the loss's own softmax was not seen -- a softmax by hand, on a slice of the logits or in "
+                    "another layout -- so its float32 rounding was measured on the smaller of the logits the model "
+                    "returns and those of its output layer; a loss that rounds larger logits than it returns is "
+                    "refused too: compute it with F.cross_entropy on one row of logits per token)"
+                    if unseen_best and not diff <= allowed else "") + (
                     f" (their gradients w.r.t. the {what} agree, and those w.r.t. the trainable parameters too: "
                     "a term that changes the value only -- a constant, or one computed outside autograd)"
                     if diff <= allowed and not moved else ""))
@@ -956,11 +993,13 @@ class SeCOTrainerMixin:
         range and the vocabulary (campaign 51: 2-50 eps of float32 on float64 models with peaked logits, V
         8192-262144).  None where ``project`` fails on these positions (an output layer of the user's own).
 
-        The loss's logits are what its softmax read (``seen[0]``) where that is the float64 logits z shifted by a
-        constant per row; else the one of the model's returned logits (``seen[1]``, where so shifted) and z whose
-        rounding is the smaller: a shift changes neither loss, and the float32 rounding of z + c grows with c
-        (campaign 54 Y1/Y3, 55: a call, a forward or a loss that adds to the logits what another does not; a loss
-        that normalises by hand may round either, and the smaller one refuses a term rather than passes it).
+        The loss's logits are, of what its softmax calls read (``seen[0]``) that is the float64 logits z shifted by
+        a constant per row, the one whose rounding is the smallest; where none is, the one of the model's returned
+        logits (``seen[1]``, where so shifted) and z whose rounding is the smaller (campaign 56 W1/W3: a metric's
+        or an attention's softmax read first, a softmax by hand, a slice, another layout): a shift changes neither
+        loss, and the float32 rounding of z + c grows with c (campaign 54 Y1/Y3, 55: a call, a forward or a loss
+        that adds to the logits what another does not; where it cannot be told which, the smaller rounding refuses
+        a term rather than passes it).  A loss on a 16-bit copy is measured in that dtype.
         r = J^T (dL/dz in ``dtype`` on them - in x's dtype on z), J the projector's Jacobian (the identity on the
         logits; not centred over the vocabulary: the rows of an output layer may share a common vector, which
         pulls the sum of the float32 softmax's rounding back, campaign 55); r_proj the same with the projector run
@@ -983,11 +1022,18 @@ class SeCOTrainerMixin:
         wide_value, wide_z = ce(z64)
         # what the loss's softmax read where it was seen; else the smaller rounding of the returned logits' and
         # the projector's (a loss that normalises by hand may round either: the smaller refuses, never passes)
-        fits = [c is not None and _shifted_by_rows(c, z64) for c in seen]
-        options = [seen[0]] if fits and fits[0] else [c for c, ok in zip(seen[1:], fits[1:]) if ok] + [z64]
+        read, returned = seen if seen else ((), None)
+        options = [c for c in read if c is not None and _shifted_by_rows(c, z64)]
+        softmax_seen = bool(options)
+        if not softmax_seen:
+            options = [c for c in (returned,) if c is not None and _shifted_by_rows(c, z64)] + [z64]
         tried = []
         for loss_of in options:
+            known = torch.isfinite(loss_of).all(-1, keepdim=True)  # the rows the loss read (others: z's)
+            held = _held_in(loss_of[known.expand_as(loss_of)])  # a loss on a 16-bit copy rounds its gradient too
+            loss_of = torch.where(known, loss_of, z64.to(loss_of.dtype))
             narrow_value, narrow_z = ce(loss_of.to(dtype))
+            narrow_z = narrow_z.to(held).to(dtype) if torch.finfo(held).bits < torch.finfo(dtype).bits else narrow_z
             tried.append((float((narrow_z.double() - wide_z.double()).square().sum()), loss_of, narrow_value,
                           narrow_z))
         _, loss_of, narrow_value, narrow_z = min(tried, key=lambda t: t[0])
@@ -1020,7 +1066,7 @@ class SeCOTrainerMixin:
 
             except Exception:  # a call that does not run in the loss's dtype (a float64 layer)
                 pass
-        return _Rounding(own, in_loss, gate, narrow_value - wide_value, in_16, normalising, bool(fits and fits[0]))
+        return _Rounding(own, in_loss, gate, narrow_value - wide_value, in_16, normalising, softmax_seen)
 
     def _seco_scaled_grads(self, stock, inputs: list, n_targets: int) -> tuple[float, tuple]:
         """The stock loss's gradients w.r.t. ``inputs``, and the power of two they were taken at (campaign 50):
