@@ -1039,10 +1039,10 @@ class SeCOTrainerMixin:
         _, loss_of, narrow_value, narrow_z = min(tried, key=lambda t: t[0])
         rounding = narrow_z.to(z64.dtype) - wide_z
 
-        def pulled(v, graph=True):
+        def pulled(v):  # J^T v (the graph of z kept for the next)
             if project is None:
                 return v.double()
-            g = torch.autograd.grad(z, leaf, v.to(z.dtype), retain_graph=graph, allow_unused=True)[0]
+            g = torch.autograd.grad(z, leaf, v.to(z.dtype), retain_graph=True, allow_unused=True)[0]
             return torch.zeros_like(x, dtype=torch.float64) if g is None else g.double()
 
         gate = pulled(wide_z)
