@@ -64,8 +64,10 @@ forward that uses the layer's weight itself), z is the decoder's last hidden sta
 and b is max(64, sqrt V) eps (dL/dh sums over the vocabulary: 0.11 sqrt(V) eps measured), at least 2 eps of 16-bit
 weights or autocast (measured: 8e-8 apart through TRL's fused head in float32, 0 in bfloat16, 5e-6 in float16; label
 smoothing 0.1 in bfloat16 moves dL/dh 0.099). Where the model is wider than its loss (transformers casts a float64
-model's logits to float32), b is 2 eps plus twice that loss's own rounding of the cross-entropy on the same output,
-measured (campaign 51). Where neither can be paired, the values alone are compared, warned.
+model's logits to float32), that loss's own rounding is measured on its code: it runs again on the same z with its
+casts kept in float64 (``_Widened``), must match the engine's within float64's b plus half the difference between
+its two runs, and runs a third time as it is, to refuse randomness (campaign 58; campaigns 51-57 fooled every model
+of that rounding). Where neither can be paired, the values alone are compared, warned.
 
 **Padding.**  A right-padded batch (attention mask 1...1 0...0 per row, pad targets -100) is
 exact: causal attention never lets a real token see a later pad.  Left padding or holes in
@@ -87,7 +89,6 @@ import math
 import os
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -170,14 +171,6 @@ def _as_leaf(into: list, width: int | None = None):
     return hook
 
 
-def _returned_logits(into: list):
-    """A forward hook on the model that puts the ``logits`` of its output (detached), or None, in ``into``."""
-    def hook(_module, _args, out):
-        logits = out.get("logits") if isinstance(out, dict) else getattr(out, "logits", None)
-        into.append(logits.detach() if torch.is_tensor(logits) and logits.is_floating_point() else None)
-    return hook
-
-
 def _next_slice_of(whole: torch.Tensor, into: list, replaced: list | None = None):
     """A forward hook replacing each output of the layer (its first tensor) by the next positions of ``whole``
     (dim -2), in order, as a leaf of its own (kept in ``into``; the layer's own output, with its graph, in
@@ -239,88 +232,106 @@ class _Effects:
         return sum(float(g.square().sum()) for g in sums) ** 0.5
 
 
-class _SoftmaxInputs(torch.overrides.TorchFunctionMode):
-    """Records (detached) the first argument of the softmax-family calls made while it is active -- the logits a
-    loss normalises (F.cross_entropy, log_softmax, softmax, logsumexp) -- where its last axis is ``width`` and it
-    has a gradient."""
+_NARROW = (torch.float32, torch.float16, torch.bfloat16)
+_CASTS = {torch.Tensor.float: torch.float32, torch.Tensor.half: torch.float16, torch.Tensor.bfloat16: torch.bfloat16,
+          torch.Tensor.double: torch.float64, torch.Tensor.to: None, torch.Tensor.type: None,
+          torch.Tensor.type_as: None}
+_NOMINAL = "_seco_nominal"  # on a widened tensor: the dtype it has in the stock loss run as it is
+_READS = {torch._C.TensorBase.__dict__[name]: name for name in ("dtype", "itemsize", "nbytes")}
 
-    CALLS = {torch.nn.functional.cross_entropy, torch.nn.functional.log_softmax, torch.nn.functional.softmax,
-             torch.log_softmax, torch.softmax, torch.logsumexp, torch.Tensor.log_softmax, torch.Tensor.softmax,
-             torch.Tensor.logsumexp, torch.special.log_softmax, torch.special.softmax}
 
-    def __init__(self, width: int, into: list):
+def _nominal(t) -> torch.dtype:
+    return getattr(t, _NOMINAL, t.dtype)
+
+
+def _marked(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype != t.dtype:
+        setattr(t, _NOMINAL, dtype)
+    return t
+
+
+class _Widened(torch.overrides.TorchFunctionMode):
+    """Runs the torch calls made while it is active with every narrowing of float64 (``wide``: the model's dtype;
+    float32 to a 16-bit dtype where that is float32) kept in float64: a cast of a float64 tensor to float32, float16
+    or bfloat16 (``.float()``, ``.to(dtype)``, ``.type_as``...) returns a float64 copy, a narrower ``dtype`` argument
+    (``log_softmax(x, dtype=torch.float32)``, ``torch.zeros(..., dtype=...)``) becomes float64, and narrower floating
+    tensors passed to a call (a float32 class weight) are read in float64.
+    Code that reads a widened tensor's ``dtype`` (``itemsize``, ``element_size()``, ``type()``) reads the dtype it has
+    run as it is, so it takes the same branches.  The stock loss of a float64 model run so has no rounding but
+    float64's (transformers casts its logits to float32): what the loss computes, exactly, to compare with the
+    engine's cross-entropy; the loss run as it is, minus the same run widened, is the loss's own rounding, measured
+    on its own code (campaigns 51-57 fooled every model of it).  A custom autograd Function's backward (TRL's fused
+    head), which autograd runs without the modes of its forward, runs widened too while this is active."""
+
+    def __init__(self, wide: torch.dtype = torch.float64):
         super().__init__()
-        self.width, self.into = width, into
+        self.wide = wide  # the model's dtype: narrower floating dtypes are kept in it
+        self.narrow = tuple(d for d in _NARROW if torch.finfo(d).bits < torch.finfo(wide).bits)
+
+    def __enter__(self):
+        self._backward = torch.autograd.function.BackwardCFunction.apply
+
+        def apply(node, *args, run=self._backward):
+            with _Widened(self.wide):
+                return run(node, *args)
+        torch.autograd.function.BackwardCFunction.apply = apply
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.autograd.function.BackwardCFunction.apply = self._backward
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
         first = args[0] if args else None
-        if func in self.CALLS and torch.is_tensor(first) and first.is_floating_point() and first.requires_grad:
-            # (a metric under no_grad is not the loss); cross_entropy's classes may be on axis 1: (B, V, T)
-            if first.dim() >= 1 and first.shape[-1] == self.width:
-                self.into.append(first.detach())
-            elif func is torch.nn.functional.cross_entropy and first.dim() >= 3 and first.shape[1] == self.width:
-                self.into.append(first.detach().movedim(1, -1))
-        return func(*args, **(kwargs or {}))
-
-
-class _Rounding(NamedTuple):
-    """One chunk's measurement of the stock loss's own rounding (:meth:`SeCOTrainerMixin._seco_narrowed_rounding2`):
-    in the gradient, with the projection in the loss's dtype too (or None), the float64 gradient through the
-    projector, the value's rounding, whether the projection ran in 16 bits (the model's autocast), and what a
-    per-row scale of the probabilities moves the gradient."""
-    own: torch.Tensor
-    in_loss: torch.Tensor | None
-    gate: torch.Tensor
-    value: float
-    in_16: bool
-    normalising: torch.Tensor  # J^T p over the rows: what a per-row scale of the probabilities moves
-    seen: bool  # the logits the loss's softmax read were seen
-
-
-def _loss_logits(normalised: list, returned: list, targets: torch.Tensor, vocab: int) -> tuple:
-    """The candidates for the logits the stock loss rounded, shaped (*targets.shape, V): (the inputs of its softmax
-    that hold one row per token -- or one per target, or per token but the last of each row (a loss on the rows
-    with targets, on logits[:, :-1]: campaign 56 W1/W2/W4); the other rows NaN --, the logits of the model's only
-    call or None)."""
-    shape, keep = (*targets.shape, vocab), targets != -100
-    read = []
-    for c in normalised:
-        rows = c.numel() // max(vocab, 1)
-        if rows == keep.numel():
-            read.append(c.reshape(shape))
-        elif rows in (int(keep.sum()), keep.numel() - math.prod(keep.shape[:-1])):
-            full = torch.full(shape, math.nan, dtype=c.dtype, device=c.device)
-            if rows == int(keep.sum()):
-                full[keep] = c.reshape(-1, vocab)
-            else:
-                full[..., :-1, :] = c.reshape(*keep.shape[:-1], keep.shape[-1] - 1, vocab)
-            read.append(full)
-    only = returned[0] if len(returned) == 1 and returned[0] is not None and tuple(returned[0].shape) == shape \
-        else None
-    return tuple(read), only
-
-
-def _held_in(t: torch.Tensor) -> torch.dtype:
-    """The narrowest floating dtype that holds every number of ``t`` (a 16-bit copy cast back: campaign 56 W4)."""
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        if torch.finfo(dtype).bits < torch.finfo(t.dtype).bits and bool(torch.equal(t, t.to(dtype).to(t.dtype))):
-            return dtype
-    return t.dtype
-
-
-def _shifted_by_rows(candidate: torch.Tensor, z: torch.Tensor) -> bool:
-    """Whether ``candidate`` is ``z`` plus a constant per row, up to the rounding of the dtype that holds it."""
-    if candidate.shape != z.shape:
-        return False
-    known = torch.isfinite(candidate).all(-1, keepdim=True)  # rows the loss did not read are NaN
-    if not bool(known.any()):
-        return False
-    held = _held_in(candidate[known.expand_as(candidate)])
-    candidate = torch.where(known, candidate, z.to(candidate.dtype))
-    d = candidate.double() - z.double()
-    d = d - d.mean(-1, keepdim=True)
-    scale = candidate.double().abs().amax(-1, keepdim=True) + z.double().abs().amax(-1, keepdim=True)
-    return bool((d.abs() <= 8 * torch.finfo(held).eps * scale).all())
+        marked = torch.is_tensor(first) and hasattr(first, _NOMINAL)
+        if marked and getattr(func, "__self__", None) in _READS:
+            read, nominal = _READS[func.__self__], getattr(first, _NOMINAL)
+            size = torch.finfo(nominal).bits // 8
+            return nominal if read == "dtype" else size if read == "itemsize" else size * first.numel()
+        if marked and (func is torch.Tensor.element_size or func is torch.Tensor.type and len(args) == 1 and
+                       not kwargs):
+            shown = torch.empty(0, dtype=getattr(first, _NOMINAL), device=first.device)
+            return shown.element_size() if func is torch.Tensor.element_size else shown.type()
+        if func in _CASTS and torch.is_tensor(first):
+            out = func(*args, **kwargs)
+            if not torch.is_tensor(out):
+                return out
+            asked = _CASTS[func] or kwargs.get("dtype") or next(
+                (a if isinstance(a, torch.dtype) else _nominal(a) for a in args[1:]
+                 if isinstance(a, torch.dtype) or torch.is_tensor(a)), None)
+            asked = out.dtype if asked is None and out.dtype != first.dtype else asked
+            if first.dtype == self.wide and (out.dtype in self.narrow or asked in self.narrow):
+                return _marked(first.to(out.device, copy=True), out.dtype if out.dtype in self.narrow else asked)
+            if marked and asked == self.wide:  # back to the wide dtype: a tensor of its own, as the cast makes
+                return first.to(out.device, copy=True)
+            return _marked(out, getattr(first, _NOMINAL)) if marked and out is not first and \
+                out.dtype == first.dtype else out
+        narrow, wide = self.narrow, self.wide
+        asked = kwargs.get("dtype") if kwargs.get("dtype") in narrow else next(
+            (a for a in args if isinstance(a, torch.dtype) and a in narrow), None)
+        if asked is not None:
+            if kwargs.get("dtype") in narrow:
+                kwargs["dtype"] = wide
+            args = tuple(wide if isinstance(a, torch.dtype) and a in narrow else a for a in args)
+        inplace = getattr(func, "__name__", "").endswith("_") or "out" in kwargs or func is torch.Tensor.__setitem__
+        tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.is_floating_point()]
+        args = tuple(a.to(wide) if torch.is_tensor(a) and a.dtype in narrow and not (inplace and i == 0) else a
+                     for i, a in enumerate(args))
+        kwargs = {k: v.to(wide) if torch.is_tensor(v) and v.dtype in narrow else v for k, v in kwargs.items()}
+        out = func(*args, **kwargs)
+        if inplace:
+            return out
+        if asked is None and any(hasattr(t, _NOMINAL) for t in tensors):
+            dims = [t for t in tensors if t.dim()] or tensors
+            asked = _nominal(dims[0])
+            for t in dims[1:]:
+                asked = torch.promote_types(asked, _nominal(t))
+        if asked is not None and asked != wide:
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if torch.is_tensor(t) and t.dtype == wide:
+                    _marked(t, asked)
+        return out
 
 
 def _out_of_memory(error: BaseException) -> bool:
@@ -636,8 +647,7 @@ class SeCOTrainerMixin:
             computed = computed_dtype(next(iter(adapter.parameters())))  # autocast's dtype where it is on
         self._seco_check_computed = computed
         # the stock loss as a function of the logits: a graph from the output layer's output on, none before
-        normalised: list[torch.Tensor] = []  # what the stock loss's softmax read (campaign 55)
-        stock, logits = self._seco_stock_loss(unwrapped, prefix, items, head, vocab, "logits", None, normalised)
+        stock, logits = self._seco_stock_loss(unwrapped, prefix, items, head, vocab, "logits")
         stock = stock * ratio if ratio != 1 else stock
         allowed = self._seco_loss_rounding(stock, computed)
         value = float(stock.detach())
@@ -666,22 +676,34 @@ class SeCOTrainerMixin:
                 "changes the loss where the trainer's class checks cannot see it -- a forward or compute_loss set on "
                 "the instance, a forward hook on the model, a subclass's extra term, or randomness in the forward -- "
                 "and the SeCO step would leave it out; remove it, or train that loss with the stock Trainer")
-        same_logits = ("logits", head, logits, stock, trainable, None, _loss_logits(normalised, [], targets, vocab))
+
+        def rerun(layer, width, what):  # the stock loss (and its gradients) on given outputs of the layer, widened
+            def run(given: torch.Tensor, widen: bool) -> tuple:
+                with _Widened(given.dtype) if widen else nullcontext():  # its backward too (TRL's fused head's)
+                    loss, leaves = self._seco_stock_loss(unwrapped, prefix, items, layer, width, what, given, widen)
+                    if not self._seco_paired(leaves, loss, tokens):
+                        raise ValueError(
+                            f"SeCOTrainer: the stock compute_loss, run again on the same {what} to measure its "
+                            f"rounding{' with its casts to narrower dtypes kept in float64' if widen else ''}, did not "
+                            "read them as the first run did (randomness, or state that changes between calls, in the "
+                            "forward or the loss): its gradient cannot be compared; train that loss with the stock "
+                            "Trainer")
+                    grads = torch.autograd.grad(loss * ratio, [leaves[0]] + [p for _, p in trainable],
+                                                allow_unused=True)
+                return (float(loss.detach()) * ratio, _nominal(loss),
+                        *(None if g is None else g.double() for g in grads))
+            return run
+
+        same_logits = ("logits", head, logits, stock, trainable, rerun(head, vocab, "logits"))
         if self._seco_check_loss_gradient(unwrapped, adapter, same_logits, tokens, targets):
             return True
         del same_logits, logits, stock  # the first stock forward's graph
         if decoder is not None:
             # the output layer did not compute the logits (TRL's fused head projects the decoder's output itself):
-            # pair on the decoder's last hidden state h instead; the output layer then runs in the model's dtype
-            # on both sides, so its rounding is allowed for
-            # the logits the model returns and those its loss normalises, where they can be told (campaigns 54-55)
-            returned: list[torch.Tensor | None] = []
-            normalised = []
-            stock_h, hidden = self._seco_stock_loss(unwrapped, prefix, items, decoder, None, "hidden states",
-                                                    returned, normalised, vocab)
+            # pair on the decoder's last hidden state h instead
+            stock_h, hidden = self._seco_stock_loss(unwrapped, prefix, items, decoder, None, "hidden states")
             stock_h = stock_h * ratio if ratio != 1 else stock_h
-            same_hidden = ("hidden states", decoder, hidden, stock_h, trainable, head,
-                           _loss_logits(normalised, returned, targets, vocab))
+            same_hidden = ("hidden states", decoder, hidden, stock_h, trainable, rerun(decoder, None, "hidden states"))
             if self._seco_check_loss_gradient(unwrapped, adapter, same_hidden, tokens, targets):
                 return True
         logger.warning("SeCOTrainer: the loss check compared loss values only: neither the output layer (%s, "
@@ -692,34 +714,42 @@ class SeCOTrainerMixin:
         return True
 
     def _seco_stock_loss(self, unwrapped, prefix: dict, items, layer, width: int | None, what: str,
-                         returned: list | None = None, normalised: list | None = None, vocab: int = 0):
+                         given: torch.Tensor | None = None, widen: bool = False):
         """The stock ``compute_loss`` on ``prefix`` as a function of ``layer``'s output (made a leaf by
-        :func:`_as_leaf` where its last axis is ``width``): (loss, the leaves of each call of the layer); the
-        ``logits`` each call of the model returns (detached; None where it returns none) are put in ``returned``,
-        what the loss's softmax-family calls read with ``vocab`` (or ``width``) columns in ``normalised``.
-        It runs as the stock Trainer runs it, with the parameters' ``requires_grad`` as they are and a graph
-        through the model (campaign 47 Q1: a penalty on the trainable parameters reads ``p.requires_grad``), so a
-        term that reaches the parameters other than through the leaf is seen (:meth:`_seco_check_loss_gradient`);
-        TRL's metrics and token counts are restored (this call is not a step)."""
+        :func:`_as_leaf` where its last axis is ``width``; replaced by a leaf holding ``given`` where that is given):
+        (loss, the leaves of each call of the layer); ``widen``: whether the caller runs it under :class:`_Widened`
+        (its narrowing casts kept in float64).  It runs as the stock Trainer runs it,
+        with the parameters' ``requires_grad`` as they are and a graph through the model (campaign 47 Q1: a penalty
+        on the trainable parameters reads ``p.requires_grad``), so a term that reaches the parameters other than
+        through the leaf is seen (:meth:`_seco_check_loss_gradient`); TRL's metrics and token counts are restored
+        (this call is not a step)."""
         kept = copy.deepcopy({name: vars(self)[name] for name in ("_metrics", "_total_train_tokens")
                               if name in vars(self)})
         leaves: list[torch.Tensor | None] = []
+        hook = _as_leaf(leaves, width) if given is None else _next_slice_of(given, leaves)
         try:
-            with torch.enable_grad(), _output_hook(layer, _as_leaf(leaves, width)), \
-                    _output_hook(unwrapped, _returned_logits(returned)) if returned is not None else nullcontext(), \
-                    _SoftmaxInputs(width or vocab or 0, normalised) if normalised is not None else nullcontext(), \
+            with torch.enable_grad(), _output_hook(layer, hook), \
                     self.compute_loss_context_manager(), self.accelerator.autocast():
                 stock = self.compute_loss(unwrapped, prefix, num_items_in_batch=items)
-        except RuntimeError as error:  # user code that differentiates through the model (campaign 47 Q1)
-            if _out_of_memory(error) or not any(text in str(error) for text in (
-                    "differentiated Tensor", "does not require grad", "does not have a grad_fn")):
+        except Exception as error:
+            if _out_of_memory(error):
                 raise
-            raise ValueError(
-                f"SeCOTrainer: the stock compute_loss failed in the loss check, which cuts its graph at the {what} "
-                f"(the output of {type(layer).__name__}) to compare the loss as a function of them: {error} -- a "
-                "loss that differentiates through the model's activations (an input-gradient penalty, a gradient "
-                "norm term) is not the causal-LM cross-entropy the SeCO step trains; train it with the stock "
-                "Trainer") from error
+            if isinstance(error, RuntimeError) and any(text in str(error) for text in (
+                    "differentiated Tensor", "does not require grad", "does not have a grad_fn")):
+                # user code that differentiates through the model (campaign 47 Q1)
+                raise ValueError(
+                    f"SeCOTrainer: the stock compute_loss failed in the loss check, which cuts its graph at the "
+                    f"{what} (the output of {type(layer).__name__}) to compare the loss as a function of them: "
+                    f"{error} -- a loss that differentiates through the model's activations (an input-gradient "
+                    "penalty, a gradient norm term) is not the causal-LM cross-entropy the SeCO step trains; train "
+                    "it with the stock Trainer") from error
+            if widen:
+                raise ValueError(
+                    "SeCOTrainer: the stock compute_loss failed when the loss check ran it again with its casts to "
+                    "narrower dtypes kept in float64, to measure the rounding of a loss narrower than the model "
+                    f"({type(error).__name__}: {error}) -- compute the loss in the model's dtype, or train that loss "
+                    "with the stock Trainer") from error
+            raise
         finally:
             vars(self).update(kept)
         return (stock[0] if isinstance(stock, tuple) else stock), leaves
@@ -743,11 +773,27 @@ class SeCOTrainerMixin:
         early-exit loss is refused (campaign 47 Q1/Q2). Where the output layer does not compute the logits (TRL's
         fused head; a forward of the user's own), ``pair`` holds the decoder's last hidden state h instead, and
         dL/dh is compared with the allowance of the model's dtype (:meth:`_seco_same_output_rounding`: the output
-        layer runs on both sides). ``pair`` = (what, layer, its outputs in the stock forward as leaves, the stock loss,
-        allowance, checked (name, parameter) pairs). Returns False where they cannot be paired: the layer not run
-        once on the whole span, the stock loss not a function of its output, or an engine chunk that does not read
-        it."""
-        what, layer, leaves, stock, checked, head, seen = pair
+        layer runs on both sides). ``pair`` = (what, layer, its outputs in the stock forward as leaves, the stock
+        loss, checked (name, parameter) pairs, ``rerun(given, widen)``: the stock loss's (value, dtype, gradients
+        w.r.t. the output and ``checked``) on other outputs, widened or not). Returns False where they cannot be
+        paired: the layer not run once on the whole span, the stock loss not a function of its output, or an engine
+        chunk that does not read it.
+
+        **A stock loss narrower than the model** (transformers casts a float64 model's logits to float32) rounds its
+        gradient by 1e-8..1e-3 relative (the logits' range and shift, a 16-bit copy, a float32 projection), where a
+        term as small is still a term: campaigns 51-57 fooled every model of that rounding.  It is measured instead,
+        on the loss's own code: the stock loss runs again on the same z with its casts kept in float64
+        (:class:`_Widened`; code that reads a tensor's dtype reads the one it has run as it is), giving g64, and once
+        more as it is (the same gradient g, bitwise on a CPU: else randomness, refused):
+
+            r = g(z) - g64(z)                                  (the loss's own rounding, measured)
+            ||g64(z) - g_engine(z)|| <= floor + ||r|| / 2       (the term, exact up to float64's rounding)
+
+        relative to ||g_engine||; floor: this check's allowance in float64 (2 eps of float64 on the logits, max(64,
+        sqrt V) on the hidden states).  The same is asked of what each moves the trainable parameters before z,
+        summed over the tokens (:class:`_Effects`), in L2 and in the largest single move; the value and the
+        parameters after z are held to the widened loss's within twice / half their measured rounding."""
+        what, layer, leaves, stock, checked, rerun = pair
         if not self._seco_paired(leaves, stock, tokens):
             return False
         span = tokens.shape[-1]
@@ -761,37 +807,24 @@ class SeCOTrainerMixin:
             return False
         same = leaf.detach()
         del leaf
+        vocab = getattr(adapter, "vocab_size", None) or 0
+        narrowed = torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps
+        value_stock = float(stock.detach())
+        if narrowed:  # the loss run widened (its rounding: the difference), and once more as it is
+            value_w, dtype_w, wide, *wide_p = rerun(same, True)
+            again_value, _, again, *_ = rerun(same, False)
+            first = stock_grad.double() - wide
+            again = again - stock_grad.double()
+            rounded_p = [None if a is None or b is None else a - b for a, b in zip(theirs_p, wide_p)]
         pieces: list[torch.Tensor | None] = []
         # the engine's, summed over the chunks in float64 (campaign 50: in float32 the sum's own rounding grew with
         # the chunk count, 5.5 eps of float32 at 1024 chunks, 2.8 in float64); p_parts2 = sum over chunks
         # of their squared norms, the scale of the sum's rounding where the chunks' gradients cancel
         ours_p: list[torch.Tensor | None] = [None] * len(params)
-        past, total, diff2, norm2, p_parts2 = [], 0.0, 0.0, 0.0, 0.0
-        # logits wider than the stock loss (a float64 model's, transformers' loss float32): the stock's own rounding
-        # of the cross-entropy on them, measured chunk by chunk (campaign 51)
-        narrowed = torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps
-        vocab = getattr(adapter, "vocab_size", None) or 0
-        # on the hidden states, the ways the output layer maps them to logits (its call, its weight): each one's
-        # measurement is used only where its float64 gradient is the engine's (campaign 53 X1)
-        projectors = [None] if what == "logits" or not narrowed else self._seco_projectors(head, same, vocab)
-        if narrowed and not projectors:
-            narrowed = False
-            logger.warning("SeCOTrainer: the model computes in %s and its loss in %s, and its output layer (%s, "
-                           "get_output_embeddings()) could not be applied to the hidden states to measure that "
-                           "loss's rounding: the gradients are compared on the hidden states within max(64, sqrt V) "
-                           "eps of %s, so a loss term smaller than that is not seen (campaign 52)", same.dtype,
-                           stock.dtype, type(head).__name__, stock.dtype)
-        # per projector: the loss's own rounding, that with the projection in the loss's dtype too (None where the
-        # projector cannot run in it), and its float64 gradient against the engine's
-        own2, in_loss2, projected2, values = ([0.0] * len(projectors) for _ in range(4))
-        in_16 = [False] * len(projectors)  # the projection in the loss's dtype ran in 16 bits (autocast)
-        normalising = [0.0] * len(projectors)
-        unseen = [False] * len(projectors)  # a chunk whose loss's softmax was not seen (a fused head, by hand)
-        # the stock's dL/dh made of float32 numbers: it projected in float32 too (TRL's fused head; campaign 53 X3)
-        in_loss = narrowed and what != "logits" and self._seco_computed_in(stock_grad, stock.dtype)
-        # what the difference, the engine's gradient and each projector's rounding give the trainable parameters
-        # before the output through each chunk's graph (:class:`_Effects`), summed over the chunks
-        effects = _Effects(params if narrowed else [], 2 + 2 * len(projectors))
+        past, total, diff2, norm2, p_parts2, first2, again2 = [], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        # what the difference, the engine's gradient and the loss's rounding give the trainable parameters before
+        # the output through each chunk's graph (:class:`_Effects`), summed over the chunks
+        effects = _Effects(params if narrowed else [], 3)
         replaced: list[torch.Tensor] = []
         with torch.enable_grad(), _output_hook(layer, _next_slice_of(same, pieces, replaced)), \
                 self.compute_loss_context_manager(), self.accelerator.autocast():
@@ -804,37 +837,23 @@ class SeCOTrainerMixin:
                     return False
                 loss = out.loss_sum / batch.n_targets
                 ours, *chunk_p = torch.autograd.grad(loss * scale, [piece] + params, allow_unused=True)
-                ours = _widened(ours) / scale
-                wide = [None if g is None else g.double() / scale for g in chunk_p]
-                ours_p = [a if g is None else g if a is None else a + g for a, g in zip(ours_p, wide)]
-                p_parts2 += sum(float(g.square().sum()) for g in wide if g is not None)
-                theirs = stock_grad[..., start:start + piece.shape[-2], :]
+                ours = _widened(ours).double() / scale
+                got = [None if g is None else g.double() / scale for g in chunk_p]
+                ours_p = [a if g is None else g if a is None else a + g for a, g in zip(ours_p, got)]
+                p_parts2 += sum(float(g.square().sum()) for g in got if g is not None)
                 rows = slice(start, start + piece.shape[-2])
-                roundings, normals = [], []
-                for i, project in enumerate(projectors if narrowed else []):
-                    r = self._seco_narrowed_rounding2(
-                        same[..., rows, :], tgt, stock.dtype, batch.ignore_index, batch.n_targets, project,
-                        (tuple(c[..., rows, :] for c in seen[0]), None if seen[1] is None else seen[1][..., rows, :]))
-                    if r is None:  # the projector fails on these positions: not the forward's
-                        projected2[i] = math.inf
-                        roundings.append(torch.zeros_like(ours, dtype=torch.float64))
-                        normals.append(roundings[-1])
-                        continue
-                    own2[i] += float(r.own.square().sum())
-                    in_loss2[i] = None if r.in_loss is None or in_loss2[i] is None else \
-                        in_loss2[i] + float(r.in_loss.square().sum())
-                    in_16[i] = in_16[i] or r.in_16
-                    normalising[i] += float(r.normalising.square().sum())
-                    unseen[i] = unseen[i] or not r.seen
-                    values[i] += r.value
-                    projected2[i] += float((r.gate - ours.double()).square().sum()) if project is not None else 0.0
-                    roundings.append(r.in_loss if in_loss and r.in_loss is not None else r.own)
-                    normals.append(r.normalising)
-                effects.add(replaced[-1] if len(replaced) == j + 1 else None,
-                            [theirs.double() - ours.double(), ours.double(), *roundings, *normals])
-                diff2 += float((theirs.double() - ours.double()).square().sum())
-                norm2 += float(ours.double().square().sum())
+                theirs = (wide if narrowed else stock_grad)[..., rows, :].double()
+                if narrowed:
+                    first2 += float(first[..., rows, :].square().sum())
+                    again2 += float(again[..., rows, :].square().sum())
+                    effects.add(replaced[-1] if len(replaced) == j + 1 else None,
+                                [theirs - ours, ours, first[..., rows, :]])
+                diff2 += float((theirs - ours).square().sum())
+                norm2 += float(ours.square().sum())
                 total += float(loss.detach())
+        if narrowed:
+            del first, again
+            theirs_p = wide_p  # the parameters after the output: the widened loss's gradients
         # the parameters: no stock gradient where the engine's loss has none (a penalty on the weights, an early-exit
         # loss: campaign 47 Q1/Q2), and the same gradient where both have one (the output layer and what follows
         # it: a penalty there, campaign 48 R2/R3), up to the rounding of the model's dtype
@@ -844,98 +863,62 @@ class SeCOTrainerMixin:
         p_diff2 = sum(float((e.double() - (0 if g is None else g.double())).square().sum()) for g, e in pairs)
         p_norm2 = max(sum(float(e.double().square().sum()) for _, e in pairs), p_parts2 if pairs else 0.0)
         p_diff = (p_diff2 / p_norm2) ** 0.5 if p_norm2 > 0 else float(p_diff2 > 0)
-        # the dtype the parameters' gradients are computed in: autocast's where it is on (campaign 49 S1)
-        # (autocast does not reach a float64 model's own operations: its 16-bit floor only where the measurement
-        # below shows a projection in 16 bits, as TRL's fused head under bf16=True; campaign 55)
-        rounding = self._seco_same_output_rounding(stock, same.dtype if narrowed else self._seco_check_computed,
-                                                   what, vocab)
+        # the dtype the parameters' gradients are computed in: autocast's where it is on (campaign 49 S1); a
+        # narrowed loss's floor: float64's, where its widened run is compared
+        rounding = self._seco_same_output_rounding(same if narrowed else stock,
+                                                   same.dtype if narrowed else self._seco_check_computed, what, vocab)
         allowed, v_allowed, p_allowed = rounding["gradient"], rounding["value"], rounding["parameters"]
-        eps = torch.finfo(stock.dtype).eps
-        effect = effect_allowed = None  # measured where the stock loss is narrower than the model (below)
-        unseen_best = False  # the measurement's loss softmax was not seen
-        trusted = [i for i, project in enumerate(projectors) if project is None or (
-            norm2 > 0 and (projected2[i] / norm2) ** 0.5 <= 2 * eps)]
-        if narrowed and norm2 > 0 and not trusted:
-            # the output layer is not what the forward projects with (a softcap or a scale after it, another
-            # head): its measurement says nothing of the model's loss (campaign 53)
-            narrowed = False
-            logger.warning("SeCOTrainer: the model computes in %s and its loss in %s, and the cross-entropy of its "
-                           "output layer's logits (%s, get_output_embeddings()) differs from the model's by %.3g "
-                           "relative in its gradient w.r.t. the hidden states, so that loss's rounding could not be "
-                           "measured: the gradients are compared on the hidden states within max(64, sqrt V) eps of "
-                           "%s, and a loss term smaller than that is not seen", same.dtype, stock.dtype,
-                           type(head).__name__, (min(projected2) / norm2) ** 0.5, stock.dtype)
-        if narrowed and norm2 > 0:
-            # the stock loss's own rounding, measured (the least of the trusted projectors': a call that adds a
-            # constant to every logit is trusted, being shift-invariant, but its logits are not the model's,
-            # campaign 54 Y1), twice on top of half an eps, also for the parameters after the output (a float64
-            # model, V 262144: 6.1e-6 apart); on the hidden states of a wider model the output layer sums over the
-            # vocabulary in that model's dtype on both sides (campaign 51 U1: 64 eps of float32 let terms pass).
-            # campaign 54 Y5: 2 eps on top let a z-loss 3e-7 of a float64 Llama pass at 13x its effect's rounding
-            best = min(trusted, key=lambda i: own2[i])
-            own2_best = own2[best]
-            measured = [i for i in trusted if in_loss2[i] is not None]
-            if in_loss and measured:
-                # the stock projected in float32 too (campaign 53 X3: 3.6e-7 apart at V 8192 where the loss's own
-                # rounding was 5e-8): that rounding measured with a projector that runs in float32 (campaign 54 Y4:
-                # 0.11 sqrt(V) eps added to every float64 model's let label smoothing 2e-6 pass at V 32000)
-                best = min(measured, key=lambda i: in_loss2[i])
-                own2_best = max(own2_best, in_loss2[best])
-            # a loss computed by another implementation than F.cross_entropy (a fused head, a softmax by hand):
-            # 4 eps of each row's normalisation on top, which it rounds apart (campaign 55)
-            unseen_best = unseen[best] and not in_loss
-            apart = 4 * eps if in_loss or unseen[best] else 0.0
-            own = ((own2_best + apart ** 2 * normalising[best]) / norm2) ** 0.5
-            if in_loss and not measured:  # no projector runs in float32: campaign 51's measure, 0.11 sqrt(V) eps
-                own = max(own, 0.11 * vocab ** 0.5 * eps)
-            allowed = 0.5 * eps + 2 * own
-            p_allowed += 2 * own
-            # the value: twice its measured rounding on top (campaign 55: logits shifted by 10^4-10^5 round the
-            # float32 loss's value by 1.4e-5-3.1e-5, beyond 64 eps)
-            v_allowed += 2 * abs(values[best]) / max(abs(total), 1.0)
-            reach, top = effects.norm(1), effects.norm(1, largest=True)
-            if reach > 0 and (not in_loss or measured):
-                # in L2 and in the largest single parameter's move, which a term concentrates where rounding
-                # spreads (campaign 55 Z6: a z-loss 2e-7 at V 4096, 95% of the L2 allowance, moved the largest
-                # parameter 19x as far as rounding did); the rounding's and the normalisation's in quadrature
-                slot, normal = 2 + best, 2 + len(projectors) + best
-                for largest, scale in ((False, reach), (True, top)):
-                    moved_by = (effects.norm(slot, largest) ** 2 + (apart * effects.norm(normal, largest)) ** 2) ** 0.5
-                    this = (effects.norm(0, largest) / scale, 0.5 * eps + 3 * moved_by / scale)
-                    if scale > 0 and (effect is None or this[0] / this[1] > effect / effect_allowed):
-                        effect, effect_allowed = this
-            if in_loss and measured and in_16[best]:  # the projection in 16 bits: that dtype's floor
-                computed = self._seco_check_computed
-                floor = 2 * torch.finfo(computed if torch.finfo(computed).bits <= 16 else torch.bfloat16).eps
-                allowed, p_allowed, v_allowed = max(allowed, floor), max(p_allowed, floor), max(v_allowed, floor)
-                effect_allowed = None if effect is None else max(effect_allowed, floor)
         diff = (diff2 / norm2) ** 0.5 if norm2 > 0 else float(diff2 > 0)
-        value = abs(float(stock.detach()) - total) / max(abs(total), 1.0)
+        value = abs(value_stock - total) / max(abs(total), 1.0)
+        measured = {}
+        if narrowed:
+            floor = allowed
+            measured_rounding = (first2 / norm2) ** 0.5 if norm2 > 0 else 0.0
+            allowed = floor + measured_rounding / 2
+            p_rounding = sum(float(g.square().sum()) for g in rounded_p if g is not None) ** 0.5
+            p_allowed += (p_rounding / p_norm2 ** 0.5) / 2 if p_norm2 > 0 else 0.0
+            v_rounding = abs(value_stock - value_w) / max(abs(total), 1.0)
+            value = abs(value_w - total) / max(abs(total), 1.0)
+            v_allowed += 2 * v_rounding
+            measured = {"rounding": measured_rounding, "value_rounding": v_rounding}
+            # the loss run twice as it is: the same gradient, else what differs is not rounding (randomness)
+            if norm2 > 0 and not (again2 / norm2) ** 0.5 <= floor + measured_rounding / 4 or not abs(
+                    again_value - value_stock) / max(abs(total), 1.0) <= v_allowed / 4:
+                unsteady = (again2 / norm2) ** 0.5
+                raise ValueError(
+                    f"SeCOTrainer: the stock compute_loss, run twice on the same {what} of the first {span} tokens of "
+                    f"this batch, gave gradients {unsteady:.3g} relative apart and values "
+                    f"{abs(again_value - value_stock):.3g} apart: randomness (or state that changes between calls) "
+                    "in the loss after them -- a noise term, a dropout on the logits -- which the SeCO step would "
+                    "leave out; remove it, or train that loss with the stock Trainer")
+            reach, top = effects.norm(1), effects.norm(1, largest=True)
+            for largest, by in ((False, reach), (True, top)):
+                if by > 0:  # in L2 and in the largest single parameter's move (campaign 55 Z6)
+                    this = (effects.norm(0, largest) / by, floor + effects.norm(2, largest) / by / 2)
+                    if "effect" not in measured or this[0] / this[1] > measured["effect"] / measured["effect_allowed"]:
+                        measured.update(effect=this[0], effect_allowed=this[1])
         self.seco_loss_check_measured = {"value": value, "value_allowed": v_allowed, "gradient": diff,
                                          "allowed": allowed, "tokens": span, "paired": what, "parameters": p_diff,
-                                         "parameters_allowed": p_allowed}
-        if effect is not None:
-            self.seco_loss_check_measured.update(effect=effect, effect_allowed=effect_allowed)
+                                         "parameters_allowed": p_allowed, **measured}
         params_differ = bool(reached) or not p_diff <= p_allowed  # NaN: differ
-        moved = effect is not None and not effect <= effect_allowed
+        moved = "effect" in measured and not measured["effect"] <= measured["effect_allowed"]
+        widened_note = (f" (the loss run with its casts kept in float64 still computed in {dtype_w}: it narrows "
+                        "by a route the check does not widen, so its rounding counts as a term here)"
+                        if narrowed and dtype_w != torch.float64 else "")
         # a value apart with the same gradient w.r.t. the output: a term on the parameters says more (campaign 49 S2)
         if not diff <= allowed or moved or (not value <= v_allowed and not params_differ):
             raise ValueError(
                 f"SeCOTrainer: on the same {what} of the first {span} tokens of this batch, the loss the stock Trainer "
-                f"computes (compute_loss) and the causal-LM cross-entropy the SeCO step trains differ by {value:.3g} "
-                f"relative in value (rounding allows {v_allowed:.2g}) and {diff:.3g} relative in their gradient "
-                f"w.r.t. the {what} (rounding allows {allowed:.2g})" + (
-                    f", which moves the trainable parameters before them {effect:.3g} relative, summed over the "
-                    f"tokens (the float32 loss's rounding allows {effect_allowed:.2g})" if moved else "") +
-                ": a term in the stock loss -- label smoothing, a "
-                "weight on some targets, a scale, "
-                "a penalty on the logits, put in by a hook, a forward or a compute_loss -- would be left out by the "
-                "SeCO step; remove it, or train that loss with the stock Trainer" + (
-                    " (the loss's own softmax was not seen -- a softmax by hand, on a slice of the logits or in "
-                    "another layout -- so its float32 rounding was measured on the smaller of the logits the model "
-                    "returns and those of its output layer; a loss that rounds larger logits than it returns is "
-                    "refused too: compute it with F.cross_entropy on one row of logits per token)"
-                    if unseen_best and not diff <= allowed else "") + (
+                f"computes (compute_loss){' run in float64' if narrowed else ''} and the causal-LM cross-entropy the "
+                f"SeCO step trains differ by {value:.3g} relative in value (rounding allows {v_allowed:.2g}) and "
+                f"{diff:.3g} relative in their gradient w.r.t. the {what} (rounding allows {allowed:.2g}" + (
+                    f": half of the {stock.dtype} loss's own, {allowed - rounding['gradient']:.2g} x 2, measured by "
+                    "running it as it is and in float64" if narrowed else "") + ")" + (
+                    f", which moves the trainable parameters before them {measured['effect']:.3g} relative, summed "
+                    f"over the tokens (rounding allows {measured['effect_allowed']:.2g})" if moved else "") +
+                ": a term in the stock loss -- label smoothing, a weight on some targets, a scale, a penalty on the "
+                "logits, put in by a hook, a forward or a compute_loss -- would be left out by the SeCO step; remove "
+                "it, or train that loss with the stock Trainer" + widened_note + (
                     f" (their gradients w.r.t. the {what} agree, and those w.r.t. the trainable parameters too: "
                     "a term that changes the value only -- a constant, or one computed outside autograd)"
                     if diff <= allowed and not moved else ""))
@@ -952,121 +935,6 @@ class SeCOTrainerMixin:
                 "cross-entropy and would leave it out; remove it (a weight decay belongs in the optimizer: "
                 "weight_decay), or train that loss with the stock Trainer")
         return True
-
-    @staticmethod
-    def _seco_projectors(head, hidden, vocab: int = 0) -> list:
-        """The functions that may map the hidden states to logits with the output layer ``head``: the layer itself
-        (its output's first tensor) and its ``weight`` (V, hidden) through F.linear -- a forward that projects with
-        the weight need not call the layer (campaign 52 V1) -- those that give V logits (campaign 53 X2: a head
-        returning (aux, logits)) with a gradient (campaign 54 Y2: a call that returns zeros or detached logits) on
-        one position."""
-        if not isinstance(head, torch.nn.Module):
-            return []
-        weight = getattr(head, "weight", None)
-        candidates = [lambda h: _first_tensor(head(h))]
-        if torch.is_tensor(weight) and weight.dim() == 2 and weight.shape[-1] == hidden.shape[-1]:
-            candidates.append(lambda h: torch.nn.functional.linear(h, weight.to(h.dtype)))
-        found = []
-        for project in candidates:
-            one = hidden[..., :1, :].detach().requires_grad_(True)
-            try:
-                with torch.enable_grad():
-                    out = project(one)
-            except Exception:  # an output layer of the user's own
-                continue
-            if torch.is_tensor(out) and out.shape[:-1] == one.shape[:-1] and out.requires_grad and (
-                    not vocab or out.shape[-1] == vocab):
-                found.append(project)
-        return found
-
-    @staticmethod
-    def _seco_computed_in(grad: torch.Tensor, dtype: torch.dtype) -> bool:
-        """Whether the wider ``grad`` holds only numbers of the narrower ``dtype`` (it was computed in that dtype)."""
-        return grad.dtype != dtype and bool(torch.equal(grad, grad.to(dtype).to(grad.dtype)))
-
-    @staticmethod
-    def _seco_narrowed_rounding2(x, tgt, dtype: torch.dtype, ignore_index: int, n_targets: int, project=None,
-                                 seen: tuple = ()) -> _Rounding | None:
-        """What the narrower ``dtype`` of the stock loss (transformers casts a float64 model's logits to float32)
-        puts into the cross-entropy sum / n_targets and its gradient w.r.t. ``x`` -- the logits, or the hidden
-        states that ``project`` (:meth:`_seco_projectors`) maps to them: its rounding, which grows with the logits'
-        range and the vocabulary (campaign 51: 2-50 eps of float32 on float64 models with peaked logits, V
-        8192-262144).  None where ``project`` fails on these positions (an output layer of the user's own).
-
-        The loss's logits are, of what its softmax calls read (``seen[0]``) that is the float64 logits z shifted by
-        a constant per row, the one whose rounding is the smallest; where none is, the one of the model's returned
-        logits (``seen[1]``, where so shifted) and z whose rounding is the smaller (campaign 56 W1/W3: a metric's
-        or an attention's softmax read first, a softmax by hand, a slice, another layout): a shift changes neither
-        loss, and the float32 rounding of z + c grows with c (campaign 54 Y1/Y3, 55: a call, a forward or a loss
-        that adds to the logits what another does not; where it cannot be told which, the smaller rounding refuses
-        a term rather than passes it).  A loss on a 16-bit copy is measured in that dtype.
-        r = J^T (dL/dz in ``dtype`` on them - in x's dtype on z), J the projector's Jacobian (the identity on the
-        logits; not centred over the vocabulary: the rows of an output layer may share a common vector, which
-        pulls the sum of the float32 softmax's rounding back, campaign 55); r_proj the same with the projector run
-        in ``dtype`` (under the model's autocast, as a fused head that projects in float32 or bfloat16: campaign 53
-        X3), None where it does not run so."""
-        def ce(z):  # (the cross-entropy sum / n_targets, and dL/dz) in z's dtype
-            leaf = z.detach().requires_grad_(True)
-            loss = torch.nn.functional.cross_entropy(leaf.reshape(-1, leaf.shape[-1]), tgt.reshape(-1),
-                                                     ignore_index=ignore_index, reduction="sum") / n_targets
-            return float(loss.detach()), torch.autograd.grad(loss, leaf)[0]
-
-        leaf = x.detach().requires_grad_(True)
-        try:
-            z = project(leaf) if project is not None else leaf
-            if z.shape != (*x.shape[:-1], z.shape[-1]) or not z.requires_grad:
-                return None
-        except Exception:  # an output layer of the user's own that takes other positions
-            return None
-        z64 = z.detach()
-        wide_value, wide_z = ce(z64)
-        # what the loss's softmax read where it was seen; else the smaller rounding of the returned logits' and
-        # the projector's (a loss that normalises by hand may round either: the smaller refuses, never passes)
-        read, returned = seen if seen else ((), None)
-        options = [c for c in read if c is not None and _shifted_by_rows(c, z64)]
-        softmax_seen = bool(options)
-        if not softmax_seen:
-            options = [c for c in (returned,) if c is not None and _shifted_by_rows(c, z64)] + [z64]
-        tried = []
-        for loss_of in options:
-            known = torch.isfinite(loss_of).all(-1, keepdim=True)  # the rows the loss read (others: z's)
-            held = _held_in(loss_of[known.expand_as(loss_of)])  # a loss on a 16-bit copy rounds its gradient too
-            loss_of = torch.where(known, loss_of, z64.to(loss_of.dtype))
-            narrow_value, narrow_z = ce(loss_of.to(dtype))
-            narrow_z = narrow_z.to(held).to(dtype) if torch.finfo(held).bits < torch.finfo(dtype).bits else narrow_z
-            tried.append((float((narrow_z.double() - wide_z.double()).square().sum()), loss_of, narrow_value,
-                          narrow_z))
-        _, loss_of, narrow_value, narrow_z = min(tried, key=lambda t: t[0])
-        rounding = narrow_z.to(z64.dtype) - wide_z
-
-        def pulled(v):  # J^T v (the graph of z kept for the next)
-            if project is None:
-                return v.double()
-            g = torch.autograd.grad(z, leaf, v.to(z.dtype), retain_graph=True, allow_unused=True)[0]
-            return torch.zeros_like(x, dtype=torch.float64) if g is None else g.double()
-
-        gate = pulled(wide_z)
-        own = pulled(rounding)
-        # another implementation's normalisation (a fused head's running logsumexp, a softmax by hand) scales each
-        # row's probabilities by its own 1 + delta: J^T p per row, which a head whose rows share a common vector
-        # makes large (campaign 55: TRL, 1.52e-5 apart where F.cross_entropy's rounding measured 7.5e-6)
-        keep = (tgt != ignore_index).unsqueeze(-1).to(z64.dtype)
-        normalising = pulled(torch.softmax(z64, -1) * keep / n_targets)
-        in_loss, in_16 = None, False
-        if project is not None:
-            narrow = x.detach().to(dtype).requires_grad_(True)
-            try:
-                z_narrow = project(narrow)
-                if z_narrow.requires_grad and z_narrow.shape == z.shape and torch.finfo(
-                        z_narrow.dtype).bits <= torch.finfo(dtype).bits:
-                    _, d = ce((loss_of if loss_of is not z64 else z_narrow.detach()).to(z_narrow.dtype).to(dtype))
-                    g = torch.autograd.grad(z_narrow, narrow, d.to(z_narrow.dtype), allow_unused=True)[0]
-                    in_loss = None if g is None else g.double() - gate
-                    in_16 = torch.finfo(z_narrow.dtype).bits <= 16
-
-            except Exception:  # a call that does not run in the loss's dtype (a float64 layer)
-                pass
-        return _Rounding(own, in_loss, gate, narrow_value - wide_value, in_16, normalising, softmax_seen)
 
     def _seco_scaled_grads(self, stock, inputs: list, n_targets: int) -> tuple[float, tuple]:
         """The stock loss's gradients w.r.t. ``inputs``, and the power of two they were taken at (campaign 50):

@@ -1,0 +1,189 @@
+"""Issue 19, campaign 57 (G1-G4) and the loss check's measured rounding.
+
+Campaigns 51-57 each found a way to make the Trainer loss check's *model* of a float32 loss's rounding on a float64
+model too large (silent-wrong: a term passed inside it) or too small (plain cross-entropy refused): which logits the
+loss rounds, at what shift, in which layout, through which projection.  Campaign 57: a metric's softmax with a
+gradient on shifted or bfloat16 logits beside a loss by hand let label smoothing pass at 76-25400x (G1); the reverse
+refused plain cross-entropy (G2), as did cross-entropy on float32(z + a) less its row max (G3) and on a row max with a
+gradient (G4).  The rounding is now measured on the loss's own code: the stock loss runs again on the same logits
+with its casts kept in float64 (``_Widened``), and the difference is its rounding.  The G1 and G2-G4 tests fail on
+d204d2d."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+import trainer_case as tc
+import transformers as T
+
+from seco_lab.integrations.transformers import SeCOArguments, _Widened
+
+TERM = r"in their gradient w\.r\.t\. the hidden states"
+
+
+def _llama(loss, returned=lambda z: z):
+    """A float64 tiny Llama, lm_head frozen, whose forward projects with lm_head's weight (z = F.linear(h, W), float64,
+    (B, T, V)), returns ``returned(z)`` and trains ``loss(z, y, items)``: y the shifted targets (B, T), items the
+    num_items_in_batch the Trainer passes (else the target count)."""
+    model = tc.for_seco(tc.tiny_llama()).to(torch.float64)
+
+    def forward(input_ids=None, labels=None, attention_mask=None, **kwargs):
+        passed = {"cache" if k == "past_key_values" else k: v for k, v in kwargs.items()
+                  if k in ("position_ids", "past_key_values", "cache", "use_cache")}
+        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, **passed)
+        z = F.linear(hidden.last_hidden_state, model.lm_head.weight)
+        value = None
+        if labels is not None:
+            y = F.pad(labels, (0, 1), value=-100)[..., 1:]
+            items = kwargs.get("num_items_in_batch")
+            value = loss(z, y, items if items is not None else (y != -100).sum())
+        return T.modeling_outputs.CausalLMOutputWithPast(loss=value, logits=returned(z),
+                                                         past_key_values=hidden.past_key_values)
+    model.forward = forward
+    model.lm_head.weight.requires_grad_(False)
+    return model
+
+
+def _trained(folder, model):
+    trainer = tc.make_trainer(folder, seco=SeCOArguments(chunk_size=4), model=model, max_steps=1)
+    trainer.train()
+    return trainer.seco_loss_check_measured
+
+
+def _by_hand(x, y, items, smoothing=0.0):
+    """Cross-entropy (with label smoothing) by exp, sum and log: no softmax-family call."""
+    keep = y != -100
+    xk, yk = x[keep], y[keep]
+    top = xk.amax(-1, keepdim=True).detach()
+    logp = xk - ((xk - top).exp().sum(-1, keepdim=True).log() + top)
+    nll = -logp.gather(-1, yk[:, None]).squeeze(-1)
+    return ((1 - smoothing) * nll - smoothing * logp.mean(-1)).sum() / items
+
+
+def _ce(x, y, items, smoothing=0.0):
+    flat = x.reshape(-1, x.shape[-1])
+    return F.cross_entropy(flat, y.reshape(-1), reduction="sum", label_smoothing=smoothing) / items
+
+
+METRICS = {"on the logits + 1e4": lambda z: (z + 1e4).float(), "on a bfloat16 copy": lambda z: z.bfloat16().float()}
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_c57_g1_a_metric_s_softmax_with_a_gradient_does_not_set_a_loss_by_hand_s_rounding(tmp_path, metric):
+    """G1: an entropy metric computed with a gradient (not under no_grad) on shifted or bfloat16 logits was taken for
+    the loss's softmax, and its rounding allowed (7e-5 / 3.3e-3): label smoothing 1e-5 by hand passed at 250x."""
+    def loss(smoothing):
+        def of(z, y, items):
+            p = METRICS[metric](z).softmax(-1)  # logged, with a gradient
+            of.entropy = float(-(p * p.clamp_min(1e-30).log()).sum(-1).mean().detach())
+            return _by_hand(z.float(), y, items, smoothing)
+        return of
+
+    with pytest.raises(ValueError, match=TERM):
+        _trained(tmp_path / "smoothed", _llama(loss(1e-5)))
+    measured = _trained(tmp_path / "plain", _llama(loss(0.0)))
+    assert measured["gradient"] <= measured["allowed"] / 2 and measured["rounding"] < 3e-7
+
+
+PLAIN = {
+    # G2: a metric with a gradient on the plain logits, the loss's F.cross_entropy on z + 1000
+    "metric on z, loss on z + 1000": lambda z, y, n: (z.float().softmax(-1), _ce((z + 1000).float(), y, n))[1],
+    # G3: cast first (rounding z + 1000), then subtract each row's max
+    "loss on float32(z + 1000) less its row max": lambda z, y, n: _ce(
+        (z + 1000).float() - (z + 1000).float().amax(-1, keepdim=True), y, n),
+    # G4: a row max with a gradient, in the (B, V, T) layout
+    "loss on z + 1000 less its row max (with a gradient), (B, V, T)": lambda z, y, n: F.cross_entropy(
+        ((z + 1000) - (z + 1000).amax(-1, keepdim=True)).float().transpose(1, 2), y, reduction="sum") / n,
+}
+
+
+@pytest.mark.parametrize("loss", PLAIN)
+def test_c57_g2_g4_plain_cross_entropy_on_shifted_logits_trains(tmp_path, loss):
+    """G2-G4: plain cross-entropy computed on shifted float32 logits was refused where the check's model of its
+    rounding read other logits (a metric's, z's) or missed a row max's gradient (2.2e-6 apart, 1.4e-7 allowed)."""
+    measured = _trained(tmp_path / "plain", _llama(PLAIN[loss], returned=lambda z: z + 1000))
+    assert measured["gradient"] <= measured["allowed"] / 2 and measured["rounding"] > 1e-7
+    terms = {"metric on z, loss on z + 1000": lambda z, y, n: _ce((z + 1000).float(), y, n, 3e-5)}
+    if loss in terms:
+        with pytest.raises(ValueError, match=TERM):
+            _trained(tmp_path / "smoothed", _llama(terms[loss]))
+
+
+DTYPE_TERMS = {"label smoothing where the logits are float32": lambda x: 3e-6 if x.dtype == torch.float32 else 0.0,
+               "label smoothing of 25 eps of their dtype": lambda x: 25 * torch.finfo(x.dtype).eps,
+               "label smoothing where they take 4 bytes": lambda x: 3e-6 if x.element_size() == 4 else 0.0}
+
+
+@pytest.mark.parametrize("term", DTYPE_TERMS)
+def test_c58_a_term_that_depends_on_the_dtype_is_seen_in_the_widened_run(tmp_path, term):
+    """The rounding is the stock loss as it is less the loss run with its casts kept in float64: a term present only
+    in float32 would count as rounding.  Code run widened reads the dtype the tensor has as it is, so the term is in
+    both runs, and refused."""
+    def loss(z, y, n):
+        x = z.float()
+        return _ce(x, y, n, DTYPE_TERMS[term](x))
+
+    with pytest.raises(ValueError, match=TERM):
+        _trained(tmp_path, _llama(loss))
+
+
+def test_c58_a_random_term_is_not_taken_for_rounding(tmp_path):
+    """Randomness after the compared output differs between the loss's runs as rounding does: the loss runs twice as
+    it is, and a gradient that changes is refused as random."""
+    def loss(z, y, n):
+        x = z.float()
+        return _ce(x, y, n) + 1e-6 * (torch.randn_like(x) * x).sum() / n
+
+    with pytest.raises(ValueError, match="run twice on the same hidden states .* randomness"):
+        _trained(tmp_path, _llama(loss))
+
+
+def test_c58_a_loss_into_float32_buffers_and_a_float32_class_weight_is_measured(tmp_path):
+    """Narrowings the widened run must follow: a float32 buffer filled in place, a float32 weight argument, a dtype
+    argument; plain trains, label smoothing 1e-5 is refused."""
+    def loss(smoothing):
+        def of(z, y, n):
+            buffer = torch.empty(z.shape, dtype=torch.float32)
+            buffer.copy_(z)
+            x = buffer + z.float() * 0
+            weight = torch.ones(z.shape[-1], dtype=torch.float32)
+            logp = x.log_softmax(-1, dtype=torch.float32)
+            return F.nll_loss(logp.reshape(-1, z.shape[-1]), y.reshape(-1), weight=weight, reduction="sum") / n + (
+                smoothing * -logp.mean(-1)[y != -100].sum() / n)
+        return of
+
+    measured = _trained(tmp_path / "plain", _llama(loss(0.0)))
+    assert measured["gradient"] <= measured["allowed"] / 2
+    with pytest.raises(ValueError, match=TERM):
+        _trained(tmp_path / "smoothed", _llama(loss(1e-5)))
+
+
+def test_widened_runs_in_float64_and_shows_the_narrower_dtype():
+    """``_Widened``: casts and dtype arguments stay float64 (no rounding), code reads the dtype the tensor would have,
+    and a custom autograd Function's backward runs widened too."""
+    x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+
+    class Squared(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            ctx.save_for_backward(t)
+            return t.float().square()
+
+        @staticmethod
+        def backward(ctx, grad):
+            (t,) = ctx.saved_tensors
+            return 2 * t.float() * grad
+
+    with _Widened():
+        y = x.float()
+        assert y.dtype == torch.float32 and y.element_size() == 4 and y.type() == "torch.FloatTensor"
+        assert (y + 1).dtype == torch.float32 and (y.double() - x).abs().max() == 0
+        assert torch.finfo(y.dtype).eps == torch.finfo(torch.float32).eps
+        assert torch.zeros(3, dtype=torch.bfloat16).dtype == torch.bfloat16
+        logp = x.log_softmax(-1, dtype=torch.float32)
+        (grad,) = torch.autograd.grad(Squared.apply(x).sum() + logp.sum(), x)
+    assert y.double().dtype == torch.float64
+    exact = (2 * x + 1 - torch.softmax(x, -1) * x.shape[-1]).detach()
+    assert torch.equal(logp.detach(), x.detach().log_softmax(-1)) and (grad - exact).abs().max() < 1e-14
+    assert torch.finfo(grad.dtype).bits == 64
