@@ -22,17 +22,17 @@ from seco_lab.integrations.transformers import SeCOArguments, _Widened
 TERM = r"in their gradient w\.r\.t\. the hidden states"
 
 
-def _llama(loss, returned=lambda z: z):
-    """A float64 tiny Llama, lm_head frozen, whose forward projects with lm_head's weight (z = F.linear(h, W), float64,
-    (B, T, V)), returns ``returned(z)`` and trains ``loss(z, y, items)``: y the shifted targets (B, T), items the
-    num_items_in_batch the Trainer passes (else the target count)."""
+def _llama(loss, returned=lambda z: z, project=F.linear):
+    """A float64 tiny Llama, lm_head frozen, whose forward projects with lm_head's weight (z = project(h, W), F.linear:
+    float64, (B, T, V)), returns ``returned(z)`` and trains ``loss(z, y, items)``: y the shifted targets (B, T), items
+    the num_items_in_batch the Trainer passes (else the target count)."""
     model = tc.for_seco(tc.tiny_llama()).to(torch.float64)
 
     def forward(input_ids=None, labels=None, attention_mask=None, **kwargs):
         passed = {"cache" if k == "past_key_values" else k: v for k, v in kwargs.items()
                   if k in ("position_ids", "past_key_values", "cache", "use_cache")}
         hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, **passed)
-        z = F.linear(hidden.last_hidden_state, model.lm_head.weight)
+        z = project(hidden.last_hidden_state, model.lm_head.weight)
         value = None
         if labels is not None:
             y = F.pad(labels, (0, 1), value=-100)[..., 1:]
@@ -110,6 +110,21 @@ def test_c57_g2_g4_plain_cross_entropy_on_shifted_logits_trains(tmp_path, loss):
             _trained(tmp_path / "smoothed", _llama(terms[loss]))
 
 
+def test_c58_rounding_the_engine_shares_is_not_allowed_as_the_loss_s(tmp_path):
+    """A forward that projects in bfloat16 rounds the stock loss's gradient by 3e-3, and the SeCO step's just as much
+    (it runs the same forward): only what sets the two apart is rounding between them.  Allowed half the stock's own
+    rounding, label smoothing 1e-3 passed (the SeCO step 1.7e-6 from the stock Trainer's plain run, the smoothed one
+    another 1.7e-6 away); the engine's chunks now run widened too, and the allowance is half the rounding between
+    them."""
+    def bf16(h, w):
+        return F.linear(h.bfloat16(), w.bfloat16())
+
+    measured = _trained(tmp_path / "plain", _llama(lambda z, y, n: _ce(z.float(), y, n), project=bf16))
+    assert measured["gradient"] <= measured["allowed"] / 2 and measured["rounding"] < 1e-5
+    with pytest.raises(ValueError, match=TERM):
+        _trained(tmp_path / "smoothed", _llama(lambda z, y, n: _ce(z.float(), y, n, 1e-3), project=bf16))
+
+
 DTYPE_TERMS = {"label smoothing where the logits are float32": lambda x: 3e-6 if x.dtype == torch.float32 else 0.0,
                "label smoothing of 25 eps of their dtype": lambda x: 25 * torch.finfo(x.dtype).eps,
                "label smoothing where they take 4 bytes": lambda x: 3e-6 if x.element_size() == 4 else 0.0}
@@ -181,6 +196,8 @@ def test_widened_runs_in_float64_and_shows_the_narrower_dtype():
         assert (y + 1).dtype == torch.float32 and (y.double() - x).abs().max() == 0
         assert torch.finfo(y.dtype).eps == torch.finfo(torch.float32).eps
         assert torch.zeros(3, dtype=torch.bfloat16).dtype == torch.bfloat16
+        assert torch.cat([y, y]).dtype == torch.float32 and torch.result_type(y, x) == torch.float64
+        assert torch.result_type(y, x[0, 0]) == torch.float32 and (y * x[0, 0]).dtype == torch.float32
         logp = x.log_softmax(-1, dtype=torch.float32)
         (grad,) = torch.autograd.grad(Squared.apply(x).sum() + logp.sum(), x)
     assert y.double().dtype == torch.float64

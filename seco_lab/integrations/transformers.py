@@ -293,6 +293,9 @@ class _Widened(torch.overrides.TorchFunctionMode):
                        not kwargs):
             shown = torch.empty(0, dtype=getattr(first, _NOMINAL), device=first.device)
             return shown.element_size() if func is torch.Tensor.element_size else shown.type()
+        if func is torch.result_type:  # on the dtypes the tensors have as they are
+            return torch.result_type(*(torch.empty((1,) * a.dim(), dtype=_nominal(a)) if torch.is_tensor(a) else a
+                                       for a in args), **kwargs)
         if func in _CASTS and torch.is_tensor(first):
             out = func(*args, **kwargs)
             if not torch.is_tensor(out):
@@ -315,7 +318,8 @@ class _Widened(torch.overrides.TorchFunctionMode):
                 kwargs["dtype"] = wide
             args = tuple(wide if isinstance(a, torch.dtype) and a in narrow else a for a in args)
         inplace = getattr(func, "__name__", "").endswith("_") or "out" in kwargs or func is torch.Tensor.__setitem__
-        tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.is_floating_point()]
+        tensors = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else (a,))
+                   if torch.is_tensor(t) and t.is_floating_point()]  # (torch.cat's list too)
         args = tuple(a.to(wide) if torch.is_tensor(a) and a.dtype in narrow and not (inplace and i == 0) else a
                      for i, a in enumerate(args))
         kwargs = {k: v.to(wide) if torch.is_tensor(v) and v.dtype in narrow else v for k, v in kwargs.items()}
@@ -782,17 +786,19 @@ class SeCOTrainerMixin:
         **A stock loss narrower than the model** (transformers casts a float64 model's logits to float32) rounds its
         gradient by 1e-8..1e-3 relative (the logits' range and shift, a 16-bit copy, a float32 projection), where a
         term as small is still a term: campaigns 51-57 fooled every model of that rounding.  It is measured instead,
-        on the loss's own code: the stock loss runs again on the same z with its casts kept in float64
-        (:class:`_Widened`; code that reads a tensor's dtype reads the one it has run as it is), giving g64, and once
-        more as it is (the same gradient g, bitwise on a CPU: else randomness, refused):
+        on the code: the stock loss runs again on the same z with its casts kept in float64 (:class:`_Widened`; code
+        that reads a tensor's dtype reads the one it has as it is), and so do the engine's chunks (a forward that
+        narrows after z, as a float32 projection, rounds them too):
 
-            r = g(z) - g64(z)                                  (the loss's own rounding, measured)
-            ||g64(z) - g_engine(z)|| <= floor + ||r|| / 2       (the term, exact up to float64's rounding)
+            d    = g_stock(z) - g_engine(z)                 (as they run: a term, and their rounding)
+            d64  = the same, both widened                    (the term, exact up to float64's rounding)
+            ||d64|| <= floor + ||d - d64|| / 2              (half the rounding that sets them apart)
 
         relative to ||g_engine||; floor: this check's allowance in float64 (2 eps of float64 on the logits, max(64,
         sqrt V) on the hidden states).  The same is asked of what each moves the trainable parameters before z,
-        summed over the tokens (:class:`_Effects`), in L2 and in the largest single move; the value and the
-        parameters after z are held to the widened loss's within twice / half their measured rounding."""
+        summed over the tokens (:class:`_Effects`), in L2 and in the largest single move, and of the parameters
+        after z; the value within twice its rounding.  The stock loss runs a third time as it is: a gradient that
+        changes is randomness, refused."""
         what, layer, leaves, stock, checked, rerun = pair
         if not self._seco_paired(leaves, stock, tokens):
             return False
@@ -813,46 +819,71 @@ class SeCOTrainerMixin:
         if narrowed:  # the loss run widened (its rounding: the difference), and once more as it is
             value_w, dtype_w, wide, *wide_p = rerun(same, True)
             again_value, _, again, *_ = rerun(same, False)
-            first = stock_grad.double() - wide
-            again = again - stock_grad.double()
-            rounded_p = [None if a is None or b is None else a - b for a, b in zip(theirs_p, wide_p)]
-        pieces: list[torch.Tensor | None] = []
-        # the engine's, summed over the chunks in float64 (campaign 50: in float32 the sum's own rounding grew with
-        # the chunk count, 5.5 eps of float32 at 1024 chunks, 2.8 in float64); p_parts2 = sum over chunks
-        # of their squared norms, the scale of the sum's rounding where the chunks' gradients cancel
-        ours_p: list[torch.Tensor | None] = [None] * len(params)
-        past, total, diff2, norm2, p_parts2, first2, again2 = [], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-        # what the difference, the engine's gradient and the loss's rounding give the trainable parameters before
-        # the output through each chunk's graph (:class:`_Effects`), summed over the chunks
-        effects = _Effects(params if narrowed else [], 3)
-        replaced: list[torch.Tensor] = []
-        with torch.enable_grad(), _output_hook(layer, _next_slice_of(same, pieces, replaced)), \
-                self.compute_loss_context_manager(), self.accelerator.autocast():
-            for j in range(batch.num_chunks):
-                tok, tgt, start = batch.span(j, 1)
-                out = checked_chunk(adapter.chunk_forward(tok, tgt, past, start, batch.ignore_index), j)
-                past.append(unflat_cache([t.detach() for t in flat_cache(out.cache)]))
-                piece = pieces[-1] if len(pieces) == j + 1 else None
-                if piece is None or not out.loss_sum.requires_grad:  # the engine's chunk did not read them
-                    return False
-                loss = out.loss_sum / batch.n_targets
-                ours, *chunk_p = torch.autograd.grad(loss * scale, [piece] + params, allow_unused=True)
-                ours = _widened(ours).double() / scale
-                got = [None if g is None else g.double() / scale for g in chunk_p]
-                ours_p = [a if g is None else g if a is None else a + g for a, g in zip(ours_p, got)]
-                p_parts2 += sum(float(g.square().sum()) for g in got if g is not None)
-                rows = slice(start, start + piece.shape[-2])
-                theirs = (wide if narrowed else stock_grad)[..., rows, :].double()
-                if narrowed:
-                    first2 += float(first[..., rows, :].square().sum())
-                    again2 += float(again[..., rows, :].square().sum())
-                    effects.add(replaced[-1] if len(replaced) == j + 1 else None,
-                                [theirs - ours, ours, first[..., rows, :]])
-                diff2 += float((theirs - ours).square().sum())
-                norm2 += float(ours.square().sum())
-                total += float(loss.detach())
+            again2 = float((again - stock_grad.double()).square().sum())
+            own2 = float((stock_grad.double() - wide).square().sum())  # the stock loss's own rounding
+            del again
+        def sweep(widen: bool, visit) -> tuple | None:
+            """The engine's chunks on the same output, ``visit(rows, dL/d(its piece), the layer's own output)`` each
+            (dL in float64, at ``scale``); (the parameters' gradients summed over the chunks in float64 -- campaign
+            50: in float32 the sum's own rounding grew with the chunk count, 5.5 eps of float32 at 1024 chunks, 2.8
+            in float64 --, the sum over the chunks of their squared norms -- the scale of the sum's rounding where
+            they cancel --, the loss), or None where a chunk does not read the output."""
+            pieces: list[torch.Tensor | None] = []
+            replaced: list[torch.Tensor] = []
+            past, sums, parts2, total = [], [None] * len(params), 0.0, 0.0
+            with torch.enable_grad(), _output_hook(layer, _next_slice_of(same, pieces, replaced)), \
+                    _Widened(same.dtype) if widen else nullcontext(), \
+                    self.compute_loss_context_manager(), self.accelerator.autocast():
+                for j in range(batch.num_chunks):
+                    tok, tgt, start = batch.span(j, 1)
+                    out = checked_chunk(adapter.chunk_forward(tok, tgt, past, start, batch.ignore_index), j)
+                    past.append(unflat_cache([t.detach() for t in flat_cache(out.cache)]))
+                    piece = pieces[-1] if len(pieces) == j + 1 else None
+                    if piece is None or not out.loss_sum.requires_grad:  # the engine's chunk did not read them
+                        return None
+                    loss = out.loss_sum / batch.n_targets
+                    ours, *chunk_p = torch.autograd.grad(loss * scale, [piece] + params, allow_unused=True)
+                    got = [None if g is None else g.double() / scale for g in chunk_p]
+                    sums = [a if g is None else g if a is None else a + g for a, g in zip(sums, got)]
+                    parts2 += sum(float(g.square().sum()) for g in got if g is not None)
+                    visit(slice(start, start + piece.shape[-2]), _widened(ours).double() / scale,
+                          replaced[-1] if len(replaced) == j + 1 else None)
+                    total += float(loss.detach())
+            return sums, parts2, total
+
         if narrowed:
-            del first, again
+            # the engine as it is: the stock's difference from it, where rounding (its own, and the engine's where
+            # the forward narrows after the output, as a float32 projection) is part of it
+            def keep(rows, ours, _):
+                apart[..., rows, :] -= ours
+            apart = stock_grad.double().clone()
+            swept = sweep(False, keep)
+            if swept is None:
+                return False
+            ours_p_as, _, total_as = swept
+        diff2, norm2, rho2 = 0.0, 0.0, 0.0
+        # what the difference, the engine's gradient and the rounding between the stock and the engine give the
+        # trainable parameters before the output through each chunk's graph (:class:`_Effects`), summed over chunks
+        effects = _Effects(params if narrowed else [], 3)
+
+        def compare(rows, ours, output):
+            nonlocal diff2, norm2, rho2
+            theirs = (wide if narrowed else stock_grad)[..., rows, :].double()
+            if narrowed:  # the rounding: the difference as it is less the exact one (the engine's run widened too)
+                rho = apart[..., rows, :] - (theirs - ours)
+                rho2 += float(rho.square().sum())
+                effects.add(output, [theirs - ours, ours, rho])
+            diff2 += float((theirs - ours).square().sum())
+            norm2 += float(ours.square().sum())
+
+        swept = sweep(narrowed, compare)
+        if swept is None:
+            return False
+        ours_p, p_parts2, total = swept
+        if narrowed:
+            del apart
+            rounded_p = [None if g is None or e is None or w is None or a is None else (g - a) - (w - e)
+                         for g, a, w, e in zip(theirs_p, ours_p_as, wide_p, ours_p)]
             theirs_p = wide_p  # the parameters after the output: the widened loss's gradients
         # the parameters: no stock gradient where the engine's loss has none (a penalty on the weights, an early-exit
         # loss: campaign 47 Q1/Q2), and the same gradient where both have one (the output layer and what follows
@@ -873,16 +904,16 @@ class SeCOTrainerMixin:
         measured = {}
         if narrowed:
             floor = allowed
-            measured_rounding = (first2 / norm2) ** 0.5 if norm2 > 0 else 0.0
+            measured_rounding = (rho2 / norm2) ** 0.5 if norm2 > 0 else 0.0
             allowed = floor + measured_rounding / 2
             p_rounding = sum(float(g.square().sum()) for g in rounded_p if g is not None) ** 0.5
             p_allowed += (p_rounding / p_norm2 ** 0.5) / 2 if p_norm2 > 0 else 0.0
-            v_rounding = abs(value_stock - value_w) / max(abs(total), 1.0)
+            v_rounding = abs((value_stock - total_as) - (value_w - total)) / max(abs(total), 1.0)
             value = abs(value_w - total) / max(abs(total), 1.0)
             v_allowed += 2 * v_rounding
             measured = {"rounding": measured_rounding, "value_rounding": v_rounding}
             # the loss run twice as it is: the same gradient, else what differs is not rounding (randomness)
-            if norm2 > 0 and not (again2 / norm2) ** 0.5 <= floor + measured_rounding / 4 or not abs(
+            if norm2 > 0 and not (again2 / norm2) ** 0.5 <= floor + (own2 / norm2) ** 0.5 / 4 or not abs(
                     again_value - value_stock) / max(abs(total), 1.0) <= v_allowed / 4:
                 unsteady = (again2 / norm2) ** 0.5
                 raise ValueError(
