@@ -204,3 +204,45 @@ def test_widened_runs_in_float64_and_shows_the_narrower_dtype():
     exact = (2 * x + 1 - torch.softmax(x, -1) * x.shape[-1]).detach()
     assert torch.equal(logp.detach(), x.detach().log_softmax(-1)) and (grad - exact).abs().max() < 1e-14
     assert torch.finfo(grad.dtype).bits == 64
+
+
+class _Float32CrossEntropy(torch.autograd.Function):
+    """Cross-entropy (label smoothing ``smoothing``) computed in float32 forward and backward, returned in the
+    logits' dtype: a loss narrower than the value it returns."""
+
+    @staticmethod
+    def forward(ctx, z, y, items, smoothing):
+        x = z.float()
+        ctx.save_for_backward(x, y)
+        ctx.items, ctx.smoothing = items, smoothing
+        return _ce(x, y, items, smoothing).to(z.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y = ctx.saved_tensors
+        keep = (y != -100)[..., None]
+        target = F.one_hot(y.clamp(min=0), x.shape[-1]).float() * (1 - ctx.smoothing) + ctx.smoothing / x.shape[-1]
+        return ((x.softmax(-1) - target) * keep / ctx.items * grad.float()).to(grad.dtype), None, None, None
+
+
+def test_c58_a_float64_loss_that_computes_in_float32_is_measured(tmp_path):
+    """A loss that computes in float32 but returns float64 (a custom autograd Function) was held to float64's 1024
+    eps in value and 2 eps in gradient: plain cross-entropy refused.  On a float64 model every loss is now measured
+    widened, and the first value check too; label smoothing 3e-6 is refused."""
+    with pytest.raises(ValueError, match=TERM):
+        _trained(tmp_path / "smoothed", _llama(lambda z, y, n: _Float32CrossEntropy.apply(z + 1000, y, n, 3e-6)))
+    measured = _trained(tmp_path / "plain", _llama(lambda z, y, n: _Float32CrossEntropy.apply(z + 1000, y, n, 0.0)))
+    assert measured["gradient"] <= measured["allowed"] / 2 and measured["rounding"] > 1e-7
+
+
+def test_c58_a_float16_loss_of_shifted_logits_passes_the_first_value_check(tmp_path):
+    """The first check compares the values on each side's own forward within 1024 eps of float32; a float16 loss of
+    logits + 100 rounds its value by 3.7e-4: refused.  Where it fails on a float64 model both sides run again widened,
+    within float64's 1024 eps plus half what the widening moved them."""
+    def loss(smoothing):
+        return lambda z, y, n: _ce((z + 100).half(), y, n, smoothing).float()
+
+    measured = _trained(tmp_path / "plain", _llama(loss(0.0)))
+    assert measured["gradient"] <= measured["allowed"] / 2 and measured["rounding"] > 1e-4
+    with pytest.raises(ValueError, match=TERM):
+        _trained(tmp_path / "smoothed", _llama(loss(3e-3)))

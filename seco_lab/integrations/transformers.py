@@ -670,6 +670,18 @@ class SeCOTrainerMixin:
                 " -- or it is that loss times exactly 2; either way the SeCO step and the stock Trainer would "
                 "train differently: divide the summed loss by num_items_in_batch in the forward, or set "
                 "trainer.model_accepts_loss_kwargs = False (the Trainer then averages the micro-batch means)")
+        if not abs(value - ours) <= allowed * max(abs(ours), 1.0) and computed == torch.float64:
+            # a float64 model whose loss computes narrower than the value it returns (a float32 loss cast back, a
+            # custom Function), or rounds logits near 3e5 beyond 1024 eps: both sides again, widened
+            # (:class:`_Widened`), within float64's 1024 eps and half what the widening moved them
+            with torch.no_grad(), _Widened(), self.compute_loss_context_manager(), self.accelerator.autocast():
+                ours_w = float(forward_loss(adapter, tokens, targets, c))
+            with _Widened():
+                stock_w = float(self._seco_stock_loss(unwrapped, prefix, items, head, vocab, "logits",
+                                                      widen=True)[0].detach()) * ratio
+            apart = abs(value - stock_w) + abs(ours - ours_w)
+            allowed = 1024 * torch.finfo(torch.float64).eps + apart / 2 / max(abs(ours), 1.0)
+            value, ours = stock_w, ours_w
         if not abs(value - ours) <= allowed * max(abs(ours), 1.0):
             raise ValueError(
                 f"SeCOTrainer: the loss the stock Trainer computes (compute_loss) on the first {span} tokens of this "
@@ -814,7 +826,10 @@ class SeCOTrainerMixin:
         same = leaf.detach()
         del leaf
         vocab = getattr(adapter, "vocab_size", None) or 0
-        narrowed = torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps
+        # a loss narrower than the output; on a float64 model any loss (it may compute narrower than it returns: a
+        # float32 loss cast back, a custom Function)
+        narrowed = torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps or (
+            same.dtype == torch.float64 and self._seco_check_computed == torch.float64)
         value_stock = float(stock.detach())
         if narrowed:  # the loss run widened (its rounding: the difference), and once more as it is
             value_w, dtype_w, wide, *wide_p = rerun(same, True)
