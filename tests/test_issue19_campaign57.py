@@ -198,6 +198,7 @@ def test_widened_runs_in_float64_and_shows_the_narrower_dtype():
         assert torch.zeros(3, dtype=torch.bfloat16).dtype == torch.bfloat16
         assert torch.cat([y, y]).dtype == torch.float32 and torch.result_type(y, x) == torch.float64
         assert torch.result_type(y, x[0, 0]) == torch.float32 and (y * x[0, 0]).dtype == torch.float32
+        assert y[0].dtype == (1 - y).dtype == torch.float32
         logp = x.log_softmax(-1, dtype=torch.float32)
         (grad,) = torch.autograd.grad(Squared.apply(x).sum() + logp.sum(), x)
     assert y.double().dtype == torch.float64

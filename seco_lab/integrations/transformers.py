@@ -64,10 +64,13 @@ forward that uses the layer's weight itself), z is the decoder's last hidden sta
 and b is max(64, sqrt V) eps (dL/dh sums over the vocabulary: 0.11 sqrt(V) eps measured), at least 2 eps of 16-bit
 weights or autocast (measured: 8e-8 apart through TRL's fused head in float32, 0 in bfloat16, 5e-6 in float16; label
 smoothing 0.1 in bfloat16 moves dL/dh 0.099). Where the model is wider than its loss (transformers casts a float64
-model's logits to float32), that loss's own rounding is measured on its code: it runs again on the same z with its
-casts kept in float64 (``_Widened``), must match the engine's within float64's b plus half the difference between
-its two runs, and runs a third time as it is, to refuse randomness (campaign 58; campaigns 51-57 fooled every model
-of that rounding). Where neither can be paired, the values alone are compared, warned.
+model's logits to float32), that loss's own rounding is measured on its code: it and the engine's chunks run again
+on the same z with their casts kept in float64 (``_Widened``); widened, they must agree within float64's b plus half
+of what sets them apart as they run, and the stock loss runs a third time as it is, to refuse randomness (campaign
+58; campaigns 51-57 fooled every model of that rounding). So does any loss of a float64 model (it may compute
+narrower than it returns), and where the first value check fails on a float64 model both sides run again widened,
+within float64's a plus half what the widening moved them. Where neither can be paired, the values alone are
+compared, warned.
 
 **Padding.**  A right-padded batch (attention mask 1...1 0...0 per row, pad targets -100) is
 exact: causal attention never lets a real token see a later pad.  Left padding or holes in
@@ -317,7 +320,9 @@ class _Widened(torch.overrides.TorchFunctionMode):
             if kwargs.get("dtype") in narrow:
                 kwargs["dtype"] = wide
             args = tuple(wide if isinstance(a, torch.dtype) and a in narrow else a for a in args)
-        inplace = getattr(func, "__name__", "").endswith("_") or "out" in kwargs or func is torch.Tensor.__setitem__
+        name = getattr(func, "__name__", "")  # add_, __iadd__, __setitem__ write into their first argument
+        inplace = name.endswith("_") and not name.startswith("__") or name.startswith("__i") or "out" in kwargs or (
+            func is torch.Tensor.__setitem__)
         tensors = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else (a,))
                    if torch.is_tensor(t) and t.is_floating_point()]  # (torch.cat's list too)
         args = tuple(a.to(wide) if torch.is_tensor(a) and a.dtype in narrow and not (inplace and i == 0) else a
@@ -679,15 +684,17 @@ class SeCOTrainerMixin:
             with _Widened():
                 stock_w = float(self._seco_stock_loss(unwrapped, prefix, items, head, vocab, "logits",
                                                       widen=True)[0].detach()) * ratio
-            apart = abs(value - stock_w) + abs(ours - ours_w)
+            apart, widened = abs(value - stock_w) + abs(ours - ours_w), " (both run with their casts in float64)"
             allowed = 1024 * torch.finfo(torch.float64).eps + apart / 2 / max(abs(ours), 1.0)
             value, ours = stock_w, ours_w
+        else:
+            widened = ""
         if not abs(value - ours) <= allowed * max(abs(ours), 1.0):
             raise ValueError(
                 f"SeCOTrainer: the loss the stock Trainer computes (compute_loss) on the first {span} tokens of this "
                 f"batch is {value!r}" + (f" (given num_items_in_batch = {int(items)}, twice their targets, and "
                                          "doubled)" if ratio != 1 else "") +
-                f", the causal-LM cross-entropy the SeCO step trains {ours!r} (relative difference "
+                f", the causal-LM cross-entropy the SeCO step trains {ours!r}{widened} (relative difference "
                 f"{abs(value - ours) / max(abs(ours), 1.0):.3g}, rounding allows {allowed:.2g}): something adds to or "
                 "changes the loss where the trainer's class checks cannot see it -- a forward or compute_loss set on "
                 "the instance, a forward hook on the model, a subclass's extra term, or randomness in the forward -- "
