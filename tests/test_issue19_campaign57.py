@@ -127,7 +127,15 @@ def test_c58_rounding_the_engine_shares_is_not_allowed_as_the_loss_s(tmp_path):
 
 DTYPE_TERMS = {"label smoothing where the logits are float32": lambda x: 3e-6 if x.dtype == torch.float32 else 0.0,
                "label smoothing of 25 eps of their dtype": lambda x: 25 * torch.finfo(x.dtype).eps,
-               "label smoothing where they take 4 bytes": lambda x: 3e-6 if x.element_size() == 4 else 0.0}
+               "label smoothing where they take 4 bytes": lambda x: 3e-6 if x.element_size() == 4 else 0.0,
+               # campaign 58: dtype reads by other routes
+               "... where their numpy copy is float32": lambda x: 3e-6 if str(x.detach().numpy().dtype) == "float32"
+               else 0.0,
+               "... where their storage holds 4 bytes each": lambda x: 3e-6 if x.untyped_storage().nbytes() == 4 *
+               x.numel() else 0.0,
+               "... where their text does not say float64": lambda x: 3e-6 if "float64" not in repr(x[:1, :1]) else 0.0,
+               "... where their bits read as as many int32": lambda x: 3e-6 if x.detach().view(torch.int32).numel() ==
+               x.numel() else 0.0}
 
 
 @pytest.mark.parametrize("term", DTYPE_TERMS)

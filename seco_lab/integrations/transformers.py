@@ -241,6 +241,8 @@ _CASTS = {torch.Tensor.float: torch.float32, torch.Tensor.half: torch.float16, t
           torch.Tensor.type_as: None}
 _NOMINAL = "_seco_nominal"  # on a widened tensor: the dtype it has in the stock loss run as it is
 _READS = {torch._C.TensorBase.__dict__[name]: name for name in ("dtype", "itemsize", "nbytes")}
+_SHOWN = {torch.Tensor.numpy, torch.Tensor.untyped_storage, torch.Tensor.storage, torch.Tensor.__repr__,
+          torch.Tensor.__format__, torch.Tensor.tolist}
 
 
 def _nominal(t) -> torch.dtype:
@@ -259,12 +261,14 @@ class _Widened(torch.overrides.TorchFunctionMode):
     or bfloat16 (``.float()``, ``.to(dtype)``, ``.type_as``...) returns a float64 copy, a narrower ``dtype`` argument
     (``log_softmax(x, dtype=torch.float32)``, ``torch.zeros(..., dtype=...)``) becomes float64, and narrower floating
     tensors passed to a call (a float32 class weight) are read in float64.
-    Code that reads a widened tensor's ``dtype`` (``itemsize``, ``element_size()``, ``type()``) reads the dtype it has
-    run as it is, so it takes the same branches.  The stock loss of a float64 model run so has no rounding but
-    float64's (transformers casts its logits to float32): what the loss computes, exactly, to compare with the
-    engine's cross-entropy; the loss run as it is, minus the same run widened, is the loss's own rounding, measured
-    on its own code (campaigns 51-57 fooled every model of it).  A custom autograd Function's backward (TRL's fused
-    head), which autograd runs without the modes of its forward, runs widened too while this is active."""
+    Code that reads a widened tensor's ``dtype`` (``itemsize``, ``element_size()``, ``type()``; its ``numpy()``, its
+    storages, its text, a ``view(dtype)`` of its bits) reads the dtype it has run as it is, so it takes the same
+    branches (campaign 58; not ``isinstance(x, torch.FloatTensor)``, which torch checks in C).  The stock loss of a
+    float64 model run so has no rounding but float64's (transformers casts its logits to float32): what the loss
+    computes, exactly, to compare with the engine's cross-entropy; the loss run as it is, minus the same run
+    widened, is the loss's own rounding, measured on its own code (campaigns 51-57 fooled every model of it).  A
+    custom autograd Function's backward (TRL's fused head), which autograd runs without the modes of its forward,
+    runs widened too while this is active."""
 
     def __init__(self, wide: torch.dtype = torch.float64):
         super().__init__()
@@ -296,6 +300,9 @@ class _Widened(torch.overrides.TorchFunctionMode):
                        not kwargs):
             shown = torch.empty(0, dtype=getattr(first, _NOMINAL), device=first.device)
             return shown.element_size() if func is torch.Tensor.element_size else shown.type()
+        if marked and (func in _SHOWN or func is torch.Tensor.view and any(isinstance(a, torch.dtype) for a in (
+                *args[1:], *kwargs.values()))):  # numpy, the storage, the text, the bits: of the narrower copy
+            return func(first.detach().to(getattr(first, _NOMINAL)), *args[1:], **kwargs)
         if func is torch.result_type:  # on the dtypes the tensors have as they are
             return torch.result_type(*(torch.empty((1,) * a.dim(), dtype=_nominal(a)) if torch.is_tensor(a) else a
                                        for a in args), **kwargs)
