@@ -11,6 +11,7 @@ d204d2d."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -255,3 +256,57 @@ def test_c58_a_float16_loss_of_shifted_logits_passes_the_first_value_check(tmp_p
     assert measured["gradient"] <= measured["allowed"] / 2 and measured["rounding"] > 1e-4
     with pytest.raises(ValueError, match=TERM):
         _trained(tmp_path / "smoothed", _llama(loss(3e-3)))
+
+
+class _NumpyCrossEntropy(torch.autograd.Function):
+    """Cross-entropy (label smoothing ``smoothing``) computed in numpy float32, out of torch's sight, as a compiled
+    kernel would."""
+
+    @staticmethod
+    def forward(ctx, z, y, items, smoothing):
+        x = z.detach().cpu().numpy().astype(np.float32)
+        x = x - x.max(-1, keepdims=True)
+        p = np.exp(x) / np.exp(x).sum(-1, keepdims=True)
+        keep = (y != -100).numpy()
+        target = np.zeros_like(p)
+        target[keep, y.numpy()[keep]] = 1
+        target = target * (1 - smoothing) + smoothing / x.shape[-1]
+        logp = x - np.log(np.exp(x).sum(-1, keepdims=True))
+        ctx.save_for_backward(torch.from_numpy((p - target) * keep[:, None] / np.float32(items)))
+        return torch.tensor(float(-(target * logp)[keep].sum() / np.float32(items)), dtype=z.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (g,) = ctx.saved_tensors
+        return g.to(grad.dtype) * grad, None, None, None
+
+
+def test_c58_a_loss_computed_outside_torch_in_float32_is_allowed_cross_entropy_s_float32_rounding(tmp_path):
+    """Campaign 58 N-OPQ: a loss computed in float32 outside torch (numpy) cannot be run widened; its gradient,
+    all float32 numbers, was held to float64's rounding: plain refused.  On the logits it is now allowed twice
+    F.cross_entropy's float32 rounding on them; label smoothing 1e-5 is refused."""
+    def loss(smoothing):
+        return lambda z, y, n: _NumpyCrossEntropy.apply(z.reshape(-1, z.shape[-1]), y.reshape(-1), n, smoothing)
+
+    def model(smoothing):  # the logits paired: the output layer computes them
+        return tc.for_seco(_HookedLoss.of(tc.tiny_llama().to(torch.float64), loss(smoothing)))
+
+    measured = _trained(tmp_path / "plain", model(0.0))
+    assert measured["paired"] == "logits" and measured["gradient"] <= measured["allowed"] / 1.5
+    with pytest.raises(ValueError, match="could not be run in float64"):
+        _trained(tmp_path / "smoothed", model(1e-5))
+
+
+class _HookedLoss:
+    @staticmethod
+    def of(model, loss):
+        """``model`` whose output's loss is replaced by ``loss(logits, y, items)`` (a forward hook)."""
+        def hook(module, args, kwargs, out):
+            labels = kwargs.get("labels")
+            if labels is not None:
+                y = F.pad(labels, (0, 1), value=-100)[..., 1:]
+                items = kwargs.get("num_items_in_batch")
+                out.loss = loss(out.logits, y, items if items is not None else (y != -100).sum())
+            return out
+        model.register_forward_hook(hook, with_kwargs=True)
+        return model

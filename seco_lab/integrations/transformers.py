@@ -692,7 +692,11 @@ class SeCOTrainerMixin:
                 stock_w = float(self._seco_stock_loss(unwrapped, prefix, items, head, vocab, "logits",
                                                       widen=True)[0].detach()) * ratio
             apart, widened = abs(value - stock_w) + abs(ours - ours_w), " (both run with their casts in float64)"
-            allowed = 1024 * torch.finfo(torch.float64).eps + apart / 2 / max(abs(ours), 1.0)
+            # (where widening did not move the stock loss, it may compute in float32 out of torch's sight -- numpy, a
+            # compiled kernel --: a float32 loss's 1024 eps; the same-output check then measures what it can)
+            unmoved = stock_w == value  # the stock loss: the same value widened
+            allowed = 1024 * torch.finfo(torch.float32 if unmoved else torch.float64).eps + apart / 2 / max(
+                abs(ours), 1.0)
             value, ours = stock_w, ours_w
         else:
             widened = ""
@@ -845,12 +849,26 @@ class SeCOTrainerMixin:
         narrowed = torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps or (
             same.dtype == torch.float64 and self._seco_check_computed == torch.float64)
         value_stock = float(stock.detach())
+        opaque = False
         if narrowed:  # the loss run widened (its rounding: the difference), and once more as it is
             value_w, dtype_w, wide, *wide_p = rerun(same, True)
             again_value, _, again, *_ = rerun(same, False)
             again2 = float((again - stock_grad.double()).square().sum())
             own2 = float((stock_grad.double() - wide).square().sum())  # the stock loss's own rounding
             del again
+            # widening changed nothing, yet the gradient is all float32 numbers: the loss computes in float32 where
+            # torch does not see it (numpy, a compiled kernel); on the logits, its rounding is taken as twice
+            # F.cross_entropy's in float32 on them (campaign 58 N-OPQ)
+            opaque = own2 == 0 and bool(wide.ne(0).any()) and bool(torch.equal(wide, wide.float().double()))
+            if opaque and what == "logits":
+                def ce(x):  # (its value, its gradient)
+                    leaf = x.detach().requires_grad_(True)
+                    loss = torch.nn.functional.cross_entropy(leaf.reshape(-1, leaf.shape[-1]), targets.reshape(-1),
+                                                             ignore_index=batch.ignore_index, reduction="sum")
+                    grad = torch.autograd.grad(loss / batch.n_targets, leaf)[0].double()
+                    return float(loss.detach()) / batch.n_targets, grad
+                (v32, g32), (v64, g64) = ce(same.float()), ce(same)
+                modelled, modelled_value = 4 * (g32 - g64), 2 * abs(v32 - v64) + 64 * torch.finfo(torch.float32).eps
         def sweep(widen: bool, visit) -> tuple | None:
             """The engine's chunks on the same output, ``visit(rows, dL/d(its piece), the layer's own output)`` each
             (dL in float64, at ``scale``); (the parameters' gradients summed over the chunks in float64 -- campaign
@@ -899,7 +917,7 @@ class SeCOTrainerMixin:
             nonlocal diff2, norm2, rho2
             theirs = (wide if narrowed else stock_grad)[..., rows, :].double()
             if narrowed:  # the rounding: the difference as it is less the exact one (the engine's run widened too)
-                rho = apart[..., rows, :] - (theirs - ours)
+                rho = modelled[..., rows, :] if opaque and what == "logits" else apart[..., rows, :] - (theirs - ours)
                 rho2 += float(rho.square().sum())
                 effects.add(output, [theirs - ours, ours, rho])
             diff2 += float((theirs - ours).square().sum())
@@ -937,7 +955,8 @@ class SeCOTrainerMixin:
             allowed = floor + measured_rounding / 2
             p_rounding = sum(float(g.square().sum()) for g in rounded_p if g is not None) ** 0.5
             p_allowed += (p_rounding / p_norm2 ** 0.5) / 2 if p_norm2 > 0 else 0.0
-            v_rounding = abs((value_stock - total_as) - (value_w - total)) / max(abs(total), 1.0)
+            v_rounding = (modelled_value if opaque and what == "logits" else abs(
+                (value_stock - total_as) - (value_w - total))) / max(abs(total), 1.0)
             value = abs(value_w - total) / max(abs(total), 1.0)
             v_allowed += 2 * v_rounding
             measured = {"rounding": measured_rounding, "value_rounding": v_rounding}
@@ -979,6 +998,10 @@ class SeCOTrainerMixin:
                 ": a term in the stock loss -- label smoothing, a weight on some targets, a scale, a penalty on the "
                 "logits, put in by a hook, a forward or a compute_loss -- would be left out by the SeCO step; remove "
                 "it, or train that loss with the stock Trainer" + widened_note + (
+                    " (the loss computes in float32 where torch does not see it -- numpy, a compiled kernel -- so it "
+                    "could not be run in float64" + (": its rounding was taken as twice F.cross_entropy's in float32 "
+                                                     "on the same logits)" if what == "logits" else ")")
+                    if narrowed and opaque else "") + (
                     f" (their gradients w.r.t. the {what} agree, and those w.r.t. the trainable parameters too: "
                     "a term that changes the value only -- a constant, or one computed outside autograd)"
                     if diff <= allowed and not moved else ""))
