@@ -310,3 +310,44 @@ class _HookedLoss:
             return out
         model.register_forward_hook(hook, with_kwargs=True)
         return model
+
+
+def _every_other_call():
+    calls = [0]
+
+    def smoothing(x):
+        calls[0] += 1
+        return 1e-3 if calls[0] % 2 == 0 else 0.0
+    return smoothing
+
+
+UNSEEN_TERMS = {
+    "label smoothing where isinstance(x, torch.FloatTensor)": lambda: lambda x: 3e-6 if isinstance(
+        x, torch.FloatTensor) else 0.0,
+    "label smoothing on every other call": _every_other_call,
+}
+
+
+@pytest.mark.parametrize("term", UNSEEN_TERMS)
+def test_c58_h1_h2_a_term_the_float64_run_leaves_out_is_held_to_what_rounding_can_make(tmp_path, term):
+    """Campaign 58 H1/H2: a term the widened run does not compute (gated on a dtype test torch makes in C, or on a
+    call counter) counted whole as rounding: label smoothing 0.1 passed at 2.2e6x.  The rounding allowed for may be
+    at most 16x the largest step at which a narrowing the loss's gradient goes through rounds."""
+    smoothing = UNSEEN_TERMS[term]()
+
+    def loss(z, y, n):
+        x = z.float()
+        return _ce(x, y, n, smoothing(x))
+
+    with pytest.raises(ValueError, match="more than rounding at the narrowings its gradient goes through can make"):
+        _trained(tmp_path, _llama(loss))
+
+
+def test_c58_h3_a_term_built_from_its_own_rounding_error_is_held_to_what_rounding_can_make(tmp_path):
+    """Campaign 58 H3: lam * (z.float() - z).detach() * z is zero when widened; at lam 1e4 it passed as 2.2e-3 of
+    "rounding" (plain cross-entropy's: 4e-8)."""
+    def loss(z, y, n):
+        return _ce(z.float(), y, n) + 1e4 * ((z.float().double() - z).detach() * z).sum() / n
+
+    with pytest.raises(ValueError, match="more than rounding at the narrowings its gradient goes through can make"):
+        _trained(tmp_path, _llama(loss))
