@@ -874,7 +874,7 @@ class SeCOTrainerMixin:
         narrowed = torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps or (
             same.dtype == torch.float64 and self._seco_check_computed == torch.float64)
         value_stock = float(stock.detach())
-        opaque = False
+        opaque, modelled = False, None  # (modelled: that rounding, on the logits, where the loss is opaque)
         if narrowed:  # the loss run widened (its rounding: the difference), and once more as it is
             value_w, dtype_w, quantum, wide, *wide_p = rerun(same, True)
             again_value, _, _, again, *_ = rerun(same, False)
@@ -894,6 +894,7 @@ class SeCOTrainerMixin:
                     return float(loss.detach()) / batch.n_targets, grad
                 (v32, g32), (v64, g64) = ce(same.float()), ce(same)
                 modelled, modelled_value = 4 * (g32 - g64), 2 * abs(v32 - v64) + 64 * torch.finfo(torch.float32).eps
+
         def sweep(widen: bool, visit) -> tuple | None:
             """The engine's chunks on the same output, ``visit(rows, dL/d(its piece), the layer's own output)`` each
             (dL in float64, at ``scale``); (the parameters' gradients summed over the chunks in float64 -- campaign
@@ -942,7 +943,7 @@ class SeCOTrainerMixin:
             nonlocal diff2, norm2, rho2
             theirs = (wide if narrowed else stock_grad)[..., rows, :].double()
             if narrowed:  # the rounding: the difference as it is less the exact one (the engine's run widened too)
-                rho = modelled[..., rows, :] if opaque and what == "logits" else apart[..., rows, :] - (theirs - ours)
+                rho = modelled[..., rows, :] if modelled is not None else apart[..., rows, :] - (theirs - ours)
                 rho2 += float(rho.square().sum())
                 effects.add(output, [theirs - ours, ours, rho])
             diff2 += float((theirs - ours).square().sum())
@@ -980,7 +981,7 @@ class SeCOTrainerMixin:
             allowed, allowed_floor = floor + measured_rounding / 2, floor
             p_rounding = sum(float(g.square().sum()) for g in rounded_p if g is not None) ** 0.5
             p_allowed += (p_rounding / p_norm2 ** 0.5) / 2 if p_norm2 > 0 else 0.0
-            v_rounding = (modelled_value if opaque and what == "logits" else abs(
+            v_rounding = (modelled_value if modelled is not None else abs(
                 (value_stock - total_as) - (value_w - total))) / max(abs(total), 1.0)
             value = abs(value_w - total) / max(abs(total), 1.0)
             v_allowed += 2 * v_rounding
