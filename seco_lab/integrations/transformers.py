@@ -70,7 +70,10 @@ of what sets them apart as they run, and the stock loss runs a third time as it 
 58; campaigns 51-57 fooled every model of that rounding). So does any loss of a float64 model (it may compute
 narrower than it returns), and where the first value check fails on a float64 model both sides run again widened,
 within float64's a plus half what the widening moved them. Where neither can be paired, the values alone are
-compared, warned.
+compared, warned. The first check that passes warns, once, what it cannot see (``_seco_warn_resolution``): a term
+that appears only between checks or only on tokens the checked micro-batch lacks, and for a loss narrower than the
+model the term sizes below which a term is rounding to the check (campaign 59: a term built from rounding error is
+rounding, amplified; no comparison tells them apart).
 
 **Padding.**  A right-padded batch (attention mask 1...1 0...0 per row, pad targets -100) is
 exact: causal attention never lets a real token see a later pad.  Left padding or holes in
@@ -587,8 +590,12 @@ class SeCOTrainerMixin:
                              f"{bound!r:.80} ({type(bound).__name__}) (campaign 52)")
         while True:
             self._seco_check_tried = None  # (tokens, bytes of their float32 logits) once the span is known
+            self._seco_check_resolution = None  # what a narrowed loss was compared to (_seco_check_loss_gradient)
             try:
-                return self._seco_check_loss_within(model, adapter, inputs, self.seco_loss_check_logits_bytes)
+                checked = self._seco_check_loss_within(model, adapter, inputs, self.seco_loss_check_logits_bytes)
+                if checked:
+                    self._seco_warn_resolution()
+                return checked
             except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
                 if not _out_of_memory(error) or self._seco_check_tried is None:
                     raise
@@ -606,6 +613,36 @@ class SeCOTrainerMixin:
                            "(their float32 logits take %.0f MiB; the check needs about 4x that besides the model): "
                            "seco_loss_check_logits_bytes is lowered to %d for this trainer and the check runs again",
                            tried[0], tried[1] / 2**20, self.seco_loss_check_logits_bytes)
+
+    def _seco_warn_resolution(self) -> None:
+        """Once per trainer, where a loss check passed: what it cannot see. It compares the stock loss on one
+        micro-batch, at the first step, every ``seco_loss_check_every`` steps and when the loss's code changes, so a
+        term that appears between checks (a call counter, the step) or only on tokens the checked micro-batch lacks is
+        not seen (campaign 58 H4, 55 Z7). A loss narrower than the model (transformers' float32 loss on a float64
+        model) is compared only to its own rounding (:meth:`_seco_check_loss_gradient`), measured: a term below half
+        of it, or one its float64 run does not compute (gated on ``isinstance(x, torch.FloatTensor)``, built from its
+        own rounding error) below ``ROUNDING_STEPS`` rounding steps, is rounding to the check -- in principle: a term
+        made of rounding error is rounding, amplified (campaign 59 I1-I4)."""
+        if getattr(self, "_seco_resolution_warned", False):
+            return
+        self._seco_resolution_warned = True
+        every = self.seco_loss_check_every
+        text = ("SeCOTrainer: the loss check passed: the stock compute_loss agrees with the cross-entropy the SeCO "
+                "step trains on the checked micro-batch (it is checked again " +
+                (f"every {every} optimizer steps and " if every else "") + "whenever the loss's code changes); a term "
+                "that appears only between checks (one that depends on the step or on how often the loss has been "
+                "called) or only on tokens absent from the checked micro-batch is not seen")
+        shown = self._seco_check_resolution
+        if shown is not None:
+            text += (f". The loss computes narrower than the {shown['model']} model, so it was compared only to its "
+                     f"own rounding, {shown['rounding']:.2g} relative in the gradient w.r.t. the {shown['what']} "
+                     f"(measured): a term smaller than {shown['visible']:.2g} relative is not seen")
+            if shown["hidden"] is not None:
+                text += (f", nor one below {shown['hidden']:.2g} that the loss leaves out when run with its casts "
+                         "kept in float64 (a term gated on isinstance(x, torch.FloatTensor) or on the values being "
+                         "float32 numbers, or built from its own rounding error)")
+            text += "; compute the loss in the model's dtype (compute_loss_func) to check it to that dtype's rounding"
+        logger.warning(text)
 
     def _seco_check_loss_within(self, model, adapter: HFChunkModel, inputs, bound: int) -> bool:
         """Compare the stock ``compute_loss`` with the engine's cross-entropy on the micro-batch (where the whole
@@ -1044,6 +1081,10 @@ class SeCOTrainerMixin:
                 "a route the check cannot follow: isinstance(x, torch.FloatTensor), ...), on how many times the "
                 "loss has been called, or built from its own rounding error, which the float64 run leaves out and "
                 "the SeCO step would too; remove it, or train that loss with the stock Trainer")
+        if narrowed:  # what the check could not tell from rounding (_seco_warn_resolution)
+            self._seco_check_resolution = {
+                "model": str(same.dtype).removeprefix("torch."), "what": what, "rounding": measured["rounding"],
+                "visible": allowed, "hidden": None if opaque else allowed_floor + self.ROUNDING_STEPS * quantum}
         if params_differ:
             names = ", ".join(f"{name} ({norm:.3g})" for name, norm in reached[:4])
             raise ValueError(

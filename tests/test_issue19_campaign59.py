@@ -1,0 +1,75 @@
+"""Issue 19, campaign 59 (I1-I4) and the loss check's stated resolution.
+
+A loss narrower than the model (transformers' float32 loss on a float64 model) can be compared with the engine's
+cross-entropy only to its own rounding.  A term its float64 run does not compute -- gated on
+``isinstance(x, torch.FloatTensor)``, or built from its own rounding error -- is, to any such comparison, rounding
+(amplified); campaign 59 passed such terms at up to 0.79 relative where a narrowing inflated the bound of 16 rounding
+steps (I1-I4), unwarned.  Likewise a check on one micro-batch cannot see a term that appears only later (a call
+counter: campaign 58 H4) or only on tokens it does not hold (campaign 55 Z7).  The first check that passes now says
+what it could not see, with the measured numbers; the tests here fail on ceeddd1, which said nothing."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import trainer_case as tc
+from test_issue19_campaign57 import _ce, _llama
+
+from seco_lab.integrations.transformers import SeCOArguments
+
+PASSED = "SeCOTrainer: the loss check passed"
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and PASSED in r.getMessage()]
+
+
+def test_a_float64_model_s_float32_loss_is_told_its_measured_resolution_once(tmp_path, caplog):
+    """transformers' own float32 loss on a float64 Llama: one warning, with the rounding measured, the term size below
+    which a term is not seen, and the size for a term the float64 run leaves out; a second train() says nothing."""
+    trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=tc.for_seco(tc.tiny_llama()),
+                              max_steps=1)
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    measured = trainer.seco_loss_check_measured
+    [text] = _warnings(caplog)
+    assert "on tokens absent from the checked micro-batch is not seen" in text
+    assert "narrower than the float64 model" in text and f"{measured['rounding']:.2g} relative" in text
+    assert f"a term smaller than {measured['allowed']:.2g} relative is not seen" in text
+    hidden = measured["allowed"] - measured["rounding"] / 2 + trainer.ROUNDING_STEPS * measured["quantum"]
+    assert f"nor one below {hidden:.2g} that the loss leaves out" in text
+    assert 1e-9 < measured["allowed"] < measured["rounding"] < 1e-6
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    assert _warnings(caplog) == []
+
+
+def test_a_loss_in_the_model_s_dtype_is_told_only_what_one_micro_batch_cannot_show(tmp_path, caplog):
+    """A float32 model: the loss computes in its dtype, so the warning names only the check's sampling (H4, Z7)."""
+    trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4),
+                              model=tc.for_seco(tc.tiny_llama(dtype=torch.float32)), max_steps=1)
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    [text] = _warnings(caplog)
+    assert "only between checks" in text and "checked again every 100 optimizer steps" in text
+    assert "narrower" not in text
+
+
+def test_c59_i_a_term_inside_the_stated_resolution_is_warned_not_silent(tmp_path, caplog):
+    """Campaign 59 I1: a narrowing of 1e6 x the logits that carries almost none of the gradient inflated the bound,
+    and label smoothing 1e-3 gated on isinstance(x, torch.FloatTensor) passed, silent.  It still passes -- to the
+    check it is rounding -- but the warning states a resolution above the term's effect, so it is not silent."""
+    def loss(z, y, n):
+        x = z.float()
+        tiny = 1e-12 * (z * 1e6).float().sum() / n  # a negligible narrowing of large values
+        return _ce(x, y, n, 1e-3 if isinstance(x, torch.FloatTensor) else 0.0) + tiny
+
+    trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=_llama(loss), max_steps=1)
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    measured = trainer.seco_loss_check_measured
+    [text] = _warnings(caplog)
+    hidden = float(text.split("nor one below ")[1].split(" ")[0])
+    assert measured["rounding"] <= hidden and measured["rounding"] > 10 * 1e-7  # the term, not float32 rounding
