@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 import trainer_case as tc
-from test_issue19_campaign57 import _ce, _llama
+from test_issue19_campaign57 import _ce, _HookedLoss, _llama
 
 from seco_lab.integrations.transformers import SeCOArguments
 
@@ -73,3 +74,26 @@ def test_c59_i_a_term_inside_the_stated_resolution_is_warned_not_silent(tmp_path
     [text] = _warnings(caplog)
     hidden = float(text.split("nor one below ")[1].split(" ")[0])
     assert measured["rounding"] <= hidden and measured["rounding"] > 10 * 1e-7  # the term, not float32 rounding
+
+
+@pytest.mark.parametrize("scale", [1e-2, 1e-3])
+def test_plain_cross_entropy_on_small_logits_of_a_float64_model_trains(tmp_path, scale):
+    """The bound on a narrowed loss's rounding was 16 steps of eps x the largest magnitude at a narrowing: on logits
+    of magnitude 3e-3 (an output layer scaled by 1e-2, as a small initialization gives) that is 6e-9, and
+    transformers' own float32 loss, 3e-8 apart (the arithmetic after the cast rounds at eps relative), was refused as
+    a term.  A step is now at least eps: it trains, and label smoothing 1e-3 is still refused."""
+    def model():
+        m = tc.for_seco(tc.tiny_llama())
+        with torch.no_grad():
+            m.lm_head.weight.mul_(scale)
+        return m
+
+    trainer = tc.make_trainer(tmp_path / "plain", seco=SeCOArguments(chunk_size=4), model=model(), max_steps=1)
+    trainer.train()
+    measured = trainer.seco_loss_check_measured
+    assert 1e-9 < measured["rounding"] < trainer.ROUNDING_STEPS * measured["quantum"]
+
+    smoothed = _HookedLoss.of(model(), lambda z, y, n: _ce(z.float(), y, n, 1e-3))
+    trainer = tc.make_trainer(tmp_path / "smoothed", seco=SeCOArguments(chunk_size=4), model=smoothed, max_steps=1)
+    with pytest.raises(ValueError, match="a term in the stock loss"):
+        trainer.train()
