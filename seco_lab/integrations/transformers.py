@@ -70,7 +70,8 @@ of what sets them apart as they run, and the stock loss runs a third time as it 
 58; campaigns 51-57 fooled every model of that rounding). So does any loss of a float64 model (it may compute
 narrower than it returns), and where the first value check fails on a float64 model both sides run again widened,
 within float64's a plus half what the widening moved them. Where neither can be paired, the values alone are
-compared, warned. The first check that passes warns, once, what it cannot see (``_seco_warn_resolution``): a term
+compared, warned. A check that passes on a train() call's or a changed loss's first micro-batch warns what it
+cannot see (``_seco_warn_resolution``): a term
 that appears only between checks or only on tokens the checked micro-batch lacks, and for a loss narrower than the
 model the term sizes below which a term is rounding to the check (campaign 59: a term built from rounding error is
 rounding, amplified; no comparison tells them apart).
@@ -542,6 +543,8 @@ class SeCOTrainerMixin:
         due = bool(every) and self.state.global_step % every == 0 and self._seco_micro == 0 \
             and self.state.global_step != self._seco_loss_checked_at  # a loss that changes by itself (campaign 41 E2)
         if (signature != self._seco_loss_checked or due) and self._seco_check_loss(model, adapter, inputs):
+            if signature != self._seco_loss_checked:  # not a periodic recheck of the same loss: what it cannot see
+                self._seco_warn_resolution()
             self._seco_loss_checked, self._seco_loss_checked_at = signature, self.state.global_step
         params = [p for p in adapter.parameters() if p.requires_grad]
         n_targets = int((targets != -100).sum())
@@ -594,10 +597,7 @@ class SeCOTrainerMixin:
             self._seco_check_tried = None  # (tokens, bytes of their float32 logits) once the span is known
             self._seco_check_resolution = None  # what a narrowed loss was compared to (_seco_check_loss_gradient)
             try:
-                checked = self._seco_check_loss_within(model, adapter, inputs, self.seco_loss_check_logits_bytes)
-                if checked:
-                    self._seco_warn_resolution()
-                return checked
+                return self._seco_check_loss_within(model, adapter, inputs, self.seco_loss_check_logits_bytes)
             except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
                 if not _out_of_memory(error) or self._seco_check_tried is None:
                     raise
@@ -617,7 +617,8 @@ class SeCOTrainerMixin:
                            tried[0], tried[1] / 2**20, self.seco_loss_check_logits_bytes)
 
     def _seco_warn_resolution(self) -> None:
-        """Once per trainer, where a loss check passed: what it cannot see. It compares the stock loss on one
+        """Where a loss check passed on the first micro-batch of a ``train()`` call or of a changed loss (not on the
+        periodic rechecks of the same one): what it cannot see. It compares the stock loss on one
         micro-batch, at the first step, every ``seco_loss_check_every`` steps and when the loss's code changes, so a
         term that appears between checks (a call counter, the step) or only on tokens the checked micro-batch lacks is
         not seen (campaign 58 H4, 55 Z7). A loss narrower than the model (transformers' float32 loss on a float64
@@ -625,9 +626,6 @@ class SeCOTrainerMixin:
         of it, or one its float64 run does not compute (gated on ``isinstance(x, torch.FloatTensor)``, built from its
         own rounding error) below ``ROUNDING_STEPS`` rounding steps, is rounding to the check -- in principle: a term
         made of rounding error is rounding, amplified (campaign 59 I1-I4)."""
-        if getattr(self, "_seco_resolution_warned", False):
-            return
-        self._seco_resolution_warned = True
         every = self.seco_loss_check_every
         text = ("SeCOTrainer: the loss check passed: the stock compute_loss agrees with the cross-entropy the SeCO "
                 "step trains on the checked micro-batch (it is checked again " +
