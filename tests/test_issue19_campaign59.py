@@ -14,6 +14,7 @@ import logging
 
 import pytest
 import torch
+import torch.nn.functional as F
 import trainer_case as tc
 from test_issue19_campaign57 import _ce, _HookedLoss, _llama, _trained
 
@@ -151,3 +152,35 @@ def test_c60_j2_a_narrowing_of_zeros_does_not_lift_the_bound(tmp_path):
 
     with pytest.raises(ValueError, match="more than rounding at the narrowings its gradient goes through can make"):
         _trained(tmp_path, _llama(loss))
+
+
+def _small_head(model, scale=1e-2):
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+BF16_LOSSES = {
+    "on the logits": lambda ls: _small_head(_HookedLoss.of(tc.for_seco(tc.tiny_llama()),
+                                                          lambda z, y, n: _ce(z.bfloat16(), y, n, ls).float())),
+    "after a float32 projection": lambda ls: _small_head(_llama(lambda z, y, n: _ce(z.bfloat16(), y, n, ls).float(),
+                                                               project=lambda h, w: F.linear(h.float(), w.float()))),
+}
+
+
+@pytest.mark.parametrize("case", BF16_LOSSES)
+def test_c61_j3_a_bfloat16_loss_on_small_logits_cast_back_trains(tmp_path, case):
+    """Campaign 61 J3: cross-entropy in bfloat16 on logits of magnitude 4e-3 of a float64 model, returned as float32,
+    was refused as a term: the loss's .float() (exact from bfloat16) counted as a narrowing of magnitude 4.2, and with
+    magnitudes taken relative to the largest the logits' cast stepped at 3e-5, 16 of them under the loss's own
+    rounding, 1.1e-3.  A cast that holds every value of the dtype it has as it runs is no narrowing, and a narrowing's
+    step is eps x the larger of its magnitude and its share of the compared gradient: it trains (fails on 888a9be),
+    and label smoothing 0.1 is still refused."""
+    trainer = tc.make_trainer(tmp_path / "plain", seco=SeCOArguments(chunk_size=4), model=BF16_LOSSES[case](0.0),
+                              max_steps=1)
+    trainer.train()
+    measured = trainer.seco_loss_check_measured
+    assert 1e-4 < measured["rounding"] < trainer.ROUNDING_STEPS * measured["quantum"]
+    with pytest.raises(ValueError, match="SeCOTrainer"):
+        tc.make_trainer(tmp_path / "term", seco=SeCOArguments(chunk_size=4), model=BF16_LOSSES[case](0.1),
+                        max_steps=1).train()

@@ -260,13 +260,14 @@ def _marked(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _quantum(sites: list) -> float:
-    """The largest rounding step of ``sites`` ((eps, largest magnitude) of each narrowing, :meth:`_Widened._site`):
-    eps x magnitude, the magnitudes taken relative to the largest where that is under 1 -- the arithmetic after a
-    narrowing rounds at eps relative whatever the magnitude (plain cross-entropy on logits of magnitude 3e-3 measured
-    0.25 eps of float32 apart on a float64 model, 25 steps of eps x 3e-3), and a narrowing of values far smaller than
-    the others' (of zeros: campaign 60 J2) rounds at far less than eps."""
-    largest = max((m for _, m in sites), default=0.0)
-    return max((eps * (m / largest if 0 < largest < 1 else m if largest else 1.0) for eps, m in sites), default=0.0)
+    """The largest rounding step of ``sites`` ((eps, largest magnitude, share) of each narrowing,
+    :meth:`_Widened._site`): eps x the larger of its largest magnitude and its share of the gradient -- the arithmetic
+    after a narrowing rounds at eps relative whatever the magnitude (plain cross-entropy on logits of magnitude 3e-3
+    measured 0.25 eps of float32 apart on a float64 model; in bfloat16 on logits of 4e-3 with a float32 projection
+    before it, campaign 61 J3), as much as that arithmetic carries of the compared gradient: the norm of the
+    gradient w.r.t. the narrowed values over that w.r.t. the compared output, at most 1 (1 where it is not known); a
+    narrowing of zeros or of values the loss barely reads rounds at next to nothing (campaign 60 J2)."""
+    return max((eps * max(m, share) for eps, m, share in sites), default=0.0)
 
 
 class _Widened(torch.overrides.TorchFunctionMode):
@@ -292,8 +293,7 @@ class _Widened(torch.overrides.TorchFunctionMode):
 
     def _site(self, out: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Records the narrowing of ``x`` to ``dtype`` kept as ``out``: (out, eps of that dtype -- of autocast's, where
-        that is narrower --, the largest magnitude of ``x``), its largest rounding step the product (scaled by the
-        caller: :func:`_quantum`)."""
+        that is narrower --, the largest magnitude of ``x``), for :func:`_quantum`."""
         if self.sites is not None and x.numel():
             if torch.is_autocast_enabled(x.device.type) and torch.finfo(torch.get_autocast_dtype(
                     x.device.type)).bits < torch.finfo(dtype).bits:
@@ -342,7 +342,11 @@ class _Widened(torch.overrides.TorchFunctionMode):
             asked = out.dtype if asked is None and out.dtype != first.dtype else asked
             if first.dtype == self.wide and (out.dtype in self.narrow or asked in self.narrow):
                 to = out.dtype if out.dtype in self.narrow else asked
-                return self._site(_marked(first.to(out.device, copy=True), to), first, to)
+                kept = _marked(first.to(out.device, copy=True), to)
+                # a cast to a dtype that holds every value of the one it has as it runs (bfloat16 to float32) rounds
+                # nothing (campaign 61 J3: a bfloat16 loss's .float())
+                exact = marked and torch.promote_types(getattr(first, _NOMINAL), to) == to
+                return kept if exact else self._site(kept, first, to)
             if marked and asked == self.wide:  # back to the wide dtype: a tensor of its own, as the cast makes
                 return first.to(out.device, copy=True)
             return _marked(out, getattr(first, _NOMINAL)) if marked and out is not first and \
@@ -793,8 +797,10 @@ class SeCOTrainerMixin:
                 # the largest rounding step of the narrowings the loss's gradient goes through (of all of them where
                 # none is in the graph: a custom Function's, whose forward runs without one)
                 through = grads[len(grads) - len(graphed):] if graphed else ()
-                quantum = _quantum([site[1:] for site, g in zip(graphed, through) if g is not None and bool(
-                    g.ne(0).any())] if graphed else [site[1:] for site in sites])
+                compared = float(grads[0].double().norm()) if grads[0] is not None else 0.0
+                quantum = _quantum([(*site[1:], min(1.0, float(g.double().norm()) / compared) if compared > 0 else 1.0)
+                                    for site, g in zip(graphed, through) if g is not None and bool(g.ne(0).any())]
+                                   if graphed else [(*site[1:], 1.0) for site in sites])
                 del sites, graphed, through
                 return (float(loss.detach()) * ratio, _nominal(loss), quantum,
                         *(None if g is None else g.double() for g in grads[:1 + len(trainable)]))
