@@ -109,13 +109,13 @@ def _stated(text: str) -> float:
     return float(text.split("nor one below ")[1].split(" ")[0])
 
 
-@pytest.mark.parametrize("hidden, seen", [(1.7e-6, 8e-7), (1.82e-6, 9e-7)])
+@pytest.mark.parametrize("hidden, seen", [(1.5e-6, 7e-7), (1.7e-6, 8e-7)])
 def test_c60_j1_a_term_half_left_out_in_float64_is_within_the_stated_size(tmp_path, caplog, hidden, seen):
     """Campaign 60 J1: label smoothing h gated on isinstance(x, torch.FloatTensor) (left out by the float64 run, so
     counted as rounding, up to 16 steps) plus v always (seen, allowed half of that "rounding") passed with h + v at
     1.3-1.45x the largest size the warning stated.  The size stated for a term the float64 run leaves out, in whole or
     in part, is now both allowances together; the term's effect on the stock gradient w.r.t. the logits, computed here
-    on the logits the check's first call saw, is within it (fails on 795ea8a: 2.55e-6 against 1.9e-6 stated)."""
+    on the logits the check's first call saw, is within it (fails on 795ea8a, which stated 1.9e-6)."""
     seen_by = []
 
     def loss(z, y, n):

@@ -265,8 +265,9 @@ def _quantum(sites: list) -> float:
     after a narrowing rounds at eps relative whatever the magnitude (plain cross-entropy on logits of magnitude 3e-3
     measured 0.25 eps of float32 apart on a float64 model; in bfloat16 on logits of 4e-3 with a float32 projection
     before it, campaign 61 J3), as much as that arithmetic carries of the compared gradient: the norm of the
-    gradient w.r.t. the narrowed values over that w.r.t. the compared output, at most 1 (1 where it is not known); a
-    narrowing of zeros or of values the loss barely reads rounds at next to nothing (campaign 60 J2)."""
+    gradient w.r.t. the narrowed values times their largest magnitude, over the same of the compared output, at most
+    1 (1 where it is not known); a narrowing of zeros or of values the loss barely reads rounds at next to nothing
+    (campaign 60 J2)."""
     return max((eps * max(m, share) for eps, m, share in sites), default=0.0)
 
 
@@ -797,10 +798,12 @@ class SeCOTrainerMixin:
                 # the largest rounding step of the narrowings the loss's gradient goes through (of all of them where
                 # none is in the graph: a custom Function's, whose forward runs without one)
                 through = grads[len(grads) - len(graphed):] if graphed else ()
-                compared = float(grads[0].double().norm()) if grads[0] is not None else 0.0
-                quantum = _quantum([(*site[1:], min(1.0, float(g.double().norm()) / compared) if compared > 0 else 1.0)
-                                    for site, g in zip(graphed, through) if g is not None and bool(g.ne(0).any())]
-                                   if graphed else [(*site[1:], 1.0) for site in sites])
+                # each narrowing's share: |dL/d its values| x their largest magnitude over the same of the compared
+                # output (unchanged by scaling the values before the cast and back after it)
+                compared = float(grads[0].double().norm()) * float(given.abs().max()) if grads[0] is not None else 0.0
+                quantum = _quantum([(eps, m, min(1.0, float(g.double().norm()) * m / compared) if compared > 0 else 1.0)
+                                    for (_, eps, m), g in zip(graphed, through) if g is not None and bool(
+                                        g.ne(0).any())] if graphed else [(*site[1:], 1.0) for site in sites])
                 del sites, graphed, through
                 return (float(loss.detach()) * ratio, _nominal(loss), quantum,
                         *(None if g is None else g.double() for g in grads[:1 + len(trainable)]))
