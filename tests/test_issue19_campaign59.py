@@ -184,3 +184,21 @@ def test_c61_j3_a_bfloat16_loss_on_small_logits_cast_back_trains(tmp_path, case)
     with pytest.raises(ValueError, match="SeCOTrainer"):
         tc.make_trainer(tmp_path / "term", seco=SeCOArguments(chunk_size=4), model=BF16_LOSSES[case](0.1),
                         max_steps=1).train()
+
+
+def test_c62_k1_a_bfloat16_loss_of_a_float64_model_under_autocast_is_measured(tmp_path):
+    """Campaign 62 K1: under bfloat16 autocast (which leaves float64 alone) a float64 model's loss was taken to compute
+    in bfloat16 and not measured: cross-entropy on a bfloat16 copy of the logits, returned in float64, was held to
+    float64's rounding (4.4e-16) and refused at 1.4e-3.  Any loss of a float64 model is measured: it trains (fails on
+    b2eb4dd), and label smoothing 0.1 is still refused."""
+    def trainer(folder, smoothing):
+        model = _HookedLoss.of(tc.for_seco(tc.tiny_llama()),
+                               lambda z, y, n: _ce(z.bfloat16(), y, n, smoothing).double())
+        return tc.make_trainer(folder, seco=SeCOArguments(chunk_size=4), model=model, max_steps=1, bf16=True)
+
+    plain = trainer(tmp_path / "plain", 0.0)
+    plain.train()
+    measured = plain.seco_loss_check_measured
+    assert 1e-4 < measured["rounding"] < plain.ROUNDING_STEPS * measured["quantum"]
+    with pytest.raises(ValueError, match="a term in the stock loss"):
+        trainer(tmp_path / "smoothed", 0.1).train()

@@ -926,9 +926,9 @@ class SeCOTrainerMixin:
         del leaf
         vocab = getattr(adapter, "vocab_size", None) or 0
         # a loss narrower than the output; on a float64 model any loss (it may compute narrower than it returns: a
-        # float32 loss cast back, a custom Function)
-        narrowed = torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps or (
-            same.dtype == torch.float64 and self._seco_check_computed == torch.float64)
+        # float32 loss cast back, a custom Function), under autocast too, which leaves float64 alone (campaign 62 K1:
+        # a bfloat16 loss returned in float64 was held to float64's rounding)
+        narrowed = torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps or same.dtype == torch.float64
         value_stock = float(stock.detach())
         opaque, modelled = False, None  # (modelled: that rounding, on the logits, where the loss is opaque)
         if narrowed:  # the loss run widened (its rounding: the difference), and once more as it is
