@@ -202,3 +202,29 @@ def test_c62_k1_a_bfloat16_loss_of_a_float64_model_under_autocast_is_measured(tm
     assert 1e-4 < measured["rounding"] < plain.ROUNDING_STEPS * measured["quantum"]
     with pytest.raises(ValueError, match="a term in the stock loss"):
         trainer(tmp_path / "smoothed", 0.1).train()
+
+
+@pytest.mark.parametrize("reduce", ["mean", "per token"])
+def test_c61_j4_a_16_bit_loss_of_a_float32_model_is_refused_saying_why(tmp_path, reduce):
+    """Campaign 61/62 J4 (not fixed): a float32 model whose loss computes in bfloat16 and returns float32 is refused --
+    the check measures a narrower loss's own rounding only on a float64 model -- and the refusal said "something adds
+    to or changes the loss".  It now says the loss narrows to bfloat16 and what to do; a term in a float32 loss is
+    refused without that note."""
+    def loss(smoothing, dtype):
+        def of(z, y, n):
+            if reduce == "mean":
+                return _ce(z.to(dtype), y, n, smoothing).float()
+            flat = F.cross_entropy(z.to(dtype).reshape(-1, z.shape[-1]), y.reshape(-1), reduction="none",
+                                   label_smoothing=smoothing)
+            return flat.float().sum() / n
+        return of
+
+    def trained(folder, smoothing, dtype):
+        model = _HookedLoss.of(tc.for_seco(tc.tiny_llama(dtype=torch.float32)), loss(smoothing, dtype))
+        tc.make_trainer(folder, seco=SeCOArguments(chunk_size=4), model=model, max_steps=1).train()
+
+    with pytest.raises(ValueError, match="the loss narrows this float32 model's logits to bfloat16"):
+        trained(tmp_path / "bf16", 0.0, torch.bfloat16)
+    with pytest.raises(ValueError, match="SeCOTrainer") as refused:
+        trained(tmp_path / "term", 0.01, torch.float32)
+    assert "narrows" not in str(refused.value)

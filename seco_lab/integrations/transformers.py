@@ -770,6 +770,8 @@ class SeCOTrainerMixin:
         else:
             widened = ""
         if not abs(value - ours) <= allowed * max(abs(ours), 1.0):
+            sixteen = self._seco_sixteen_bit(lambda: self._seco_stock_loss(unwrapped, prefix, items, head, vocab,
+                                                                           "logits", widen=True))
             raise ValueError(
                 f"SeCOTrainer: the loss the stock Trainer computes (compute_loss) on the first {span} tokens of this "
                 f"batch is {value!r}" + (f" (given num_items_in_batch = {int(items)}, twice their targets, and "
@@ -778,7 +780,8 @@ class SeCOTrainerMixin:
                 f"{abs(value - ours) / max(abs(ours), 1.0):.3g}, rounding allows {allowed:.2g}): something adds to or "
                 "changes the loss where the trainer's class checks cannot see it -- a forward or compute_loss set on "
                 "the instance, a forward hook on the model, a subclass's extra term, or randomness in the forward -- "
-                "and the SeCO step would leave it out; remove it, or train that loss with the stock Trainer")
+                "and the SeCO step would leave it out; remove it, or train that loss with the stock Trainer" + (
+                    self._SIXTEEN_NOTE.format(what="logits", dtype=sixteen) if sixteen else ""))
 
         def rerun(layer, width, what):  # the stock loss (and its gradients) on given outputs of the layer, widened
             def run(given: torch.Tensor, widen: bool) -> tuple:
@@ -868,6 +871,26 @@ class SeCOTrainerMixin:
         finally:
             vars(self).update(kept)
         return (stock[0] if isinstance(stock, tuple) else stock), leaves
+
+    _SIXTEEN_NOTE = (" (note: the loss narrows this float32 model's {what} to {dtype} -- it moves when run with its "
+                     "casts kept in float32 --, and the check measures a narrower loss's own rounding only on a "
+                     "float64 model, so that rounding may be all that differs here: compute the loss in float32, or "
+                     "train it with the stock Trainer; campaign 61 J4)")
+
+    def _seco_sixteen_bit(self, run) -> str:
+        """For a refusal on a float32 model: the note above where ``run(sites)`` -- the stock loss run under
+        :class:`_Widened` (float32) recording its narrowings in ``sites`` -- narrows to a 16-bit dtype, else ''."""
+        if self._seco_check_computed != torch.float32:
+            return ""
+        sites: list = []
+        try:
+            with _Widened(torch.float32, sites):
+                run()
+        except Exception:  # noqa: BLE001 -- only a note on a refusal that stands without it
+            return ""
+        eps = max((site[1] for site in sites), default=None)
+        names = {torch.finfo(d).eps: str(d).removeprefix("torch.") for d in (torch.bfloat16, torch.float16)}
+        return names.get(eps, "")
 
     @staticmethod
     def _seco_paired(leaves: list, stock, tokens) -> bool:
@@ -1068,6 +1091,8 @@ class SeCOTrainerMixin:
                         if narrowed and dtype_w != torch.float64 else "")
         # a value apart with the same gradient w.r.t. the output: a term on the parameters says more (campaign 49 S2)
         if not diff <= allowed or moved or (not value <= v_allowed and not params_differ):
+            sixteen = "" if narrowed or same.dtype != torch.float32 else self._seco_sixteen_bit(
+                lambda: rerun(same, False))
             raise ValueError(
                 f"SeCOTrainer: on the same {what} of the first {span} tokens of this batch, the loss the stock Trainer "
                 f"computes (compute_loss){' run in float64' if narrowed else ''} and the causal-LM cross-entropy the "
@@ -1086,7 +1111,8 @@ class SeCOTrainerMixin:
                     if narrowed and opaque else "") + (
                     f" (their gradients w.r.t. the {what} agree, and those w.r.t. the trainable parameters too: "
                     "a term that changes the value only -- a constant, or one computed outside autograd)"
-                    if diff <= allowed and not moved else ""))
+                    if diff <= allowed and not moved else "") + (
+                    self._SIXTEEN_NOTE.format(what=what, dtype=sixteen) if sixteen else ""))
         # the rounding allowed for must be one the narrowings the loss's gradient goes through could make: at most
         # ROUNDING_STEPS x the largest step one of them rounds at (measured up to 4.9x, V 32000 with a head whose rows
         # share a vector); else what differs is a term the float64 run leaves out (campaign 58 H1-H4)
