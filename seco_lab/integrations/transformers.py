@@ -71,10 +71,9 @@ of what sets them apart as they run, and the stock loss runs a third time as it 
 narrower than it returns), and where the first value check fails on a float64 model both sides run again widened,
 within float64's a plus half what the widening moved them. Where neither can be paired, the values alone are
 compared, warned. A check that passes on a train() call's or a changed loss's first micro-batch warns what it
-cannot see (``_seco_warn_resolution``): a term
-that appears only between checks or only on tokens the checked micro-batch lacks, and for a loss narrower than the
-model the term sizes below which a term is rounding to the check (campaign 59: a term built from rounding error is
-rounding, amplified; no comparison tells them apart).
+cannot see (``_seco_warn_resolution``): a term that appears only between checks or only on tokens the checked
+micro-batch lacks, and for a loss narrower than the model the term sizes below which a term is rounding to the check
+(campaign 59: a term built from rounding error is rounding, amplified; no comparison tells them apart).
 
 **Padding.**  A right-padded batch (attention mask 1...1 0...0 per row, pad targets -100) is
 exact: causal attention never lets a real token see a later pad.  Left padding or holes in
@@ -290,7 +289,7 @@ class _Widened(torch.overrides.TorchFunctionMode):
         super().__init__()
         self.wide = wide  # the model's dtype: narrower floating dtypes are kept in it
         self.narrow = tuple(d for d in _NARROW if torch.finfo(d).bits < torch.finfo(wide).bits)
-        self.sites = sites  # where given: (each narrowing's output, the quantum it would round at), for the caller
+        self.sites = sites  # where given: (each narrowing's output, eps, largest magnitude), for the caller
 
     def _site(self, out: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Records the narrowing of ``x`` to ``dtype`` kept as ``out``: (out, eps of that dtype -- of autocast's, where
@@ -878,8 +877,9 @@ class SeCOTrainerMixin:
                      "train it with the stock Trainer; campaign 61 J4)")
 
     def _seco_sixteen_bit(self, run) -> str:
-        """For a refusal on a float32 model: the note above where ``run(sites)`` -- the stock loss run under
-        :class:`_Widened` (float32) recording its narrowings in ``sites`` -- narrows to a 16-bit dtype, else ''."""
+        """For a refusal on a float32 model: the 16-bit dtype the stock loss narrows to where ``run()`` -- the stock
+        loss, run here under :class:`_Widened` (float32) recording its narrowings -- records one, else '' (the
+        refusal then stands without :attr:`_SIXTEEN_NOTE`)."""
         if self._seco_check_computed != torch.float32:
             return ""
         sites: list = []
