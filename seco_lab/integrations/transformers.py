@@ -649,12 +649,13 @@ class SeCOTrainerMixin:
         if shown is not None:
             text += (f". The loss computes narrower than the {shown['model']} model, so it was compared only to its "
                      f"own rounding: what its gradient w.r.t. the {shown['what']} as it runs and with its casts kept "
-                     f"in float64 differ by, beyond the engine's, {shown['rounding']:.2g} relative (measured; all of "
-                     f"it counted as rounding): a term smaller than {shown['visible']:.2g} relative is not seen")
+                     f"in {shown['model']} differ by, beyond the engine's, {shown['rounding']:.2g} relative (measured; "
+                     f"all of it counted as rounding): a term smaller than {shown['visible']:.2g} relative is not seen")
             if shown["hidden"] is not None:
                 text += (f", nor one below {shown['hidden']:.2g} that the loss leaves out in whole or in part when "
-                         "run with its casts kept in float64 (a term gated on isinstance(x, torch.FloatTensor) or on "
-                         "the values being float32 numbers, or built from its own rounding error)")
+                         f"run with its casts kept in {shown['model']} (a term gated on the tensor's type, as "
+                         "isinstance(x, torch.FloatTensor), or on the values being numbers of the narrower dtype, or "
+                         "built from its own rounding error)")
             text += "; compute the loss in the model's dtype (compute_loss_func) to check it to that dtype's rounding"
         logger.warning(text)
 
@@ -750,27 +751,29 @@ class SeCOTrainerMixin:
                 " -- or it is that loss times exactly 2; either way the SeCO step and the stock Trainer would "
                 "train differently: divide the summed loss by num_items_in_batch in the forward, or set "
                 "trainer.model_accepts_loss_kwargs = False (the Trainer then averages the micro-batch means)")
-        if not abs(value - ours) <= allowed * max(abs(ours), 1.0) and computed == torch.float64:
+        widened = ""
+        if not abs(value - ours) <= allowed * max(abs(ours), 1.0) and (computed == torch.float64 or (
+                self._seco_sixteen_bit(lambda: self._seco_stock_loss(unwrapped, prefix, items, head, vocab, "logits",
+                                                                     widen=True)[0]))):
             # a float64 model whose loss computes narrower than the value it returns (a float32 loss cast back, a
-            # custom Function), or rounds logits near 3e5 beyond 1024 eps: both sides again, widened
-            # (:class:`_Widened`), within float64's 1024 eps and half what the widening moved them
-            with torch.no_grad(), _Widened(), self.compute_loss_context_manager(), self.accelerator.autocast():
+            # custom Function), or rounds logits near 3e5 beyond 1024 eps; a float32 model whose loss computes in 16
+            # bits (campaign 61 J4): both sides again, widened (:class:`_Widened`: to the model's dtype), within
+            # 1024 eps of that dtype and half what the widening moved them
+            with torch.no_grad(), _Widened(computed), self.compute_loss_context_manager(), \
+                    self.accelerator.autocast():
                 ours_w = float(forward_loss(adapter, tokens, targets, c))
-            with _Widened():
+            with _Widened(computed):
                 stock_w = float(self._seco_stock_loss(unwrapped, prefix, items, head, vocab, "logits",
                                                       widen=True)[0].detach()) * ratio
-            apart, widened = abs(value - stock_w) + abs(ours - ours_w), " (both run with their casts in float64)"
-            # (where widening did not move the stock loss, it may compute in float32 out of torch's sight -- numpy, a
-            # compiled kernel --: a float32 loss's 1024 eps; the same-output check then measures what it can)
+            apart = abs(value - stock_w) + abs(ours - ours_w)
+            widened = f" (both run with their casts in {str(computed).removeprefix('torch.')})"
+            # (where widening did not move a float64 model's stock loss, it may compute in float32 out of torch's
+            # sight -- numpy, a compiled kernel --: a float32 loss's 1024 eps; the same-output check then measures
+            # what it can)
             unmoved = stock_w == value  # the stock loss: the same value widened
-            allowed = 1024 * torch.finfo(torch.float32 if unmoved else torch.float64).eps + apart / 2 / max(
-                abs(ours), 1.0)
+            allowed = 1024 * torch.finfo(torch.float32 if unmoved else computed).eps + apart / 2 / max(abs(ours), 1.0)
             value, ours = stock_w, ours_w
-        else:
-            widened = ""
         if not abs(value - ours) <= allowed * max(abs(ours), 1.0):
-            sixteen = self._seco_sixteen_bit(lambda: self._seco_stock_loss(unwrapped, prefix, items, head, vocab,
-                                                                           "logits", widen=True))
             raise ValueError(
                 f"SeCOTrainer: the loss the stock Trainer computes (compute_loss) on the first {span} tokens of this "
                 f"batch is {value!r}" + (f" (given num_items_in_batch = {int(items)}, twice their targets, and "
@@ -779,14 +782,17 @@ class SeCOTrainerMixin:
                 f"{abs(value - ours) / max(abs(ours), 1.0):.3g}, rounding allows {allowed:.2g}): something adds to or "
                 "changes the loss where the trainer's class checks cannot see it -- a forward or compute_loss set on "
                 "the instance, a forward hook on the model, a subclass's extra term, or randomness in the forward -- "
-                "and the SeCO step would leave it out; remove it, or train that loss with the stock Trainer" + (
-                    self._SIXTEEN_NOTE.format(what="logits", dtype=sixteen) if sixteen else ""))
+                "and the SeCO step would leave it out; remove it, or train that loss with the stock Trainer")
 
         def rerun(layer, width, what):  # the stock loss (and its gradients) on given outputs of the layer, widened
-            def run(given: torch.Tensor, widen: bool) -> tuple:
+            def run(given: torch.Tensor, widen: bool, graph: bool = False) -> tuple:
+                """(value, dtype, largest rounding step, gradients w.r.t. ``given`` and the trainable parameters);
+                ``graph``: (the loss, the leaves) instead, its graph kept."""
                 sites: list = []
                 with _Widened(given.dtype, sites) if widen else nullcontext():  # its backward too (TRL's fused head)
                     loss, leaves = self._seco_stock_loss(unwrapped, prefix, items, layer, width, what, given, widen)
+                    if graph:
+                        return (loss * ratio if ratio != 1 else loss), leaves
                     if not self._seco_paired(leaves, loss, tokens):
                         raise ValueError(
                             f"SeCOTrainer: the stock compute_loss, run again on the same {what} to measure its "
@@ -871,26 +877,23 @@ class SeCOTrainerMixin:
             vars(self).update(kept)
         return (stock[0] if isinstance(stock, tuple) else stock), leaves
 
-    _SIXTEEN_NOTE = (" (note: the loss narrows this float32 model's {what} to {dtype} -- it moves when run with its "
-                     "casts kept in float32 --, and the check measures a narrower loss's own rounding only on a "
-                     "float64 model, so that rounding may be all that differs here: compute the loss in float32, or "
-                     "train it with the stock Trainer; campaign 61 J4)")
-
-    def _seco_sixteen_bit(self, run) -> str:
-        """For a refusal on a float32 model: the 16-bit dtype the stock loss narrows to where ``run()`` -- the stock
-        loss, run here under :class:`_Widened` (float32) recording its narrowings -- records one, else '' (the
-        refusal then stands without :attr:`_SIXTEEN_NOTE`)."""
+    def _seco_sixteen_bit(self, run) -> bool:
+        """Whether the stock loss of a float32 model computes in 16 bits (campaign 61 J4: a bfloat16 cross-entropy
+        cast back to float32): ``run()`` -- the stock loss, run here under :class:`_Widened` (float32) recording its
+        narrowings -- narrows to bfloat16 or float16 values its gradient goes through.  Asked only where the check
+        would refuse: its rounding is then measured as a float64 model's float32 loss's is."""
         if self._seco_check_computed != torch.float32:
-            return ""
+            return False
         sites: list = []
         try:
             with _Widened(torch.float32, sites):
-                run()
-        except Exception:  # noqa: BLE001 -- only a note on a refusal that stands without it
-            return ""
-        eps = max((site[1] for site in sites), default=None)
-        names = {torch.finfo(d).eps: str(d).removeprefix("torch.") for d in (torch.bfloat16, torch.float16)}
-        return names.get(eps, "")
+                loss = run()
+                graphed = [site[0] for site in sites if site[0].requires_grad]
+                grads = torch.autograd.grad(loss, graphed, allow_unused=True) if graphed and loss.requires_grad \
+                    else ()
+        except Exception:  # noqa: BLE001 -- the refusal stands where it cannot be told
+            return False
+        return any(g is not None and bool(g.ne(0).any()) for g in grads)
 
     @staticmethod
     def _seco_paired(leaves: list, stock, tokens) -> bool:
@@ -898,7 +901,8 @@ class SeCOTrainerMixin:
         leaf = leaves[0] if len(leaves) == 1 else None
         return leaf is not None and tuple(leaf.shape[:-1]) == tuple(tokens.shape) and stock.requires_grad
 
-    def _seco_check_loss_gradient(self, unwrapped, adapter: HFChunkModel, pair: tuple, tokens, targets) -> bool:
+    def _seco_check_loss_gradient(self, unwrapped, adapter: HFChunkModel, pair: tuple, tokens, targets,
+                                  narrowed: bool = False) -> bool:
         """The second half of the loss check (campaign 42 F1): on the *same* logits z (the stock forward's output
         layer), the stock loss and the engine's cross-entropy must agree in value and in gradient dL/dz up to the
         rounding of the loss (:meth:`_seco_same_output_rounding`): the two forwards' rounding no longer enters, so a
@@ -922,17 +926,20 @@ class SeCOTrainerMixin:
         term as small is still a term: campaigns 51-57 fooled every model of that rounding.  It is measured instead,
         on the code: the stock loss runs again on the same z with its casts kept in float64 (:class:`_Widened`; code
         that reads a tensor's dtype reads the one it has as it is), and so do the engine's chunks (a forward that
-        narrows after z, as a float32 projection, rounds them too):
+        narrows after z, as a float32 projection, rounds them too). The same holds for a float32 model whose loss
+        computes in 16 bits (a bfloat16 cross-entropy cast back: campaign 61 J4), widened to float32: where the check
+        in float32's rounding would refuse and the loss's gradient goes through such a narrowing (``narrowed``: the
+        check again, so):
 
             d    = g_stock(z) - g_engine(z)                 (as they run: a term, and their rounding)
             d64  = the same, both widened                    (the term, exact up to float64's rounding)
             ||d64|| <= floor + ||d - d64|| / 2              (half the rounding that sets them apart)
 
-        relative to ||g_engine||; floor: this check's allowance in float64 (2 eps of float64 on the logits, max(64,
-        sqrt V) on the hidden states).  The same is asked of what each moves the trainable parameters before z,
-        summed over the tokens (:class:`_Effects`), in L2 and in the largest single move, and of the parameters
-        after z; the value within twice its rounding.  The stock loss runs a third time as it is: a gradient that
-        changes is randomness, refused."""
+        relative to ||g_engine||; floor: this check's allowance in the model's dtype (2 eps of float64 on the
+        logits, max(64, sqrt V) on the hidden states).  The same is asked of what each moves the trainable parameters
+        before z, summed over the tokens (:class:`_Effects`), in L2 and in the largest single move, and of the
+        parameters after z; the value within twice its rounding.  The stock loss runs a third time as it is: a
+        gradient that changes is randomness, refused."""
         what, layer, leaves, stock, checked, rerun = pair
         if not self._seco_paired(leaves, stock, tokens):
             return False
@@ -951,7 +958,9 @@ class SeCOTrainerMixin:
         # a loss narrower than the output; on a float64 model any loss (it may compute narrower than it returns: a
         # float32 loss cast back, a custom Function), under autocast too, which leaves float64 alone (campaign 62 K1:
         # a bfloat16 loss returned in float64 was held to float64's rounding)
-        narrowed = torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps or same.dtype == torch.float64
+        narrowed = narrowed or torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps or same.dtype == (
+            torch.float64)
+        wide_name = str(same.dtype).removeprefix("torch.")  # (the dtype a narrowed loss is widened to)
         value_stock = float(stock.detach())
         opaque, modelled = False, None  # (modelled: that rounding, on the logits, where the loss is opaque)
         if narrowed:  # the loss run widened (its rounding: the difference), and once more as it is
@@ -963,7 +972,8 @@ class SeCOTrainerMixin:
             # widening changed nothing, yet the gradient is all float32 numbers: the loss computes in float32 where
             # torch does not see it (numpy, a compiled kernel); on the logits, its rounding is taken as twice
             # F.cross_entropy's in float32 on them (campaign 58 N-OPQ)
-            opaque = own2 == 0 and bool(wide.ne(0).any()) and bool(torch.equal(wide, wide.float().double()))
+            opaque = same.dtype == torch.float64 and own2 == 0 and bool(wide.ne(0).any()) and bool(
+                torch.equal(wide, wide.float().double()))
             if opaque and what == "logits":
                 def ce(x):  # (its value, its gradient)
                     leaf = x.detach().requires_grad_(True)
@@ -1086,20 +1096,27 @@ class SeCOTrainerMixin:
                                          "parameters_allowed": p_allowed, **measured}
         params_differ = bool(reached) or not p_diff <= p_allowed  # NaN: differ
         moved = "effect" in measured and not measured["effect"] <= measured["effect_allowed"]
-        widened_note = (f" (the loss run with its casts kept in float64 still computed in {dtype_w}: it narrows "
-                        "by a route the check does not widen, so its rounding counts as a term here)"
-                        if narrowed and dtype_w != torch.float64 else "")
+        widened_note = (f" (the loss run with its casts kept in {wide_name} still computed in {dtype_w}: it "
+                        "narrows by a route the check does not widen, so its rounding counts as a term here)"
+                        if narrowed and dtype_w != same.dtype else "")
         # a value apart with the same gradient w.r.t. the output: a term on the parameters says more (campaign 49 S2)
-        if not diff <= allowed or moved or (not value <= v_allowed and not params_differ):
-            sixteen = "" if narrowed or same.dtype != torch.float32 else self._seco_sixteen_bit(
-                lambda: rerun(same, False))
+        refused = not diff <= allowed or moved or (not value <= v_allowed and not params_differ)
+        if (refused or params_differ and not reached) and not narrowed and same.dtype == torch.float32 and (
+                self._seco_sixteen_bit(lambda: rerun(same, False, graph=True)[0])):
+            # a float32 model's loss that computes in 16 bits (campaign 61 J4): its rounding measured, on the same
+            # output, with the loss run again to hold a graph
+            again_stock, again_leaves = rerun(same, False, graph=True)
+            return self._seco_check_loss_gradient(unwrapped, adapter, (what, layer, again_leaves, again_stock,
+                                                                       checked, rerun), tokens, targets, True)
+        if refused:
             raise ValueError(
                 f"SeCOTrainer: on the same {what} of the first {span} tokens of this batch, the loss the stock Trainer "
-                f"computes (compute_loss){' run in float64' if narrowed else ''} and the causal-LM cross-entropy the "
+                f"computes (compute_loss){f' run in {wide_name}' if narrowed else ''} and the causal-LM "
+                "cross-entropy the "
                 f"SeCO step trains differ by {value:.3g} relative in value (rounding allows {v_allowed:.2g}) and "
                 f"{diff:.3g} relative in their gradient w.r.t. the {what} (rounding allows {allowed:.2g}" + (
                     f": half of the {stock.dtype} loss's own, {allowed - rounding['gradient']:.2g} x 2, measured by "
-                    "running it as it is and in float64" if narrowed else "") + ")" + (
+                    f"running it as it is and in {wide_name}" if narrowed else "") + ")" + (
                     f", which moves the trainable parameters before them {measured['effect']:.3g} relative, summed "
                     f"over the tokens (rounding allows {measured['effect_allowed']:.2g})" if moved else "") +
                 ": a term in the stock loss -- label smoothing, a weight on some targets, a scale, a penalty on the "
@@ -1111,25 +1128,26 @@ class SeCOTrainerMixin:
                     if narrowed and opaque else "") + (
                     f" (their gradients w.r.t. the {what} agree, and those w.r.t. the trainable parameters too: "
                     "a term that changes the value only -- a constant, or one computed outside autograd)"
-                    if diff <= allowed and not moved else "") + (
-                    self._SIXTEEN_NOTE.format(what=what, dtype=sixteen) if sixteen else ""))
+                    if diff <= allowed and not moved else ""))
         # the rounding allowed for must be one the narrowings the loss's gradient goes through could make: at most
         # ROUNDING_STEPS x the largest step one of them rounds at (measured up to 4.9x, V 32000 with a head whose rows
-        # share a vector); else what differs is a term the float64 run leaves out (campaign 58 H1-H4)
+        # share a vector); else what differs is a term the widened run leaves out (campaign 58 H1-H4)
         if narrowed and not opaque and not measured["rounding"] <= allowed_floor + self.ROUNDING_STEPS * quantum:
             raise ValueError(
                 f"SeCOTrainer: on the same {what} of the first {span} tokens of this batch, the stock loss and the "
                 f"cross-entropy the SeCO step trains differ by {measured['rounding']:.3g} relative (in their "
-                f"gradient w.r.t. the {what}) beyond what the loss computes when run with its casts kept in float64, "
+                f"gradient w.r.t. the {what}) beyond what the loss computes when run with its casts kept in "
+                f"{wide_name}, "
                 f"more than rounding at the narrowings its gradient goes through can make ({self.ROUNDING_STEPS} x "
                 f"the largest step, {quantum:.2g}): a term that depends on the dtype the loss computes in (tested by "
                 "a route the check cannot follow: isinstance(x, torch.FloatTensor), ...), on how many times the "
-                "loss has been called, or built from its own rounding error, which the float64 run leaves out and "
+                f"loss has been called, or built from its own rounding error, which the {wide_name} run leaves out "
+                "and "
                 "the SeCO step would too; remove it, or train that loss with the stock Trainer")
         if narrowed:  # what the check could not tell from rounding (_seco_warn_resolution)
             self._seco_check_resolution = {
                 "model": str(same.dtype).removeprefix("torch."), "what": what, "rounding": measured["rounding"],
-                # a term the float64 run leaves out passes up to the bound below as rounding, and half of that buys
+                # a term the widened run leaves out passes up to the bound below as rounding, and half of that buys
                 # a term it sees as much (campaign 60 J1): the two together
                 "visible": allowed,
                 "hidden": None if opaque else allowed + allowed_floor + self.ROUNDING_STEPS * quantum}
