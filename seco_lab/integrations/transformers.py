@@ -141,6 +141,13 @@ def _widened(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
+def _times(g: torch.Tensor, factor: float) -> torch.Tensor:
+    """``g`` (in float32 at least) times ``factor``: in its dtype where that is exact (a power of two), else in
+    float64, so that the stock loss's gradients are rescaled without a rounding of their own."""
+    g = _widened(g)
+    return g * factor if factor > 0 and math.frexp(factor)[0] == 0.5 else g.double() * factor
+
+
 def _first_tensor(out):
     """The layer output's first tensor: itself, a tuple's first item, or a ModelOutput's first field
     (``last_hidden_state`` of a decoder)."""
@@ -555,7 +562,8 @@ class SeCOTrainerMixin:
         every = self.seco_loss_check_every
         due = bool(every) and self.state.global_step % every == 0 and self._seco_micro == 0 \
             and self.state.global_step != self._seco_loss_checked_at  # a loss that changes by itself (campaign 41 E2)
-        if (signature != self._seco_loss_checked or due) and self._seco_check_loss(model, adapter, inputs):
+        if (signature != self._seco_loss_checked or due) and self._seco_check_loss(model, adapter, inputs,
+                                                                                    num_items_in_batch):
             if signature != self._seco_loss_checked:  # not a periodic recheck of the same loss: what it cannot see
                 self._seco_warn_resolution()
             self._seco_loss_checked, self._seco_loss_checked_at = signature, self.state.global_step
@@ -596,7 +604,7 @@ class SeCOTrainerMixin:
                       for m in chain),
                 tuple(M._global_forward_hooks), tuple(M._global_forward_pre_hooks))
 
-    def _seco_check_loss(self, model, adapter: HFChunkModel, inputs) -> bool:
+    def _seco_check_loss(self, model, adapter: HFChunkModel, inputs, num_items_in_batch=None) -> bool:
         """:meth:`_seco_check_loss_within` ``seco_loss_check_logits_bytes``; where the check runs out of memory
         (campaign 46 P3: it holds the logits, their gradient and the loss's own buffers, about 4x the logits), the
         bound is lowered to a quarter of what failed for the rest of the run, warned, and the check runs again on
@@ -610,7 +618,8 @@ class SeCOTrainerMixin:
             self._seco_check_tried = None  # (tokens, bytes of their float32 logits) once the span is known
             self._seco_check_resolution = None  # what a narrowed loss was compared to (_seco_check_loss_gradient)
             try:
-                return self._seco_check_loss_within(model, adapter, inputs, self.seco_loss_check_logits_bytes)
+                return self._seco_check_loss_within(model, adapter, inputs, self.seco_loss_check_logits_bytes,
+                                                    num_items_in_batch)
             except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
                 if not _out_of_memory(error) or self._seco_check_tried is None:
                     raise
@@ -638,7 +647,9 @@ class SeCOTrainerMixin:
         model) is compared only to its own rounding (:meth:`_seco_check_loss_gradient`), measured: a term below half
         of it, or one its float64 run does not compute (gated on ``isinstance(x, torch.FloatTensor)``, built from its
         own rounding error) below ``ROUNDING_STEPS`` rounding steps, is rounding to the check -- in principle: a term
-        made of rounding error is rounding, amplified (campaign 59 I1-I4)."""
+        made of rounding error is rounding, amplified (campaign 59 I1-I4). A loss in the model's dtype is told the
+        allowance of that dtype, at least 2 eps of a 16-bit compared output, whose gradient rounds a smaller term's
+        share away (campaign 63)."""
         every = self.seco_loss_check_every
         text = ("SeCOTrainer: the loss check passed: the stock compute_loss agrees with the cross-entropy the SeCO "
                 "step trains on the checked micro-batch (it is checked again " +
@@ -646,7 +657,13 @@ class SeCOTrainerMixin:
                 "that appears only between checks (one that depends on the step or on how often the loss has been "
                 "called) or only on tokens absent from the checked micro-batch is not seen")
         shown = self._seco_check_resolution
-        if shown is not None:
+        if shown is not None and shown["rounding"] is None:  # a loss in the model's dtype: that dtype's rounding
+            text += (f". On the same {shown['what']} ({shown['model']}), the stock loss's gradient w.r.t. them and "
+                     "the engine's were compared to rounding: a term smaller than "
+                     f"{shown['visible']:.2g} relative is not seen" + (
+                         f" ({shown['model']} rounds a smaller one's share of that gradient away)"
+                         if shown["model"] in ("bfloat16", "float16") else ""))
+        elif shown is not None:
             text += (f". The loss computes narrower than the {shown['model']} model, so it was compared only to its "
                      f"own rounding: what its gradient w.r.t. the {shown['what']} as it runs and with its casts kept "
                      f"in {shown['model']} differ by, beyond the engine's, {shown['rounding']:.2g} relative (measured; "
@@ -659,13 +676,16 @@ class SeCOTrainerMixin:
             text += "; compute the loss in the model's dtype (compute_loss_func) to check it to that dtype's rounding"
         logger.warning(text)
 
-    def _seco_check_loss_within(self, model, adapter: HFChunkModel, inputs, bound: int) -> bool:
+    def _seco_check_loss_within(self, model, adapter: HFChunkModel, inputs, bound: int,
+                                num_items_in_batch=None) -> bool:
         """Compare the stock ``compute_loss`` with the engine's cross-entropy on the micro-batch (where the whole
         one's float32 logits exceed ``bound`` bytes, on a prefix: below), with the batch's own labels
         and ``num_items_in_batch`` (a term that depends on which targets are masked, or on that argument, is seen:
-        campaign 43 N2); raise ValueError if they differ by more than rounding allows (:meth:`_seco_loss_rounding`),
-        in value on their own forwards and, on the same logits, in value and gradient
-        (:meth:`_seco_check_loss_gradient`).  Returns False when there was nothing to compare (no target).
+        campaign 43 N2): in value given twice the span's targets (a loss that ignores the argument is refused), in
+        gradient given the ``num_items_in_batch`` the Trainer passes this step where it passes one (campaign 63);
+        raise ValueError if they differ by more than rounding allows (:meth:`_seco_loss_rounding`), in value on their
+        own forwards and, on the same logits, in value and gradient (:meth:`_seco_check_loss_gradient`).  Returns
+        False when there was nothing to compare (no target).
 
         The prefix, where the whole micro-batch's logits exceed ``bound``: the whole chunks that fit within max(bound,
         two chunks), where they hold every row's first target, else up to the chunk that holds the earliest row's;
@@ -733,9 +753,8 @@ class SeCOTrainerMixin:
         self._seco_check_computed = computed
         # the stock loss as a function of the logits: a graph from the output layer's output on, none before
         stock, logits = self._seco_stock_loss(unwrapped, prefix, items, head, vocab, "logits")
-        stock = stock * ratio if ratio != 1 else stock
         allowed = self._seco_loss_rounding(stock, computed)
-        value = float(stock.detach())
+        value = float(stock.detach()) * ratio
         # nearer the micro-batch mean than S / num_items_in_batch, and within 1% of it (campaign 49 S3: a loss
         # scaled by 1.9 is not one that ignores the count)
         if ratio != 1 and abs(value / ratio - ours) < min(abs(value - ours), 0.01 * max(abs(ours), 1.0)):
@@ -783,6 +802,16 @@ class SeCOTrainerMixin:
                 "changes the loss where the trainer's class checks cannot see it -- a forward or compute_loss set on "
                 "the instance, a forward hook on the model, a subclass's extra term, or randomness in the forward -- "
                 "and the SeCO step would leave it out; remove it, or train that loss with the stock Trainer")
+        # the gradients: of the stock loss given the num_items_in_batch the Trainer passes this step (campaign 63: a
+        # term on where num_items_in_batch is not twice the targets was off in the check only), rescaled to the mean
+        # (in float64: :func:`_times`)
+        if ratio != 1 and num_items_in_batch is not None:
+            real = float(num_items_in_batch.reshape(-1)[0] if torch.is_tensor(num_items_in_batch) else
+                         num_items_in_batch)
+            if real > 0 and real != float(items):
+                del stock, logits
+                items, ratio = num_items_in_batch, real / (n_targets * spread)
+                stock, logits = self._seco_stock_loss(unwrapped, prefix, items, head, vocab, "logits")
 
         def rerun(layer, width, what):  # the stock loss (and its gradients) on given outputs of the layer, widened
             def run(given: torch.Tensor, widen: bool, graph: bool = False) -> tuple:
@@ -792,7 +821,7 @@ class SeCOTrainerMixin:
                 with _Widened(given.dtype, sites) if widen else nullcontext():  # its backward too (TRL's fused head)
                     loss, leaves = self._seco_stock_loss(unwrapped, prefix, items, layer, width, what, given, widen)
                     if graph:
-                        return (loss * ratio if ratio != 1 else loss), leaves
+                        return loss, leaves
                     if not self._seco_paired(leaves, loss, tokens):
                         raise ValueError(
                             f"SeCOTrainer: the stock compute_loss, run again on the same {what} to measure its "
@@ -801,7 +830,7 @@ class SeCOTrainerMixin:
                             "forward or the loss): its gradient cannot be compared; train that loss with the stock "
                             "Trainer")
                     graphed = [site for site in sites if site[0].requires_grad]
-                    grads = torch.autograd.grad(loss * ratio, [leaves[0]] + [p for _, p in trainable] + [
+                    grads = torch.autograd.grad(loss, [leaves[0]] + [p for _, p in trainable] + [
                         site[0] for site in graphed], allow_unused=True)
                 # the largest rounding step of the narrowings the loss's gradient goes through (of all of them where
                 # none is in the graph: a custom Function's, whose forward runs without one)
@@ -814,10 +843,10 @@ class SeCOTrainerMixin:
                                         g.ne(0).any())] if graphed else [(*site[1:], 1.0) for site in sites])
                 del sites, graphed, through
                 return (float(loss.detach()) * ratio, _nominal(loss), quantum,
-                        *(None if g is None else g.double() for g in grads[:1 + len(trainable)]))
+                        *(None if g is None else g.double() * ratio for g in grads[:1 + len(trainable)]))
             return run
 
-        same_logits = ("logits", head, logits, stock, trainable, rerun(head, vocab, "logits"))
+        same_logits = ("logits", head, logits, stock, trainable, rerun(head, vocab, "logits"), ratio)
         if self._seco_check_loss_gradient(unwrapped, adapter, same_logits, tokens, targets):
             return True
         del same_logits, logits, stock  # the first stock forward's graph
@@ -825,8 +854,8 @@ class SeCOTrainerMixin:
             # the output layer did not compute the logits (TRL's fused head projects the decoder's output itself):
             # pair on the decoder's last hidden state h instead
             stock_h, hidden = self._seco_stock_loss(unwrapped, prefix, items, decoder, None, "hidden states")
-            stock_h = stock_h * ratio if ratio != 1 else stock_h
-            same_hidden = ("hidden states", decoder, hidden, stock_h, trainable, rerun(decoder, None, "hidden states"))
+            same_hidden = ("hidden states", decoder, hidden, stock_h, trainable, rerun(decoder, None, "hidden states"),
+                           ratio)
             if self._seco_check_loss_gradient(unwrapped, adapter, same_hidden, tokens, targets):
                 return True
         logger.warning("SeCOTrainer: the loss check compared loss values only: neither the output layer (%s, "
@@ -917,7 +946,8 @@ class SeCOTrainerMixin:
         dL/dh is compared with the allowance of the model's dtype (:meth:`_seco_same_output_rounding`: the output
         layer runs on both sides). ``pair`` = (what, layer, its outputs in the stock forward as leaves, the stock
         loss, checked (name, parameter) pairs, ``rerun(given, widen)``: the stock loss's (value, dtype, gradients
-        w.r.t. the output and ``checked``) on other outputs, widened or not). Returns False where they cannot be
+        w.r.t. the output and ``checked``) on other outputs, widened or not, the ratio of the stock loss's scale to
+        the mean's: its value and gradients are taken times it). Returns False where they cannot be
         paired: the layer not run once on the whole span, the stock loss not a function of its output, or an engine
         chunk that does not read it.
 
@@ -940,7 +970,7 @@ class SeCOTrainerMixin:
         before z, summed over the tokens (:class:`_Effects`), in L2 and in the largest single move, and of the
         parameters after z; the value within twice its rounding.  The stock loss runs a third time as it is: a
         gradient that changes is randomness, refused."""
-        what, layer, leaves, stock, checked, rerun = pair
+        what, layer, leaves, stock, checked, rerun, ratio = pair
         if not self._seco_paired(leaves, stock, tokens):
             return False
         span = tokens.shape[-1]
@@ -948,7 +978,7 @@ class SeCOTrainerMixin:
         params = [p for _, p in checked]
         batch = checked_batch(adapter, tokens, targets, self.seco_args.chunk_size)
         scale, grads = self._seco_scaled_grads(stock, [leaf] + params, batch.n_targets)
-        stock_grad, *theirs_p = [None if g is None else _widened(g) / scale for g in grads]
+        stock_grad, *theirs_p = [None if g is None else _times(g, ratio / scale) for g in grads]
         del grads
         if stock_grad is None:  # the stock loss is not a function of this output
             return False
@@ -961,7 +991,7 @@ class SeCOTrainerMixin:
         narrowed = narrowed or torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps or same.dtype == (
             torch.float64)
         wide_name = str(same.dtype).removeprefix("torch.")  # (the dtype a narrowed loss is widened to)
-        value_stock = float(stock.detach())
+        value_stock = float(stock.detach()) * ratio
         opaque, modelled = False, None  # (modelled: that rounding, on the logits, where the loss is opaque)
         if narrowed:  # the loss run widened (its rounding: the difference), and once more as it is
             value_w, dtype_w, quantum, wide, *wide_p = rerun(same, True)
@@ -1107,7 +1137,7 @@ class SeCOTrainerMixin:
             # output, with the loss run again to hold a graph
             again_stock, again_leaves = rerun(same, False, graph=True)
             return self._seco_check_loss_gradient(unwrapped, adapter, (what, layer, again_leaves, again_stock,
-                                                                       checked, rerun), tokens, targets, True)
+                                                                       checked, rerun, ratio), tokens, targets, True)
         if refused:
             raise ValueError(
                 f"SeCOTrainer: on the same {what} of the first {span} tokens of this batch, the loss the stock Trainer "
@@ -1115,8 +1145,9 @@ class SeCOTrainerMixin:
                 "cross-entropy the "
                 f"SeCO step trains differ by {value:.3g} relative in value (rounding allows {v_allowed:.2g}) and "
                 f"{diff:.3g} relative in their gradient w.r.t. the {what} (rounding allows {allowed:.2g}" + (
-                    f": half of the {stock.dtype} loss's own, {allowed - rounding['gradient']:.2g} x 2, measured by "
-                    f"running it as it is and in {wide_name}" if narrowed else "") + ")" + (
+                    f": {rounding['gradient']:.2g} and half of the loss's own rounding, "
+                    f"{allowed - rounding['gradient']:.2g} x 2, measured by running it as it is and with its casts "
+                    f"kept in {wide_name}" if narrowed else "") + ")" + (
                     f", which moves the trainable parameters before them {measured['effect']:.3g} relative, summed "
                     f"over the tokens (rounding allows {measured['effect_allowed']:.2g})" if moved else "") +
                 ": a term in the stock loss -- label smoothing, a weight on some targets, a scale, a penalty on the "
@@ -1144,13 +1175,16 @@ class SeCOTrainerMixin:
                 f"loss has been called, or built from its own rounding error, which the {wide_name} run leaves out "
                 "and "
                 "the SeCO step would too; remove it, or train that loss with the stock Trainer")
-        if narrowed:  # what the check could not tell from rounding (_seco_warn_resolution)
-            self._seco_check_resolution = {
-                "model": str(same.dtype).removeprefix("torch."), "what": what, "rounding": measured["rounding"],
-                # a term the widened run leaves out passes up to the bound below as rounding, and half of that buys
-                # a term it sees as much (campaign 60 J1): the two together
-                "visible": allowed,
-                "hidden": None if opaque else allowed + allowed_floor + self.ROUNDING_STEPS * quantum}
+        # what the check could not tell from rounding (_seco_warn_resolution): a term below the allowance, or below
+        # 2 eps of a 16-bit compared output's dtype, whose gradient w.r.t. it rounds a term's share away (bfloat16
+        # weights or autocast: label smoothing 0.002 left it unchanged, campaign 63); a term the widened run leaves
+        # out passes up to the ROUNDING_STEPS bound as rounding, and half of that buys a term it sees as much
+        # (campaign 60 J1): the two together
+        sixteen_floor = 2 * torch.finfo(same.dtype).eps if torch.finfo(same.dtype).bits <= 16 else 0.0
+        self._seco_check_resolution = {
+            "model": str(same.dtype).removeprefix("torch."), "what": what,
+            "rounding": measured["rounding"] if narrowed else None, "visible": max(allowed, sixteen_floor),
+            "hidden": allowed + allowed_floor + self.ROUNDING_STEPS * quantum if narrowed and not opaque else None}
         if params_differ:
             names = ", ".join(f"{name} ({norm:.3g})" for name, norm in reached[:4])
             raise ValueError(
