@@ -43,7 +43,8 @@ def test_a_float64_model_s_float32_loss_is_told_its_measured_resolution_once(tmp
     measured = checks[0]
     [text] = _warnings(caplog)
     assert "on tokens absent from the checked micro-batch is not seen" in text
-    assert "narrower than the float64 model" in text and f"{measured['rounding']:.2g} relative" in text
+    assert "narrower than the float64 model's kept in float64" in text
+    assert f"{measured['rounding']:.2g} relative" in text
     assert f"a term smaller than {measured['allowed']:.2g} relative is not seen" in text
     floor = measured["allowed"] - measured["rounding"] / 2
     hidden = measured["allowed"] + floor + trainer.ROUNDING_STEPS * measured["quantum"]
@@ -237,7 +238,7 @@ def test_c61_j4_a_16_bit_loss_of_a_float32_model_is_measured(tmp_path, caplog, r
     assert 1e-4 < measured["rounding"] < plain.ROUNDING_STEPS * measured["quantum"]
     assert measured["gradient"] <= measured["allowed"] and measured["allowed"] > 1e-4
     warned = _warnings(caplog)
-    assert len(warned) == 1 and "narrower than the float32 model" in warned[0], warned
+    assert len(warned) == 1 and "narrower than the float32 model's kept in float32" in warned[0], warned
     assert "casts kept in float32" in warned[0] and "float64" not in warned[0]
     with pytest.raises(ValueError, match="SeCOTrainer") as refused:  # in value, or in gradient
         trainer(tmp_path / "smoothed", 0.1, dtype).train()

@@ -133,3 +133,32 @@ def test_c63_a_plain_loss_check_states_its_dtype_s_rounding(tmp_path, caplog, dt
     with caplog.at_level(logging.WARNING):
         tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=model, max_steps=1).train()
     assert _stated(caplog) == pytest.approx(2 * torch.finfo(dtype).eps, rel=0.05)
+
+
+def test_c63_f5_a_float64_loss_of_a_float64_model_is_not_called_narrower(tmp_path, caplog):
+    """Campaign 63 F5: a float64 model's loss run wholly in float64 (measured rounding 0) was told "the loss computes
+    narrower than the float64 model", untrue; the warning now says how the rounding was measured, which holds
+    whatever the loss computes in (fails on 64ddd6c)."""
+    model = _llama(lambda z, y, items: _ce(z, y, items))
+    with caplog.at_level(logging.WARNING):
+        tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=model, max_steps=1).train()
+    passed = [r.getMessage() for r in caplog.records if PASSED in r.getMessage()]
+    assert len(passed) == 1 and "computes narrower" not in passed[0]
+    assert "with any casts to a dtype narrower than the float64 model's kept in float64" in passed[0]
+
+
+def test_c63_f4_a_16_bit_loss_on_bfloat16_autocast_logits_is_refused_saying_why(tmp_path):
+    """Campaign 63 F4 (not fixed): on a float32 model under bfloat16 autocast, a cross-entropy the loss computes in
+    float16 itself on the bfloat16 logits is refused -- its 16-bit arithmetic is measured only on float32 and
+    float64 outputs -- as 'a term'.  The refusal now says that rounding may be all that differs, and what to do
+    (fails on 64ddd6c); a float32 loss with a term on a float32 model is refused without the note."""
+    model = _HookedLoss.of(tc.for_seco(tc.tiny_llama(dtype=torch.float32)),
+                           lambda z, y, n: _ce(z.half(), y, n).float())
+    with pytest.raises(ValueError, match="that rounding, which the check measures only on float32 and float64 "
+                                         "outputs, may be all that differs here"):
+        tc.make_trainer(tmp_path / "f16", seco=SeCOArguments(chunk_size=4), model=model, max_steps=1,
+                        bf16=True).train()
+    model = _HookedLoss.of(tc.for_seco(tc.tiny_llama(dtype=torch.float32)), lambda z, y, n: _ce(z, y, n, 0.01))
+    with pytest.raises(ValueError, match="a term in the stock loss") as refused:
+        tc.make_trainer(tmp_path / "term", seco=SeCOArguments(chunk_size=4), model=model, max_steps=1).train()
+    assert "campaign 63 F4" not in str(refused.value)

@@ -663,11 +663,12 @@ class SeCOTrainerMixin:
                      f"{shown['visible']:.2g} relative is not seen" + (
                          f" ({shown['model']} rounds a smaller one's share of that gradient away)"
                          if shown["model"] in ("bfloat16", "float16") else ""))
-        elif shown is not None:
-            text += (f". The loss computes narrower than the {shown['model']} model, so it was compared only to its "
-                     f"own rounding: what its gradient w.r.t. the {shown['what']} as it runs and with its casts kept "
-                     f"in {shown['model']} differ by, beyond the engine's, {shown['rounding']:.2g} relative (measured; "
-                     f"all of it counted as rounding): a term smaller than {shown['visible']:.2g} relative is not seen")
+        elif shown is not None:  # (on a float64 model whatever the loss computes in: campaign 63 F5)
+            text += (f". The loss was compared only to its own rounding, measured by running it as it is and with any "
+                     f"casts to a dtype narrower than the {shown['model']} model's kept in {shown['model']}: its "
+                     f"gradients w.r.t. the {shown['what']} in the two runs differ by, beyond the engine's, "
+                     f"{shown['rounding']:.2g} relative (all of it counted as rounding): a term smaller than "
+                     f"{shown['visible']:.2g} relative is not seen")
             if shown["hidden"] is not None:
                 text += (f", nor one below {shown['hidden']:.2g} that the loss leaves out in whole or in part when "
                          f"run with its casts kept in {shown['model']} (a term gated on the tensor's type, as "
@@ -1138,6 +1139,8 @@ class SeCOTrainerMixin:
             again_stock, again_leaves = rerun(same, False, graph=True)
             return self._seco_check_loss_gradient(unwrapped, adapter, (what, layer, again_leaves, again_stock,
                                                                        checked, rerun, ratio), tokens, targets, True)
+        # a 16-bit output (bfloat16 autocast) whose loss returns wider: its own 16-bit arithmetic is not measured
+        sixteen_out = not narrowed and torch.finfo(same.dtype).bits <= 16 < torch.finfo(stock.dtype).bits
         if refused:
             raise ValueError(
                 f"SeCOTrainer: on the same {what} of the first {span} tokens of this batch, the loss the stock Trainer "
@@ -1159,7 +1162,13 @@ class SeCOTrainerMixin:
                     if narrowed and opaque else "") + (
                     f" (their gradients w.r.t. the {what} agree, and those w.r.t. the trainable parameters too: "
                     "a term that changes the value only -- a constant, or one computed outside autograd)"
-                    if diff <= allowed and not moved else ""))
+                    if diff <= allowed and not moved else "") + (
+                    f" (note: the {what} are {str(same.dtype).removeprefix('torch.')} and the loss returns "
+                    f"{str(stock.dtype).removeprefix('torch.')}: where it computes in 16 bits itself -- a "
+                    "cross-entropy in float16, a log-softmax by hand in bfloat16 --, that rounding, which the check "
+                    "measures only on float32 and float64 outputs, may be all that differs here; compute it in "
+                    "float32, as F.cross_entropy does under autocast, or train it with the stock Trainer; campaign "
+                    "63 F4)" if sixteen_out else ""))
         # the rounding allowed for must be one the narrowings the loss's gradient goes through could make: at most
         # ROUNDING_STEPS x the largest step one of them rounds at (measured up to 4.9x, V 32000 with a head whose rows
         # share a vector); else what differs is a term the widened run leaves out (campaign 58 H1-H4)
@@ -1185,6 +1194,7 @@ class SeCOTrainerMixin:
             "model": str(same.dtype).removeprefix("torch."), "what": what,
             "rounding": measured["rounding"] if narrowed else None, "visible": max(allowed, sixteen_floor),
             "hidden": allowed + allowed_floor + self.ROUNDING_STEPS * quantum if narrowed and not opaque else None}
+        self.seco_loss_check_measured["not_seen_below"] = self._seco_check_resolution["visible"]  # (as warned)
         if params_differ:
             names = ", ".join(f"{name} ({norm:.3g})" for name, norm in reached[:4])
             raise ValueError(
