@@ -813,8 +813,10 @@ def test_s2_the_tighter_allowances_refuse_no_plain_loss_over_many_chunks(tmp_pat
     model = _logits_without_the_output_layer(_model(getattr(torch, dtype)))
     if dtype == "float64":
         model.register_forward_hook(_float64_loss, with_kwargs=True)
+    # (one micro-batch a step: num_items_in_batch is its targets, so the stock gradients need no rescaling, which
+    # adds eps of the dtype where its ratio is no power of two: campaign 64)
     trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=1), model=model, max_steps=1,
-                              examples=tc.padded_examples(4, lengths=(120, 129)))
+                              examples=tc.padded_examples(4, lengths=(120, 129)), gradient_accumulation_steps=1)
     trainer.train()
     measured = trainer.seco_loss_check_measured
     eps = torch.finfo(getattr(torch, dtype)).eps
