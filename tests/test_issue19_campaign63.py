@@ -198,3 +198,15 @@ def test_c64_the_warnings_name_terms_on_other_micro_batches_and_on_the_count(tmp
         trainer.train()
     assert "only on other micro-batches (one that depends on how many targets a micro-batch holds" in caplog.text
     assert "nor one that depends on how many tokens or targets the loss is given" in caplog.text
+
+
+@pytest.mark.parametrize("dtype,bf16", [(torch.float32, True), (torch.bfloat16, False)])
+def test_c64_g1_transformers_own_loss_with_accumulation_over_unequal_micro_batches_trains(tmp_path, dtype, bf16):
+    """Campaign 64 G1 (a regression of 64ddd6c): transformers' own loss on bfloat16 logits (bf16 autocast, a bfloat16
+    model) with gradient accumulation over micro-batches of unequal targets was refused as a term (2.6e-3 apart,
+    allowed 2.4e-7): it trains, and the stated size covers what the rescaling allows."""
+    trainer = tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=tc.for_seco(tc.tiny_llama(dtype=dtype)),
+                              max_steps=1, bf16=bf16, gradient_accumulation_steps=3)
+    trainer.train()
+    measured = trainer.seco_loss_check_measured
+    assert measured["gradient"] <= measured["allowed"] <= measured["not_seen_below"]
