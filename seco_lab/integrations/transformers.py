@@ -1101,11 +1101,12 @@ class SeCOTrainerMixin:
         # narrowed loss's floor: float64's, where its widened run is compared
         rounding = self._seco_same_output_rounding(same if narrowed else stock,
                                                    same.dtype if narrowed else self._seco_check_computed, what, vocab)
-        if not _power_of_two(ratio / scale):
+        rescaled = 0.0 if _power_of_two(ratio / scale) else torch.finfo(same.dtype).eps
+        if rescaled:
             # the stock loss's gradients taken at the Trainer's num_items_in_batch and rescaled to the mean by a
             # ratio that is no power of two: each side has rounded its gradient w.r.t. the output in that output's
             # dtype at its own scale, up to eps of it apart (2.3e-3 on bfloat16 autocast logits, campaign 64)
-            rounding["gradient"] += torch.finfo(same.dtype).eps
+            rounding["gradient"] += rescaled
             rounding["parameters"] += torch.finfo(self._seco_check_computed).eps
         allowed, v_allowed, p_allowed = rounding["gradient"], rounding["value"], rounding["parameters"]
         diff = (diff2 / norm2) ** 0.5 if norm2 > 0 else float(diff2 > 0)
@@ -1208,7 +1209,9 @@ class SeCOTrainerMixin:
         sixteen_floor = 2 * torch.finfo(same.dtype).eps if torch.finfo(same.dtype).bits <= 16 else 0.0
         self._seco_check_resolution = {
             "model": str(same.dtype).removeprefix("torch."), "what": what,
-            "rounding": measured["rounding"] if narrowed else None, "visible": max(allowed, sixteen_floor),
+            # (a term passes where it and that rescaling's rounding, up to eps, are within the allowance together:
+            # campaign 65, label smoothing 0.026 on bfloat16 logits accepted within 0.0234)
+            "rounding": measured["rounding"] if narrowed else None, "visible": max(allowed + rescaled, sixteen_floor),
             "hidden": allowed + allowed_floor + self.ROUNDING_STEPS * quantum if narrowed and not opaque else None}
         self.seco_loss_check_measured["not_seen_below"] = self._seco_check_resolution["visible"]  # (as warned)
         if params_differ:
