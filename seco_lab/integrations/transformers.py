@@ -183,7 +183,8 @@ def _as_leaf(into: list, width: int | None = None):
                 width is not None and first.shape[-1] != width):
             into.append(None)
             return None
-        into.append(first.detach().requires_grad_(True))
+        with torch._C.DisableTorchFunction():  # (of its own dtype, under _Widened too)
+            into.append(first.detach().requires_grad_(True))
         return _with_first(out, into[-1])
     return hook
 
@@ -195,13 +196,14 @@ def _next_slice_of(whole: torch.Tensor, into: list, replaced: list | None = None
     def hook(_module, _args, out):
         first = _first_tensor(out)
         start = sum(p.shape[-2] for p in into if p is not None)
-        piece = whole[..., start:start + first.shape[-2], :] if first is not None and first.dim() >= 2 else None
-        if piece is None or piece.shape != first.shape:
-            into.append(None)
-            return None
-        if replaced is not None:
-            replaced.append(first)
-        into.append(piece.detach().requires_grad_(True))
+        with torch._C.DisableTorchFunction():  # a leaf of whole's own dtype, under _Widened too (campaign 63 F4)
+            piece = whole[..., start:start + first.shape[-2], :] if first is not None and first.dim() >= 2 else None
+            if piece is None or piece.shape != first.shape:
+                into.append(None)
+                return None
+            if replaced is not None:
+                replaced.append(first)
+            into.append(piece.detach().requires_grad_(True))
         return _with_first(out, into[-1])
     return hook
 
@@ -294,12 +296,21 @@ class _Widened(torch.overrides.TorchFunctionMode):
     computes, exactly, to compare with the engine's cross-entropy; the loss run as it is, minus the same run
     widened, is the loss's own rounding, measured on its own code (campaigns 51-57 fooled every model of it).  A
     custom autograd Function's backward (TRL's fused head), which autograd runs without the modes of its forward,
-    runs widened too while this is active."""
+    runs widened too while this is active.
+
+    ``wide`` 16-bit (the compared output is: bfloat16 autocast logits, a bfloat16 model's), there is no narrower
+    dtype to keep: the loss's own 16-bit arithmetic on it is kept in float32 instead -- a cast to the other 16-bit
+    dtype returns a float32 copy, an op that reads 16-bit values computes in float32 and reports their dtype -- each
+    a rounding step recorded (campaign 63 F4: a float16 cross-entropy, a log-softmax by hand in bfloat16)."""
 
     def __init__(self, wide: torch.dtype = torch.float64, sites: list | None = None):
         super().__init__()
-        self.wide = wide  # the model's dtype: narrower floating dtypes are kept in it
-        self.narrow = tuple(d for d in _NARROW if torch.finfo(d).bits < torch.finfo(wide).bits)
+        self.given = wide
+        # a 16-bit output (bfloat16 logits, of autocast or of a bfloat16 model): the loss's own 16-bit arithmetic on
+        # it -- a cross-entropy in float16, a log-softmax by hand in bfloat16 -- kept in float32 (campaign 63 F4)
+        self.native = torch.finfo(wide).bits <= 16
+        self.wide = torch.float32 if self.native else wide  # narrower floating dtypes are kept in it
+        self.narrow = tuple(d for d in _NARROW if torch.finfo(d).bits < torch.finfo(self.wide).bits)
         self.sites = sites  # where given: (each narrowing's output, eps, largest magnitude), for the caller
 
     def _site(self, out: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -309,14 +320,14 @@ class _Widened(torch.overrides.TorchFunctionMode):
             if torch.is_autocast_enabled(x.device.type) and torch.finfo(torch.get_autocast_dtype(
                     x.device.type)).bits < torch.finfo(dtype).bits:
                 dtype = torch.get_autocast_dtype(x.device.type)
-            self.sites.append((out, torch.finfo(dtype).eps, float(x.detach().abs().max())))
+            self.sites.append((out, torch.finfo(dtype).eps, _largest(x)))
         return out
 
     def __enter__(self):
         self._backward = torch.autograd.function.BackwardCFunction.apply
 
         def apply(node, *args, run=self._backward):
-            with _Widened(self.wide):
+            with _Widened(self.given):
                 return run(node, *args)
         torch.autograd.function.BackwardCFunction.apply = apply
         return super().__enter__()
@@ -358,6 +369,9 @@ class _Widened(torch.overrides.TorchFunctionMode):
                 # nothing (campaign 61 J3: a bfloat16 loss's .float())
                 exact = marked and torch.promote_types(getattr(first, _NOMINAL), to) == to
                 return kept if exact else self._site(kept, first, to)
+            if self.native and not marked and first.dtype in self.narrow and out.dtype in self.narrow and (
+                    out.dtype != first.dtype):  # a 16-bit tensor cast to the other 16-bit dtype (bfloat16 to float16)
+                return self._site(_marked(first.to(out.device, self.wide, copy=True), out.dtype), first, out.dtype)
             if marked and asked == self.wide:  # back to the wide dtype: a tensor of its own, as the cast makes
                 return first.to(out.device, copy=True)
             return _marked(out, getattr(first, _NOMINAL)) if marked and out is not first and \
@@ -380,7 +394,14 @@ class _Widened(torch.overrides.TorchFunctionMode):
         out = func(*args, **kwargs)
         if inplace:
             return out
-        if asked is None and any(hasattr(t, _NOMINAL) for t in tensors):
+        # 16-bit arithmetic (on a 16-bit output: :attr:`native`), kept in float32: a rounding step as a cast of the
+        # 16-bit values it reads would make (eps x their largest magnitude: a log-softmax by hand's first step on
+        # the logits), or, after one, as much as it carries of the gradient (eps x its share, at most 1:
+        # :func:`_quantum`)
+        arithmetic = self.native and any(t.dtype in narrow or hasattr(t, _NOMINAL) for t in tensors)
+        read = max((t for t in tensors if t.dtype in narrow and not hasattr(t, _NOMINAL)), key=_largest,
+                   default=torch.zeros(1)) if arithmetic else None
+        if asked is None and (arithmetic or any(hasattr(t, _NOMINAL) for t in tensors)):
             dims = [t for t in tensors if t.dim()] or tensors
             asked = _nominal(dims[0])
             for t in dims[1:]:
@@ -391,7 +412,15 @@ class _Widened(torch.overrides.TorchFunctionMode):
                     _marked(t, asked)
                     if kwargs.get("dtype") is wide and torch.is_tensor(first) and first.dtype == wide:
                         self._site(t, first, asked)  # log_softmax(x, dtype=torch.float32)
+                    elif arithmetic:  # 16-bit arithmetic kept in float32
+                        self._site(t, read, asked)
         return out
+
+
+def _largest(t: torch.Tensor) -> float:
+    """The largest finite magnitude in ``t`` (0 where it has none: a row of -inf masked logits)."""
+    t = t.detach()
+    return float(t.abs().nan_to_num(0.0, 0.0, 0.0).max()) if t.numel() else 0.0
 
 
 def _out_of_memory(error: BaseException) -> bool:
@@ -670,14 +699,18 @@ class SeCOTrainerMixin:
                          f" ({shown['model']} rounds a smaller one's share of that gradient away)"
                          if shown["model"] in ("bfloat16", "float16") else ""))
         elif shown is not None:  # (on a float64 model whatever the loss computes in: campaign 63 F5)
-            text += (f". The loss was compared only to its own rounding, measured by running it as it is and with any "
-                     f"casts to a dtype narrower than the {shown['model']} model's kept in {shown['model']}: its "
-                     f"gradients w.r.t. the {shown['what']} in the two runs differ by, beyond the engine's, "
+            kept = (f"any casts to a dtype narrower than the {shown['model']} model's kept in {shown['model']}"
+                    if shown["wide"] == shown["model"] else  # (a 16-bit output: campaign 63 F4)
+                    f"its casts and 16-bit arithmetic on the {shown['model']} {shown['what']} kept in {shown['wide']}")
+            text += (f". The loss was compared only to its own rounding, measured by running it as it is and with "
+                     f"{kept}: its gradients w.r.t. the {shown['what']} in the two runs differ by, beyond the "
+                     "engine's, "
                      f"{shown['rounding']:.2g} relative (all of it counted as rounding): a term smaller than "
                      f"{shown['visible']:.2g} relative is not seen")
             if shown["hidden"] is not None:
                 text += (f", nor one below {shown['hidden']:.2g} that the loss leaves out in whole or in part when "
-                         f"run with its casts kept in {shown['model']} (a term gated on the tensor's type, as "
+                         f"run with its casts {'' if shown['wide'] == shown['model'] else 'and 16-bit arithmetic '}"
+                         f"kept in {shown['wide']} (a term gated on the tensor's type, as "
                          "isinstance(x, torch.FloatTensor), or on the values being numbers of the narrower dtype, or "
                          "built from its own rounding error)")
             if shown["rounding"] > 0:  # (a loss with nothing to widen computes in the model's dtype already)
@@ -826,7 +859,9 @@ class SeCOTrainerMixin:
 
         def rerun(layer, width, what):  # the stock loss (and its gradients) on given outputs of the layer, widened
             def run(given: torch.Tensor, widen: bool, graph: bool = False) -> tuple:
-                """(value, dtype, largest rounding step, gradients w.r.t. ``given`` and the trainable parameters);
+                """(value, the dtype it computed in -- as it runs, widened or not: a widened loss that still
+                computes narrower narrows by a route :class:`_Widened` does not follow --, largest rounding step,
+                gradients w.r.t. ``given`` and the trainable parameters);
                 ``graph``: (the loss, the leaves) instead, its graph kept."""
                 sites: list = []
                 with _Widened(given.dtype, sites) if widen else nullcontext():  # its backward too (TRL's fused head)
@@ -853,7 +888,7 @@ class SeCOTrainerMixin:
                                     for (_, eps, m), g in zip(graphed, through) if g is not None and bool(
                                         g.ne(0).any())] if graphed else [(*site[1:], 1.0) for site in sites])
                 del sites, graphed, through
-                return (float(loss.detach()) * ratio, _nominal(loss), quantum,
+                return (float(loss.detach()) * ratio, loss.dtype, quantum,
                         *(None if g is None else g.double() * ratio for g in grads[:1 + len(trainable)]))
             return run
 
@@ -917,16 +952,18 @@ class SeCOTrainerMixin:
             vars(self).update(kept)
         return (stock[0] if isinstance(stock, tuple) else stock), leaves
 
-    def _seco_sixteen_bit(self, run) -> bool:
-        """Whether the stock loss of a float32 model computes in 16 bits (campaign 61 J4: a bfloat16 cross-entropy
-        cast back to float32): ``run()`` -- the stock loss, run here under :class:`_Widened` (float32) recording its
-        narrowings -- narrows to bfloat16 or float16 values its gradient goes through.  Asked only where the check
-        would refuse: its rounding is then measured as a float64 model's float32 loss's is."""
-        if self._seco_check_computed != torch.float32:
+    def _seco_sixteen_bit(self, run, output: torch.dtype = torch.float32) -> bool:
+        """Whether the stock loss computes in 16 bits on a float32 model (campaign 61 J4: a bfloat16 cross-entropy
+        cast back to float32), or on 16-bit ``output`` (bfloat16 autocast logits, a bfloat16 model's; campaign 63 F4:
+        a float16 cross-entropy, a log-softmax by hand in bfloat16, returned in float32): ``run()`` -- the stock loss,
+        run here under :class:`_Widened` recording its narrowings (and, on a 16-bit output, its 16-bit arithmetic) --
+        narrows to bfloat16 or float16 values its gradient goes through.  Asked only where the check would refuse:
+        its rounding is then measured as a float64 model's float32 loss's is."""
+        if output == torch.float32 and self._seco_check_computed != torch.float32:
             return False
         sites: list = []
         try:
-            with _Widened(torch.float32, sites):
+            with _Widened(output, sites):
                 loss = run()
                 graphed = [site[0] for site in sites if site[0].requires_grad]
                 grads = torch.autograd.grad(loss, graphed, allow_unused=True) if graphed and loss.requires_grad \
@@ -1001,7 +1038,11 @@ class SeCOTrainerMixin:
         # a bfloat16 loss returned in float64 was held to float64's rounding)
         narrowed = narrowed or torch.finfo(same.dtype).eps < torch.finfo(stock.dtype).eps or same.dtype == (
             torch.float64)
-        wide_name = str(same.dtype).removeprefix("torch.")  # (the dtype a narrowed loss is widened to)
+        # (the dtype a narrowed loss is widened to: float32 for a 16-bit output, whose loss's own 16-bit arithmetic
+        # is kept in it -- campaign 63 F4 --, and what is kept so)
+        sixteen = torch.finfo(same.dtype).bits <= 16
+        wide_name = str(torch.promote_types(same.dtype, torch.float32)).removeprefix("torch.")
+        kept = f"its casts {'and 16-bit arithmetic ' if sixteen else ''}kept in {wide_name}"
         value_stock = float(stock.detach()) * ratio
         opaque, modelled = False, None  # (modelled: that rounding, on the logits, where the loss is opaque)
         if narrowed:  # the loss run widened (its rounding: the difference), and once more as it is
@@ -1098,9 +1139,11 @@ class SeCOTrainerMixin:
         p_norm2 = max(sum(float(e.double().square().sum()) for _, e in pairs), p_parts2 if pairs else 0.0)
         p_diff = (p_diff2 / p_norm2) ** 0.5 if p_norm2 > 0 else float(p_diff2 > 0)
         # the dtype the parameters' gradients are computed in: autocast's where it is on (campaign 49 S1); a
-        # narrowed loss's floor: float64's, where its widened run is compared
-        rounding = self._seco_same_output_rounding(same if narrowed else stock,
-                                                   same.dtype if narrowed else self._seco_check_computed, what, vocab)
+        # narrowed loss's floor: float64's, where its widened run is compared (a 16-bit output's: the loss's dtype,
+        # as where it is not narrowed -- both sides compute in float32 on it, widened, and round their gradient to it)
+        own = narrowed and not torch.finfo(same.dtype).bits <= 16 < torch.finfo(stock.dtype).bits
+        rounding = self._seco_same_output_rounding(same if own else stock,
+                                                   same.dtype if own else self._seco_check_computed, what, vocab)
         rescaled = 0.0 if _power_of_two(ratio / scale) else torch.finfo(same.dtype).eps
         if rescaled:
             # the stock loss's gradients taken at the Trainer's num_items_in_batch and rescaled to the mean by a
@@ -1144,20 +1187,22 @@ class SeCOTrainerMixin:
                                          "parameters_allowed": p_allowed, **measured}
         params_differ = bool(reached) or not p_diff <= p_allowed  # NaN: differ
         moved = "effect" in measured and not measured["effect"] <= measured["effect_allowed"]
-        widened_note = (f" (the loss run with its casts kept in {wide_name} still computed in {dtype_w}: it "
+        widened_note = (f" (the loss run with {kept} still computed in {str(dtype_w).removeprefix('torch.')}: it "
                         "narrows by a route the check does not widen, so its rounding counts as a term here)"
-                        if narrowed and dtype_w != same.dtype else "")
+                        if narrowed and dtype_w != (torch.float32 if sixteen else same.dtype) else "")
         # a value apart with the same gradient w.r.t. the output: a term on the parameters says more (campaign 49 S2)
         refused = not diff <= allowed or moved or (not value <= v_allowed and not params_differ)
-        if (refused or params_differ and not reached) and not narrowed and same.dtype == torch.float32 and (
-                self._seco_sixteen_bit(lambda: rerun(same, False, graph=True)[0])):
-            # a float32 model's loss that computes in 16 bits (campaign 61 J4): its rounding measured, on the same
-            # output, with the loss run again to hold a graph
+        # a 16-bit output (bfloat16 autocast) whose loss returns wider
+        sixteen_out = torch.finfo(same.dtype).bits <= 16 < torch.finfo(stock.dtype).bits
+        if (refused or params_differ and not reached) and not narrowed and (
+                same.dtype == torch.float32 or sixteen_out) and (
+                self._seco_sixteen_bit(lambda: rerun(same, False, graph=True)[0], same.dtype)):
+            # a float32 model's loss that computes in 16 bits (campaign 61 J4), or a 16-bit output's loss whose own
+            # arithmetic is 16-bit (campaign 63 F4): its rounding measured, on the same output, with the loss run
+            # again to hold a graph
             again_stock, again_leaves = rerun(same, False, graph=True)
             return self._seco_check_loss_gradient(unwrapped, adapter, (what, layer, again_leaves, again_stock,
                                                                        checked, rerun, ratio), tokens, targets, True)
-        # a 16-bit output (bfloat16 autocast) whose loss returns wider: its own 16-bit arithmetic is not measured
-        sixteen_out = not narrowed and torch.finfo(same.dtype).bits <= 16 < torch.finfo(stock.dtype).bits
         if refused:
             raise ValueError(
                 f"SeCOTrainer: on the same {what} of the first {span} tokens of this batch, the loss the stock Trainer "
@@ -1166,8 +1211,8 @@ class SeCOTrainerMixin:
                 f"SeCO step trains differ by {value:.3g} relative in value (rounding allows {v_allowed:.2g}) and "
                 f"{diff:.3g} relative in their gradient w.r.t. the {what} (rounding allows {allowed:.2g}" + (
                     f": {rounding['gradient']:.2g} and half of the loss's own rounding, "
-                    f"{allowed - rounding['gradient']:.2g} x 2, measured by running it as it is and with its casts "
-                    f"kept in {wide_name}" if narrowed else "") + ")" + (
+                    f"{allowed - rounding['gradient']:.2g} x 2, measured by running it as it is and with "
+                    f"{kept}" if narrowed else "") + ")" + (
                     f", which moves the trainable parameters before them {measured['effect']:.3g} relative, summed "
                     f"over the tokens (rounding allows {measured['effect_allowed']:.2g})" if moved else "") +
                 ": a term in the stock loss -- label smoothing, a weight on some targets, a scale, a penalty on the "
@@ -1179,13 +1224,7 @@ class SeCOTrainerMixin:
                     if narrowed and opaque else "") + (
                     f" (their gradients w.r.t. the {what} agree, and those w.r.t. the trainable parameters too: "
                     "a term that changes the value only -- a constant, or one computed outside autograd)"
-                    if diff <= allowed and not moved else "") + (
-                    f" (note: the {what} are {str(same.dtype).removeprefix('torch.')} and the loss returns "
-                    f"{str(stock.dtype).removeprefix('torch.')}: where it computes in 16 bits itself -- a "
-                    "cross-entropy in float16, a log-softmax by hand in bfloat16 --, that rounding, which the check "
-                    "measures only on float32 and float64 outputs, may be all that differs here; compute it in "
-                    "float32, as F.cross_entropy does under autocast, or train it with the stock Trainer; campaign "
-                    "63 F4)" if sixteen_out else ""))
+                    if diff <= allowed and not moved else ""))
         # the rounding allowed for must be one the narrowings the loss's gradient goes through could make: at most
         # ROUNDING_STEPS x the largest step one of them rounds at (measured up to 4.9x, V 32000 with a head whose rows
         # share a vector); else what differs is a term the widened run leaves out (campaign 58 H1-H4)
@@ -1193,8 +1232,7 @@ class SeCOTrainerMixin:
             raise ValueError(
                 f"SeCOTrainer: on the same {what} of the first {span} tokens of this batch, the stock loss and the "
                 f"cross-entropy the SeCO step trains differ by {measured['rounding']:.3g} relative (in their "
-                f"gradient w.r.t. the {what}) beyond what the loss computes when run with its casts kept in "
-                f"{wide_name}, "
+                f"gradient w.r.t. the {what}) beyond what the loss computes when run with {kept}, "
                 f"more than rounding at the narrowings its gradient goes through can make ({self.ROUNDING_STEPS} x "
                 f"the largest step, {quantum:.2g}): a term that depends on the dtype the loss computes in (tested by "
                 "a route the check cannot follow: isinstance(x, torch.FloatTensor), ...), on how many times the "
@@ -1208,7 +1246,7 @@ class SeCOTrainerMixin:
         # (campaign 60 J1): the two together
         sixteen_floor = 2 * torch.finfo(same.dtype).eps if torch.finfo(same.dtype).bits <= 16 else 0.0
         self._seco_check_resolution = {
-            "model": str(same.dtype).removeprefix("torch."), "what": what,
+            "model": str(same.dtype).removeprefix("torch."), "what": what, "wide": wide_name,
             # (a term passes where it and that rescaling's rounding, up to eps, are within the allowance together:
             # campaign 65, label smoothing 0.026 on bfloat16 logits accepted within 0.0234)
             "rounding": measured["rounding"] if narrowed else None, "visible": max(allowed + rescaled, sixteen_floor),
