@@ -5,7 +5,11 @@ float32's rounding (2.4e-7), and measured a loss's own rounding only on float32 
 arithmetic is now kept in float32 in a second run (``_Widened`` on a 16-bit output), and what the two runs differ by
 is the loss's rounding, as for a float32 model's bfloat16 loss (J4).
 
-Each test fails on 45ca4bd, except the gated term's refused cases (0.05, 0.2), kept as guards of the new
+Campaign 66 (docs/hostile_campaign_66.md) then found two more false refusals of plain 16-bit losses, fixed in turn:
+LSE16 (a 16-bit tensor read by two ops summed their gradients in 16 bits in the float32 run too) and F16BF (a float16
+model's bfloat16 loss returned in float32, refused by the value check); their tests fail on 1440d1d.
+
+Each F4 test fails on 45ca4bd, except the gated term's refused cases (0.05, 0.2), kept as guards of the new
 remeasure; the terms' sizes are measured independently in float64 autograd."""
 
 from __future__ import annotations
@@ -154,3 +158,51 @@ def test_a_float32_loss_of_a_float64_model_is_not_said_to_narrow_by_a_route_unse
     with pytest.raises(ValueError, match="a term in the stock loss") as refused:
         tc.make_trainer(tmp_path, seco=SeCOArguments(chunk_size=4), model=model, max_steps=1).train()
     assert "still computed in" not in str(refused.value)
+
+
+def _logsumexp_minus_gathered(z, y, items):
+    """Cross-entropy as logsumexp(x) - x[target] in bfloat16, returned in float32."""
+    x, keep = z.bfloat16(), y != -100
+    return ((torch.logsumexp(x[keep], -1) - x[keep].gather(-1, y[keep][:, None]).squeeze(-1)).sum() / items).float()
+
+
+@pytest.mark.parametrize("dtype,bf16", [(torch.float32, True), (torch.bfloat16, False)])
+def test_c66_lse16_logsumexp_minus_the_gathered_logit_in_16_bits_trains(tmp_path, dtype, bf16):
+    """Campaign 66 LSE16: the two reads of the 16-bit logits (logsumexp, gather) each had their gradient rounded to
+    bfloat16 and summed in it in the float32 run too, 0.004 apart from the cross-entropy's: refused as a term
+    (fails on 1440d1d).  Each tensor is now read in float32 through one copy."""
+    trainer = _trainer(tmp_path, dtype, bf16, _logsumexp_minus_gathered)
+    trainer.train()
+    measured = trainer.seco_loss_check_measured
+    assert measured["gradient"] <= measured["allowed"] and measured["rounding"] > 1e-4
+
+
+def test_c66_a_16_bit_tensor_read_twice_is_read_through_one_float32_copy():
+    """Against an independent float32 computation: logsumexp(x) - x[y] on bfloat16 logits, widened, has exactly the
+    float32 cross-entropy's gradient (rounded once to bfloat16); as it runs, it does not."""
+    torch.manual_seed(0)
+    z0 = (0.3 * torch.randn(26, 64)).bfloat16()
+    y = torch.randint(0, 64, (26,))
+
+    def grad(loss, widen):
+        z = z0.clone().requires_grad_(True)
+        with _Widened(torch.bfloat16, []) if widen else torch.enable_grad():
+            return torch.autograd.grad(loss(z), z)[0]
+
+    lse = lambda z: (torch.logsumexp(z, -1) - z.gather(-1, y[:, None]).squeeze(-1)).sum() / 26  # noqa: E731
+    exact = grad(lambda z: F.cross_entropy(z.float(), y, reduction="sum") / 26, False)
+    assert torch.equal(grad(lse, True), exact) and not torch.equal(grad(lse, False), exact)
+
+
+def test_c66_f16bf_a_float16_model_s_bfloat16_loss_returned_in_float32_trains(tmp_path):
+    """Campaign 66 F16BF: on a float16 model, a cross-entropy computed in bfloat16 and returned in float32 rounds its
+    value 0.0047 apart, beyond float16's 4 eps (0.0039) the value check allowed: refused as "something adds to or
+    changes the loss" (fails on 1440d1d).  Where the loss's gradient goes through a bfloat16 narrowing, 4 eps of
+    bfloat16 are allowed; a scale of 1.05 on the same loss is still refused."""
+    trainer = _trainer(tmp_path / "plain", torch.float16, False, lambda z, y, n: _ce(z.bfloat16(), y, n).float())
+    trainer.train()
+    measured = trainer.seco_loss_check_measured
+    assert measured["gradient"] <= measured["allowed"]
+    with pytest.raises(ValueError, match="SeCOTrainer"):
+        _trainer(tmp_path / "scaled", torch.float16, False,
+                 lambda z, y, n: 1.05 * _ce(z.bfloat16(), y, n).float()).train()
