@@ -206,3 +206,16 @@ def test_c66_f16bf_a_float16_model_s_bfloat16_loss_returned_in_float32_trains(tm
     with pytest.raises(ValueError, match="SeCOTrainer"):
         _trainer(tmp_path / "scaled", torch.float16, False,
                  lambda z, y, n: 1.05 * _ce(z.bfloat16(), y, n).float()).train()
+
+
+def test_c67_a_16_bit_loss_returned_in_float64_is_held_to_float32_and_told_no_unseen_route(tmp_path):
+    """Campaign 67: on a float16 model, a float16 loss returned in float64 went the 16-bit remeasure with float64's
+    floor (4.4e-16) and a refusal note "still computed in float64: it narrows by a route the check does not widen",
+    both untrue (its widened run computes in float32, wider than the float16 output).  The floor is float32's; the
+    note only where the widened loss computes narrower than float32 (fails on 7d985ec)."""
+    trainer = _trainer(tmp_path / "plain", torch.float16, False, lambda z, y, n: _by_hand(z.half(), y, n).double())
+    trainer.train()
+    assert trainer.seco_loss_check_measured["gradient"] <= trainer.seco_loss_check_measured["allowed"]
+    with pytest.raises(ValueError, match=r"rounding allows [0-9.e-]+: 2\.4e-07 and half of the loss's own") as refused:
+        _trainer(tmp_path / "term", torch.float16, False, lambda z, y, n: _ce(z.half(), y, n, 0.01).double()).train()
+    assert "still computed in" not in str(refused.value)

@@ -1169,7 +1169,10 @@ class SeCOTrainerMixin:
         # narrowed loss's floor: float64's, where its widened run is compared (a 16-bit output's: the loss's dtype,
         # as where it is not narrowed -- both sides compute in float32 on it, widened, and round their gradient to it)
         own = narrowed and not torch.finfo(same.dtype).bits <= 16 < torch.finfo(stock.dtype).bits
-        rounding = self._seco_same_output_rounding(same if own else stock,
+        # (a 16-bit output's widened loss computes in float32, whatever it returns: float32's, not float64's, campaign
+        # 67 -- a float16 model's float16 loss returned in float64 held to 4.4e-16)
+        loss_like = stock if not narrowed or own or stock.dtype != torch.float64 else torch.empty(0)
+        rounding = self._seco_same_output_rounding(same if own else loss_like,
                                                    same.dtype if own else self._seco_check_computed, what, vocab)
         rescaled = 0.0 if _power_of_two(ratio / scale) else torch.finfo(same.dtype).eps
         if rescaled:
@@ -1216,7 +1219,8 @@ class SeCOTrainerMixin:
         moved = "effect" in measured and not measured["effect"] <= measured["effect_allowed"]
         widened_note = (f" (the loss run with {kept} still computed in {str(dtype_w).removeprefix('torch.')}: it "
                         "narrows by a route the check does not widen, so its rounding counts as a term here)"
-                        if narrowed and dtype_w != (torch.float32 if sixteen else same.dtype) else "")
+                        if narrowed and torch.finfo(dtype_w).bits < torch.finfo(
+                            torch.promote_types(same.dtype, torch.float32)).bits else "")
         # a value apart with the same gradient w.r.t. the output: a term on the parameters says more (campaign 49 S2)
         refused = not diff <= allowed or moved or (not value <= v_allowed and not params_differ)
         # a 16-bit output (bfloat16 autocast) whose loss returns wider
