@@ -219,3 +219,33 @@ def test_c67_a_16_bit_loss_returned_in_float64_is_held_to_float32_and_told_no_un
     with pytest.raises(ValueError, match=r"rounding allows [0-9.e-]+: 2\.4e-07 and half of the loss's own") as refused:
         _trainer(tmp_path / "term", torch.float16, False, lambda z, y, n: _ce(z.half(), y, n, 0.01).double()).train()
     assert "still computed in" not in str(refused.value)
+
+
+def _after_a_metric_read_under_no_grad(z, y, items):
+    """An accuracy metric read from the logits under no_grad, then a cross-entropy in their own 16-bit dtype."""
+    with torch.no_grad():
+        _ = (z.argmax(-1) == y).float().mean()
+    return _ce(z, y, items).float()
+
+
+def test_c67_ngread_a_16_bit_tensor_first_read_under_no_grad_keeps_its_gradient(tmp_path):
+    """Campaign 67 NGREAD (a regression of 7d985ec): the float32 copy of the 16-bit logits made for a metric read
+    under no_grad had no graph, and the cross-entropy after it reused it, so the widened run lost the gradient and
+    the plain loss was refused as a term (fails on 7d985ec).  The copy is kept per grad mode."""
+    trainer = _trainer(tmp_path, torch.bfloat16, False, _after_a_metric_read_under_no_grad)
+    trainer.train()
+    measured = trainer.seco_loss_check_measured
+    assert measured["gradient"] <= measured["allowed"] and measured["rounding"] > 1e-4
+
+
+@pytest.mark.parametrize("dtype,bf16", [(torch.float16, False), (torch.float32, True), (torch.float32, False)])
+def test_c67_f32r64_a_float32_loss_returned_in_float64_is_allowed_float32_s_rounding(tmp_path, dtype, bf16):
+    """Campaign 67 F32R64: a float32 cross-entropy returned in float64 on float16, bfloat16-autocast or float32
+    logits was held to float64's rounding in value (7.2e-8 apart, 1.4e-14 allowed: "a term that changes the value
+    only") though it computes in float32 (fails on 7d985ec); label smoothing 1e-3 in it is still refused."""
+    trainer = _trainer(tmp_path / "plain", dtype, bf16, lambda z, y, n: _ce(z.float(), y, n).double())
+    trainer.train()
+    measured = trainer.seco_loss_check_measured
+    assert measured["value"] <= measured["value_allowed"] <= 64 * torch.finfo(torch.float32).eps + 1e-12
+    with pytest.raises(ValueError, match="a term in the stock loss"):
+        _trainer(tmp_path / "term", dtype, bf16, lambda z, y, n: _ce(z.float(), y, n, 1e-3).double()).train()

@@ -334,9 +334,10 @@ class _Widened(torch.overrides.TorchFunctionMode):
             version = t._version
         except RuntimeError:  # (an inference tensor)
             return t.to(self.wide)
-        hit = self._copies.get(id(t))
+        key = (id(t), torch.is_grad_enabled())  # (a copy read under no_grad has no graph: campaign 67 NGREAD)
+        hit = self._copies.get(key)
         if hit is None or hit[0] is not t or hit[1] != version:
-            hit = self._copies[id(t)] = (t, version, t.to(self.wide))
+            hit = self._copies[key] = (t, version, t.to(self.wide))
         return hit[2]
 
     def __enter__(self):
@@ -433,6 +434,14 @@ class _Widened(torch.overrides.TorchFunctionMode):
                     elif arithmetic:  # 16-bit arithmetic kept in float32
                         self._site(t, read, asked)
         return out
+
+
+def _computed_as(stock: torch.Tensor, output: torch.dtype) -> torch.Tensor:
+    """``stock``, or a float32 stand-in where it is float64 and the model's output narrower: a loss returned in float64
+    computes in float64 only on a float64 model's output, as far as the check can tell -- on float32 or 16-bit logits
+    it may well compute in float32 (campaign 67 F32R64: a float32 cross-entropy returned in float64 on float16 logits
+    was held to float64's 64 eps in value, 7.2e-8 apart)."""
+    return torch.empty(0) if stock.dtype == torch.float64 and output != torch.float64 else stock
 
 
 def _largest(t: torch.Tensor) -> float:
@@ -815,7 +824,7 @@ class SeCOTrainerMixin:
         self._seco_check_computed = computed
         # the stock loss as a function of the logits: a graph from the output layer's output on, none before
         stock, logits = self._seco_stock_loss(unwrapped, prefix, items, head, vocab, "logits")
-        allowed = self._seco_loss_rounding(stock, computed)
+        allowed = self._seco_loss_rounding(_computed_as(stock, computed), computed)
         value = float(stock.detach()) * ratio
         # nearer the micro-batch mean than S / num_items_in_batch, and within 1% of it (campaign 49 S3: a loss
         # scaled by 1.9 is not one that ignores the count)
@@ -1171,8 +1180,7 @@ class SeCOTrainerMixin:
         own = narrowed and not torch.finfo(same.dtype).bits <= 16 < torch.finfo(stock.dtype).bits
         # (a 16-bit output's widened loss computes in float32, whatever it returns: float32's, not float64's, campaign
         # 67 -- a float16 model's float16 loss returned in float64 held to 4.4e-16)
-        loss_like = stock if not narrowed or own or stock.dtype != torch.float64 else torch.empty(0)
-        rounding = self._seco_same_output_rounding(same if own else loss_like,
+        rounding = self._seco_same_output_rounding(same if own else _computed_as(stock, same.dtype),
                                                    same.dtype if own else self._seco_check_computed, what, vocab)
         rescaled = 0.0 if _power_of_two(ratio / scale) else torch.finfo(same.dtype).eps
         if rescaled:
