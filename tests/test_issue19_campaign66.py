@@ -249,3 +249,26 @@ def test_c67_f32r64_a_float32_loss_returned_in_float64_is_allowed_float32_s_roun
     assert measured["value"] <= measured["value_allowed"] <= 64 * torch.finfo(torch.float32).eps + 1e-12
     with pytest.raises(ValueError, match="a term in the stock loss"):
         _trainer(tmp_path / "term", dtype, bf16, lambda z, y, n: _ce(z.float(), y, n, 1e-3).double()).train()
+
+
+def _copied_into(dtype, smoothing=0.0):
+    def loss(z, y, items):
+        """The logits copied into a buffer of ``dtype`` (copy_), a cross-entropy on it, returned in float32."""
+        buffer = torch.empty(z.shape, dtype=dtype, device=z.device).copy_(z)
+        return _ce(buffer, y, items, smoothing).float()
+    return loss
+
+
+@pytest.mark.parametrize("dtype,bf16,buffer", [(torch.float32, False, torch.bfloat16),
+                                               (torch.float32, True, torch.float16),
+                                               (torch.float16, False, torch.bfloat16)])
+def test_c68_copybuf_a_loss_copied_into_a_narrower_buffer_is_measured(tmp_path, dtype, bf16, buffer):
+    """Campaign 68 copybuf: the logits copied into a 16-bit buffer (torch.empty(..., dtype).copy_(z)) narrow there as
+    the loss runs, but the write was not recorded as a narrowing, so the plain loss was refused (fails on f17bbd2);
+    label smoothing 0.05 in it is still refused."""
+    trainer = _trainer(tmp_path / "plain", dtype, bf16, _copied_into(buffer))
+    trainer.train()
+    measured = trainer.seco_loss_check_measured
+    assert measured["gradient"] <= measured["allowed"] and measured["rounding"] > 1e-5
+    with pytest.raises(ValueError, match="a term in the stock loss"):
+        _trainer(tmp_path / "term", dtype, bf16, _copied_into(buffer, 0.05)).train()
