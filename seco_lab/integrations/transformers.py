@@ -412,11 +412,12 @@ class _Widened(torch.overrides.TorchFunctionMode):
         kwargs = {k: self._read(v) if torch.is_tensor(v) and v.dtype in narrow else v for k, v in kwargs.items()}
         out = func(*args, **kwargs)
         if inplace:
-            if torch.is_tensor(first) and hasattr(first, _NOMINAL) and tensors and torch.finfo(
-                    getattr(first, _NOMINAL)).bits < torch.finfo(first.dtype).bits:
-                # a write into a tensor kept wide that is narrower as it runs (copy_ into a bfloat16 buffer,
-                # buf[...] = z) rounds there: a narrowing (campaign 68 copybuf)
-                self._site(first, max(tensors, key=_largest), getattr(first, _NOMINAL))
+            into = _nominal(first) if torch.is_tensor(first) and hasattr(first, _NOMINAL) else None
+            wider = [t for t in tensors if t is not first and into is not None and torch.promote_types(
+                _nominal(t), into) != into]
+            if wider:  # a write of wider values into a tensor kept wide that is narrower as it runs (copy_ into a
+                # bfloat16 buffer, buf[...] = z) rounds them there: a narrowing (campaign 68 copybuf)
+                self._site(first, max(wider, key=_largest), into)
             return out
         # 16-bit arithmetic (on a 16-bit output: :attr:`native`), kept in float32: a rounding step as a cast of the
         # 16-bit values it reads would make (eps x their largest magnitude: a log-softmax by hand's first step on
