@@ -9,6 +9,9 @@ Campaign 66 (docs/hostile_campaign_66.md) then found two more false refusals of 
 LSE16 (a 16-bit tensor read by two ops summed their gradients in 16 bits in the float32 run too) and F16BF (a float16
 model's bfloat16 loss returned in float32, refused by the value check); their tests fail on 1440d1d.
 
+Campaign 69 COPYSAME (a 16-bit model's logits copied into a buffer of their own dtype, then a cross-entropy there,
+refused: every 16-bit step it recorded was of size 0) is fixed with its test; it fails on c246e16.
+
 Each F4 test fails on 45ca4bd, except the gated term's refused cases (0.05, 0.2), kept as guards of the new
 remeasure; the terms' sizes are measured independently in float64 autograd."""
 
@@ -294,3 +297,27 @@ def test_c68_f16hand_a_wider_loss_on_float16_logits_trains_and_a_term_is_still_r
 
     with pytest.raises(ValueError, match="a term in the stock loss"):
         _trainer(tmp_path / "term", torch.float16, False, smoothed).train()
+
+
+def _set_into(dtype, smoothing=0.0):
+    def loss(z, y, items):
+        """The logits written into a zero buffer of ``dtype`` (buf[...] = z), a cross-entropy on it, in float32."""
+        buffer = torch.zeros(z.shape, dtype=dtype, device=z.device)
+        buffer[...] = z
+        return _ce(buffer, y, items, smoothing).float()
+    return loss
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("write", [_copied_into, _set_into], ids=["copy_", "setitem"])
+def test_c69_copysame_a_16_bit_loss_copied_into_a_buffer_of_its_dtype_trains(tmp_path, dtype, write):
+    """Campaign 69 COPYSAME: a 16-bit model's logits copied into a buffer of their own dtype (copy_, buf[...] = z),
+    a cross-entropy on it: the loss's 16-bit arithmetic then read no 16-bit value but the buffer's, so every rounding
+    step it recorded was of size 0 and the plain loss was refused as a term (fails on c246e16).  The write is now
+    the first step of that arithmetic, as an op reading the logits is; label smoothing 0.05 in it is still refused."""
+    trainer = _trainer(tmp_path / "plain", dtype, False, write(dtype))
+    trainer.train()
+    measured = trainer.seco_loss_check_measured
+    assert measured["gradient"] <= measured["allowed"] and measured["quantum"] > 0
+    with pytest.raises(ValueError, match="a term in the stock loss"):
+        _trainer(tmp_path / "term", dtype, False, write(dtype, 0.05)).train()

@@ -415,9 +415,14 @@ class _Widened(torch.overrides.TorchFunctionMode):
             into = _nominal(first) if torch.is_tensor(first) and hasattr(first, _NOMINAL) else None
             wider = [t for t in tensors if t is not first and into is not None and torch.promote_types(
                 _nominal(t), into) != into]
-            if wider:  # a write of wider values into a tensor kept wide that is narrower as it runs (copy_ into a
-                # bfloat16 buffer, buf[...] = z) rounds them there: a narrowing (campaign 68 copybuf)
-                self._site(first, max(wider, key=_largest), into)
+            # a write of wider values into a tensor kept wide that is narrower as it runs (copy_ into a bfloat16
+            # buffer, buf[...] = z) rounds them there: a narrowing (campaign 68 copybuf); on a 16-bit output, a write
+            # of its 16-bit values into a buffer of their dtype is the first step of the loss's 16-bit arithmetic on
+            # them, as an op that reads them is (campaign 69 COPYSAME)
+            native = [t for t in tensors if t is not first and into is not None and self.native and
+                      t.dtype in narrow and not hasattr(t, _NOMINAL)]
+            if wider or native:
+                self._site(first, max(wider or native, key=_largest), into)
             return out
         # 16-bit arithmetic (on a 16-bit output: :attr:`native`), kept in float32: a rounding step as a cast of the
         # 16-bit values it reads would make (eps x their largest magnitude: a log-softmax by hand's first step on
