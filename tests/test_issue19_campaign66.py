@@ -11,6 +11,9 @@ model's bfloat16 loss returned in float32, refused by the value check); their te
 
 Campaign 69 COPYSAME (a 16-bit model's logits copied into a buffer of their own dtype, then a cross-entropy there,
 refused: every 16-bit step it recorded was of size 0) is fixed with its test; it fails on c246e16.
+A hostile review of that fix found three more (``test_c69r_*``, each failing on 176c204): a 16-bit tensor's
+``.dtype`` read float32 in the remeasure; a view written into and read through a fresh view; a no-op write of a
+large constant sizing the write's rounding step.
 
 Each F4 test fails on 45ca4bd, except the gated term's refused cases (0.05, 0.2), kept as guards of the new
 remeasure; the terms' sizes are measured independently in float64 autograd."""
@@ -321,3 +324,75 @@ def test_c69_copysame_a_16_bit_loss_copied_into_a_buffer_of_its_dtype_trains(tmp
     assert measured["gradient"] <= measured["allowed"] and measured["quantum"] > 0
     with pytest.raises(ValueError, match="a term in the stock loss"):
         _trainer(tmp_path / "term", dtype, False, write(dtype, 0.05)).train()
+
+
+def _into_view(dtype):
+    def loss(z, y, items):
+        """The logits written into a view of a wider buffer (big[..., :V].copy_(z)), read back through a fresh view."""
+        big = torch.zeros((*z.shape[:-1], z.shape[-1] + 8), dtype=dtype, device=z.device)
+        big[..., :z.shape[-1]].copy_(z)
+        return _ce(big[..., :z.shape[-1]], y, items).float()
+    return loss
+
+
+def _into_own_dtype(z, y, items, smoothing=0.0):
+    """A buffer made with the logits' own dtype (dtype=z.dtype), the logits copied in, a cross-entropy on it."""
+    return _ce(torch.empty(z.shape, dtype=z.dtype, device=z.device).copy_(z), y, items, smoothing).float()
+
+
+def test_c69r_a_narrower_tensor_not_kept_wide_reads_its_own_dtype():
+    """The campaign 69 review: under ``_Widened`` on a 16-bit output the 16-bit logits read their dtype (and
+    element_size, itemsize) as float32, the dtype they are read in; and on a float64 output a float32 tensor made
+    outside the loss read float64 (fails on 176c204).  Code that reads them sees what they are."""
+    z = torch.randn(3, 4).bfloat16().requires_grad_(True)
+    w = torch.ones(4)
+    with _Widened(torch.bfloat16, []):
+        assert (z.dtype, z.element_size(), z.itemsize, z.nbytes) == (torch.bfloat16, 2, 2, 24)
+        assert torch.empty(z.shape, dtype=z.dtype).dtype == torch.bfloat16 and (z * 2).dtype == torch.bfloat16
+    with _Widened(torch.float64, []):
+        assert (w.dtype, w.element_size()) == (torch.float32, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("loss", ["own dtype", "view"])
+def test_c69r_a_16_bit_loss_written_into_a_buffer_of_the_logits_dtype_or_a_view_trains(tmp_path, dtype, loss):
+    """The campaign 69 review: a buffer made with dtype=z.dtype (float32 in the widened run, so no 16-bit step was
+    recorded), or a view of a buffer written into and read through a fresh view (the step was recorded on the
+    written view, which the loss's gradient does not go through): the plain loss was refused (fails on 176c204)."""
+    trainer = _trainer(tmp_path, dtype, False, _into_own_dtype if loss == "own dtype" else _into_view(dtype))
+    trainer.train()
+    measured = trainer.seco_loss_check_measured
+    assert measured["gradient"] <= measured["allowed"] and measured["quantum"] > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_c69r_a_term_gated_on_the_logits_dtype_is_refused(tmp_path, dtype):
+    """The campaign 69 review: label smoothing 0.05 on where z.dtype is the 16-bit dtype -- on in training, off in
+    the widened run, where z.dtype read float32 -- was counted as the loss's rounding and accepted (fails on
+    176c204: effect 0.05 in float64 autograd, beyond the stated 0.0245 / 0.0049)."""
+    def gated(z, y, items):
+        buffer = torch.empty(z.shape, dtype=dtype, device=z.device).copy_(z)
+        return _ce(buffer, y, items, 0.05 if z.dtype == dtype else 0.0).float()
+
+    with pytest.raises(ValueError, match="a term in the stock loss"):
+        _trainer(tmp_path, dtype, False, gated).train()
+
+
+@pytest.mark.parametrize("dtype,bf16", [(torch.bfloat16, False), (torch.float16, False), (torch.float32, True)])
+def test_c69r_a_no_op_write_of_a_large_constant_does_not_widen_the_bound(tmp_path, dtype, bf16):
+    """The campaign 69 review: a no-op in-place add of a large 16-bit constant (buf.add_(C, alpha=0), C = 1024) made
+    the write's rounding step eps x 1024, so label smoothing 0.3 gated on the buffer's type (off in the widened
+    run) was accepted (fails on 176c204).  The step is now eps x the values stored; the plain loss still trains."""
+    native = torch.float16 if dtype == torch.float16 else torch.bfloat16
+    big = torch.full((1,), 1024.0, dtype=native)
+    kind = torch.HalfTensor if native == torch.float16 else torch.BFloat16Tensor
+
+    def loss(smoothing):
+        def run(z, y, items):
+            buffer = torch.empty(z.shape, dtype=native, device=z.device).copy_(z).add_(big, alpha=0)
+            return _ce(buffer, y, items, smoothing if isinstance(buffer, kind) else 0.0).float()
+        return run
+
+    _trainer(tmp_path / "plain", dtype, bf16, loss(0.0)).train()
+    with pytest.raises(ValueError, match="a term that depends on the dtype the loss computes in"):
+        _trainer(tmp_path / "term", dtype, bf16, loss(0.3)).train()

@@ -359,6 +359,13 @@ class _Widened(torch.overrides.TorchFunctionMode):
         kwargs = dict(kwargs or {})
         first = args[0] if args else None
         marked = torch.is_tensor(first) and hasattr(first, _NOMINAL)
+        if not marked and torch.is_tensor(first) and first.dtype in self.narrow and (
+                getattr(func, "__self__", None) in _READS or func is torch.Tensor.element_size or func in _SHOWN or
+                func is torch.Tensor.view and any(isinstance(a, torch.dtype) for a in (*args[1:], *kwargs.values()))):
+            # what a narrower tensor not kept wide (the 16-bit logits, a float32 class weight) is: as it is, not read
+            # wide (campaign 69 review: bfloat16 logits' .dtype read float32, so torch.empty(z.shape, dtype=z.dtype)
+            # made a float32 buffer, and a term gated on z.dtype was off in the widened run)
+            return func(*args, **kwargs)
         if marked and getattr(func, "__self__", None) in _READS:
             read, nominal = _READS[func.__self__], getattr(first, _NOMINAL)
             size = torch.finfo(nominal).bits // 8
@@ -421,8 +428,11 @@ class _Widened(torch.overrides.TorchFunctionMode):
             # them, as an op that reads them is (campaign 69 COPYSAME)
             native = [t for t in tensors if t is not first and into is not None and self.native and
                       t.dtype in narrow and not hasattr(t, _NOMINAL)]
-            if wider or native:
-                self._site(first, max(wider or native, key=_largest), into)
+            if wider or native:  # rounding the values stored (eps x the largest: a no-op add_ of a large constant
+                # adds nothing), where the loss reads them: a view written into (big[..., :V].copy_(z)) is read
+                # through its base (a fresh view of it), so the site is the base (campaign 69 review)
+                base = first._base if first._base is not None and first._base.requires_grad else first
+                self._site(base, first, into)
             return out
         # 16-bit arithmetic (on a 16-bit output: :attr:`native`), kept in float32: a rounding step as a cast of the
         # 16-bit values it reads would make (eps x their largest magnitude: a log-softmax by hand's first step on
