@@ -27,7 +27,12 @@ for i in $(seq 1 "$runs"); do
   load=$!
   sleep 20  # the load under way first
   t0=$(date +%s)
-  (cd "$d/repo" && make test) >"$d/test.log" 2>&1; rc=$?
+  (cd "$d/repo" && exec make test) >"$d/test.log" 2>&1 &
+  tests=$!
+  # stopped (Ctrl-C, kill): the load and the tests stop too (background jobs ignore the terminal's SIGINT)
+  trap 'kill "$load" "$tests" 2>/dev/null; pkill -f "study bias --out $d/load"; pkill -f "$d/repo/"; exit 130' INT TERM
+  wait "$tests"; rc=$?
+  trap - INT TERM
   t1=$(date +%s); avg=$(cut -d' ' -f1-3 /proc/loadavg)
   kill "$load" 2>/dev/null; pkill -f "study bias --out $d/load"; sleep 2; pkill -9 -f "study bias --out $d/load"
   summary=$(grep -E "passed|failed|error" "$d/test.log" | tail -n 1)

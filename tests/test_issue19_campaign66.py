@@ -396,3 +396,42 @@ def test_c69r_a_no_op_write_of_a_large_constant_does_not_widen_the_bound(tmp_pat
     _trainer(tmp_path / "plain", dtype, bf16, loss(0.0)).train()
     with pytest.raises(ValueError, match="a term that depends on the dtype the loss computes in"):
         _trainer(tmp_path / "term", dtype, bf16, loss(0.3)).train()
+
+
+FIRST_CALL = {  # (the model's dtype, bf16 autocast, the loss on its logits with label smoothing c)
+    "bfloat16 model": (torch.bfloat16, False, lambda z, y, n, c: _ce(z, y, n, c).float()),
+    "float16 model": (torch.float16, False, lambda z, y, n, c: _ce(z, y, n, c).float()),
+    "float32 model, bfloat16 cross-entropy": (torch.float32, False, lambda z, y, n, c: _ce(z.bfloat16(), y, n,
+                                                                                          c).float()),
+    "autocast, by hand in bfloat16": (torch.float32, True, lambda z, y, n, c: _by_hand(z.bfloat16(), y, n, c).float()),
+}
+
+
+@pytest.mark.parametrize("case", FIRST_CALL)
+def test_c70_a_term_on_the_loss_s_first_call_only_is_refused(tmp_path, case):
+    """Campaign 70 A: where the check, refusing at first, found 16-bit arithmetic in the loss (a float32 model's
+    bfloat16 loss, a 16-bit output's loss), it ran the loss again and checked that new call alone: label smoothing
+    0.3 on the first call only (a one-time term, the very call the check was asked on and a training step uses) was
+    accepted (fails on 4d1ae82).  That first call is now what the new one is compared with."""
+    dtype, bf16, loss = FIRST_CALL[case]
+    calls = []
+
+    def once(z, y, items):
+        calls.append(None)
+        return loss(z, y, items, 0.3 if len(calls) == 1 else 0.0)
+
+    with pytest.raises(ValueError, match="run twice on the same logits"):
+        _trainer(tmp_path / "once", dtype, bf16, once).train()
+    _trainer(tmp_path / "plain", dtype, bf16, lambda z, y, n: loss(z, y, n, 0.0)).train()  # the same loss, no term
+
+
+@pytest.mark.parametrize("dtype,reentrant", [(torch.float64, False), (torch.float64, True), (torch.float32, True)])
+def test_c70_a_loss_under_torch_checkpoint_is_refused_in_one_line(tmp_path, dtype, reentrant):
+    """Campaign 70 B: a cross-entropy under torch.utils.checkpoint in the loss was a traceback from inside the check
+    (reentrant: "incompatible with .grad()"; non-reentrant on a float64 model: its recomputation, run by the check's
+    autograd.grad, mismatched the widened first run) (fails on 4d1ae82).  Now a ValueError that says so."""
+    def loss(z, y, items):
+        return torch.utils.checkpoint.checkpoint(lambda x: _ce(x.float(), y, items), z, use_reentrant=reentrant)
+
+    with pytest.raises(ValueError, match="the stock loss runs under torch.utils.checkpoint"):
+        _trainer(tmp_path, dtype, False, loss).train()

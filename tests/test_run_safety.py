@@ -434,3 +434,22 @@ def test_train_called_in_a_process_that_has_a_process_group_returns_and_leaves_t
                        timeout=120)
     assert p.returncode == 0, p.stderr
     assert "caller continues 2 True" in p.stdout, p.stdout + p.stderr
+
+
+def test_a_resumed_run_moves_aside_a_foreign_file_where_it_saves_a_step(tmp_path):
+    """Campaign 70 D: another run's checkpoint copied in as step_000004.pt and a user's file named step_000006.pt,
+    beyond the step a resume starts from, were overwritten by the resumed run's own steps, exit 0 (fails on 4d1ae82).
+    Each is kept under a new name, warned; the run's own checkpoints take their names."""
+    run = run_for(tmp_path, "mine")
+    Trainer(CFG, replace(run, stop_at=2)).fit()
+    Trainer(replace(CFG, seed=7), replace(run_for(tmp_path, "other"), stop_at=4)).fit()
+    ckpts = tmp_path / "mine" / "checkpoints"
+    foreign = (tmp_path / "other" / "checkpoints" / "step_000004.pt").read_bytes()
+    (ckpts / "step_000004.pt").write_bytes(foreign)
+    (ckpts / "step_000006.pt").write_text("my notes")
+    with pytest.warns(UserWarning, match=r"step_000004.pt is not a checkpoint of this run"):
+        Trainer(CFG, replace(run, resume=True)).fit()
+    kept = {p.read_bytes() for p in ckpts.glob("step_*.not-this-run.*/*")}
+    assert kept == {foreign, b"my notes"}
+    own = RunDir(tmp_path / "mine")
+    assert all(own._own_checkpoint(ckpts / f"step_{s:06d}.pt", own.run_id) for s in (2, 4, 6))

@@ -99,6 +99,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 
 from ..core.checks import ceil_div, check_subset, checked_batch, checked_chunk, computed_dtype, recompute_mode
 from ..core.engine import forward_loss, seco_step
@@ -705,6 +706,16 @@ class SeCOTrainerMixin:
                 return self._seco_check_loss_within(model, adapter, inputs, self.seco_loss_check_logits_bytes,
                                                     num_items_in_batch)
             except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
+                if isinstance(error, torch.utils.checkpoint.CheckpointError) or "torch.utils.checkpoint is " \
+                        "incompatible with .grad()" in str(error):
+                    # (campaign 70: a cross-entropy under torch.utils.checkpoint -- reentrant, which only .backward()
+                    # runs; non-reentrant, whose recomputation, run by the check's autograd.grad, no longer has the
+                    # check's float64 casts its first run had -- was a traceback)
+                    raise ValueError(
+                        "SeCOTrainer: the stock loss runs under torch.utils.checkpoint, which the loss check cannot "
+                        f"differentiate as it needs ({str(error).splitlines()[0][:160]}): the SeCO step computes the "
+                        "loss chunk by chunk, so checkpointing it saves nothing; remove the checkpoint from the loss, "
+                        "or train that loss with the stock Trainer") from None
                 if not _out_of_memory(error) or self._seco_check_tried is None:
                     raise
                 tried = self._seco_check_tried
@@ -1039,7 +1050,7 @@ class SeCOTrainerMixin:
         return leaf is not None and tuple(leaf.shape[:-1]) == tuple(tokens.shape) and stock.requires_grad
 
     def _seco_check_loss_gradient(self, unwrapped, adapter: HFChunkModel, pair: tuple, tokens, targets,
-                                  narrowed: bool = False) -> bool:
+                                  narrowed: bool = False, first: tuple | None = None) -> bool:
         """The second half of the loss check (campaign 42 F1): on the *same* logits z (the stock forward's output
         layer), the stock loss and the engine's cross-entropy must agree in value and in gradient dL/dz up to the
         rounding of the loss (:meth:`_seco_same_output_rounding`): the two forwards' rounding no longer enters, so a
@@ -1077,7 +1088,10 @@ class SeCOTrainerMixin:
         logits, max(64, sqrt V) on the hidden states).  The same is asked of what each moves the trainable parameters
         before z, summed over the tokens (:class:`_Effects`), in L2 and in the largest single move, and of the
         parameters after z; the value within twice its rounding.  The stock loss runs a third time as it is: a
-        gradient that changes is randomness, refused."""
+        gradient that changes is randomness, refused.  ``first``: (value, gradient w.r.t. the output) of the call this
+        check was first asked on, where it runs again on a new call (``narrowed`` after the fact: a float32 model's
+        16-bit loss, a 16-bit output's): that call is the one compared with, so a term on it alone is not lost with
+        it (campaign 70: smoothing 0.3 on the loss's first call only was accepted)."""
         what, layer, leaves, stock, checked, rerun, ratio = pair
         if not self._seco_paired(leaves, stock, tokens):
             return False
@@ -1107,7 +1121,7 @@ class SeCOTrainerMixin:
         opaque, modelled = False, None  # (modelled: that rounding, on the logits, where the loss is opaque)
         if narrowed:  # the loss run widened (its rounding: the difference), and once more as it is
             value_w, dtype_w, quantum, wide, *wide_p = rerun(same, True)
-            again_value, _, _, again, *_ = rerun(same, False)
+            again_value, _, _, again, *_ = (first[0], None, None, first[1]) if first is not None else rerun(same, False)
             again2 = float((again - stock_grad.double()).square().sum())
             own2 = float((stock_grad.double() - wide).square().sum())  # the stock loss's own rounding
             del again
@@ -1284,7 +1298,8 @@ class SeCOTrainerMixin:
             # again to hold a graph
             again_stock, again_leaves = rerun(same, False, graph=True)
             return self._seco_check_loss_gradient(unwrapped, adapter, (what, layer, again_leaves, again_stock,
-                                                                       checked, rerun, ratio), tokens, targets, True)
+                                                                       checked, rerun, ratio), tokens, targets, True,
+                                                  first=(value_stock, stock_grad))
         if refused:
             raise ValueError(
                 f"SeCOTrainer: on the same {what} of the first {span} tokens of this batch, the loss the stock Trainer "

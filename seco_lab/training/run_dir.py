@@ -205,7 +205,9 @@ class RunDir:
     def save_checkpoint(self, state: dict) -> Path:
         try:
             state = {**state, CONTENT_DIGEST: content_digest(state)}  # an edit is told (check_content_digest)
-            out = atomic_write(self.checkpoints / f"step_{state['step']:06d}.pt", lambda f: torch.save(state, f))
+            target = self.checkpoints / f"step_{state['step']:06d}.pt"
+            self._keep_foreign(target)
+            out = atomic_write(target, lambda f: torch.save(state, f))
             atomic_write(self.checkpoints / "latest", out.name)
         except (OSError, RuntimeError) as e:  # disk full (torch reports it as a RuntimeError), a folder in the way
             earlier = [s for s in checkpoint_steps(self.path) if s < state["step"]]
@@ -215,6 +217,19 @@ class RunDir:
                               f"{getattr(e, 'strerror', None) or str(e).splitlines()[0]}; free disk space (or "
                               f"remove what is in the way) and {then}") from None
         return out
+
+    def _keep_foreign(self, target: Path) -> None:
+        """Move aside what is at ``target`` unless it is a checkpoint of this run: another run's checkpoint copied
+        in, or a user's file of that name, is kept under a new name, warned (campaign 70 D: a resumed run saved its
+        steps over both, exit 0)."""
+        if not target.exists() and not target.is_symlink():
+            return
+        if target.is_file() and not target.is_symlink() and self._own_checkpoint(target, self.run_id):
+            return
+        aside = Path(tempfile.mkdtemp(prefix=f"{target.name}.not-this-run.", dir=self.checkpoints))
+        target.rename(aside / target.name)
+        warnings.warn(f"{target} is not a checkpoint of this run (another run's, or a file seco-lab did not write): "
+                      f"moved to {aside / target.name}, and this run's step saved in its place", stacklevel=3)
 
     def point_latest(self, name: str) -> None:
         """Name the newest complete checkpoint (file or sharded directory) in ``latest``."""
