@@ -453,3 +453,22 @@ def test_a_resumed_run_moves_aside_a_foreign_file_where_it_saves_a_step(tmp_path
     assert kept == {foreign, b"my notes"}
     own = RunDir(tmp_path / "mine")
     assert all(own._own_checkpoint(ckpts / f"step_{s:06d}.pt", own.run_id) for s in (2, 4, 6))
+
+
+def test_a_stop_signal_caught_during_the_step_s_reduction_is_kept(tmp_path):
+    """Loaded run 5 (docs/loaded_test_runs.md): a SIGTERM caught while the step's statistics were being reduced
+    was overwritten by the reduced flag (False) and the run went on (fails on 0eaf5f7).  Deterministic: the stop
+    is requested from inside the reduction of step 2."""
+    t = Trainer(CFG, run_for(tmp_path, "r"))
+    t.prepare()
+    reduce = t.parallel.reduce_mean
+
+    def reduce_and_stop(totals, *args):
+        if t.step == 1:
+            t._request_stop(signal.SIGTERM)
+        return reduce(totals, *args)
+
+    t.parallel.reduce_mean = reduce_and_stop
+    with pytest.raises(TrainingInterrupted):
+        t.fit()
+    assert [r["step"] for r in read_metrics(tmp_path / "r") if "loss" in r] == [1, 2]

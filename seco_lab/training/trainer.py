@@ -335,7 +335,9 @@ class Trainer:
             # sharded .grad; both: the statistics' all-reduce
             stats, calls = self.parallel.reduce_mean(totals, c.grad_accum, self.world)
         self.allreduce_calls += calls
-        self._stop_requested = stats["stop"] > 0  # one rank interrupted: every rank stops after this step
+        # one rank interrupted: every rank stops after this step; a signal caught during the reduction is kept (loaded
+        # run 5 of docs/loaded_test_runs.md: a SIGTERM landing there was overwritten with the reduced False, ignored)
+        self._stop_requested = self._stop_requested or stats["stop"] > 0
         gnorm = self._clip_and_check(stats["loss"])
         lr = self.opt.param_groups[0]["lr"]
         self.opt.step()
