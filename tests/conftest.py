@@ -2,6 +2,7 @@
 a finished 2-step run; ``audit_copy``, a copy of the committed k = 128 audit).  Shared helpers live in helpers.py."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,12 +32,24 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "seco"))
 # `make test` runs everything.
 INTEGRATION_MODULES = {"test_bench", "test_bias_study", "test_fsdp", "test_hf", "test_install", "test_pretrained",
                        "test_train_study"}
+# ... and the unit tests measured slow (0.3 s or more) by `python -m experiments.slow_unit_tests`, which rewrites this
+# list, so that the unit loop stays under a minute on 2 cores.
+SLOW_UNIT_TESTS = Path(__file__).with_name("slow_unit_tests.txt")
+
+
+def slow_unit_tests() -> set:
+    if os.environ.get("SECO_LAB_TESTS_IGNORE_SLOW_LIST"):  # set by the measuring script's first pass
+        return set()
+    lines = SLOW_UNIT_TESTS.read_text().splitlines() if SLOW_UNIT_TESTS.exists() else []
+    return {line for line in lines if line and not line.startswith("#")}
 
 
 def pytest_collection_modifyitems(config, items):
+    slow = slow_unit_tests()
     for item in items:
         module = getattr(item, "module", None)
-        if item.get_closest_marker("slow") or (module is not None and module.__name__ in INTEGRATION_MODULES):
+        if (item.get_closest_marker("slow") or (module is not None and module.__name__ in INTEGRATION_MODULES)
+                or item.nodeid in slow):
             item.add_marker(pytest.mark.integration)
 
 
